@@ -1,0 +1,142 @@
+/*
+ * algorithms.c - the table of every algorithm and the automatic choice
+ * between them.
+ *
+ * The choice is a small crossover table (bytes, ranks) per collective: the
+ * first row whose limits hold and whose algorithm can run wins; collectives
+ * without rows, or without a row that fits, get the first algorithm of the
+ * table that can run. The numbers are initial guesses from the literature
+ * (MPICH's defaults, Thakur et al. 2005) and are meant to be replaced by
+ * measurements (loom-perf) on the fabrics we care about.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "algorithms.h"
+
+const loom_algo_t loom_algorithms[] = {
+    { LOOM_COLL_ALLREDUCE, "ring", loom_allreduce_ring, NULL },
+    { LOOM_COLL_ALLREDUCE, "rabenseifner", loom_allreduce_rabenseifner, NULL },
+    { LOOM_COLL_ALLREDUCE, "recdbl", loom_allreduce_recdbl, NULL },
+    { LOOM_COLL_BROADCAST, "binomial", loom_broadcast_binomial, NULL },
+    { LOOM_COLL_REDUCE, "binomial", loom_reduce_binomial, NULL },
+    { LOOM_COLL_ALLGATHER, "ring", loom_allgather_ring, NULL },
+    { LOOM_COLL_ALLGATHER, "bruck", loom_allgather_bruck, NULL },
+    { LOOM_COLL_ALLGATHERV, "ring", loom_allgatherv_ring, NULL },
+    { LOOM_COLL_REDUCE_SCATTER, "ring", loom_reduce_scatter_ring, NULL },
+    { LOOM_COLL_ALLTOALL, "pairwise", loom_alltoall_pairwise, NULL },
+    { LOOM_COLL_ALLTOALLV, "pairwise", loom_alltoallv_pairwise, NULL },
+    { LOOM_COLL_GATHER, "linear", loom_gather_linear, NULL },
+    { LOOM_COLL_SCATTER, "linear", loom_scatter_linear, NULL },
+    { LOOM_COLL_BARRIER, "dissemination", loom_barrier_dissemination, NULL },
+};
+
+const size_t loom_num_algorithms = sizeof(loom_algorithms) / sizeof(loom_algorithms[0]);
+
+static const char *const coll_names[LOOM_COLL_COUNT] = {
+    [LOOM_COLL_ALLREDUCE] = "allreduce",
+    [LOOM_COLL_BROADCAST] = "broadcast",
+    [LOOM_COLL_REDUCE] = "reduce",
+    [LOOM_COLL_ALLGATHER] = "allgather",
+    [LOOM_COLL_ALLGATHERV] = "allgatherv",
+    [LOOM_COLL_REDUCE_SCATTER] = "reduce_scatter",
+    [LOOM_COLL_ALLTOALL] = "alltoall",
+    [LOOM_COLL_ALLTOALLV] = "alltoallv",
+    [LOOM_COLL_GATHER] = "gather",
+    [LOOM_COLL_SCATTER] = "scatter",
+    [LOOM_COLL_BARRIER] = "barrier",
+};
+
+const char *loom_coll_name(loom_coll_t coll)
+{
+    if ((unsigned)coll >= LOOM_COLL_COUNT)
+        return "unknown";
+    return coll_names[coll];
+}
+
+/*
+ * Crossovers. A row applies from min_ranks ranks up and below below_bytes,
+ * where bytes is the vector for allreduce (count * esize) and the gathered
+ * total for allgather (size * count * esize).
+ *
+ * allreduce: recursive doubling costs log2(n) latencies but moves the whole
+ *   vector each round: best while latency dominates (MPICH switches at 2 KiB
+ *   on old networks; 16 KiB suits today's 100-400 Gb/s links). Rabenseifner
+ *   moves 2x the vector in 2 log2(n) steps; the ring moves the same in 2(n-1)
+ *   steps but with neighbour-only traffic and pipelined reductions, so it
+ *   wins once bytes/n segments are long enough to hide the extra latencies,
+ *   later on many ranks.
+ * allgather: Bruck needs log2(n) steps but an extra copy of the total; the
+ *   ring is bandwidth-optimal and copy-free.
+ */
+typedef struct crossover {
+    loom_coll_t coll;
+    int min_ranks;
+    size_t below_bytes;
+    const char *name;
+} crossover_t;
+
+static const crossover_t crossovers[] = {
+    { LOOM_COLL_ALLREDUCE, 1, (size_t)16 << 10, "recdbl" },
+    { LOOM_COLL_ALLREDUCE, 32, (size_t)4 << 20, "rabenseifner" },
+    { LOOM_COLL_ALLREDUCE, 1, (size_t)1 << 20, "rabenseifner" },
+    { LOOM_COLL_ALLREDUCE, 1, SIZE_MAX, "ring" },
+    { LOOM_COLL_ALLGATHER, 1, (size_t)256 << 10, "bruck" },
+    { LOOM_COLL_ALLGATHER, 1, SIZE_MAX, "ring" },
+};
+
+static int runnable(const loom_algo_t *algo, const loom_ctx_t *ctx, const loom_coll_args_t *a)
+{
+    return algo != NULL && (algo->can_run == NULL || algo->can_run(ctx, a));
+}
+
+/* Saturating, so a huge request still lands in the last row. */
+static size_t mul_sat(size_t x, size_t y)
+{
+    return y != 0 && x > SIZE_MAX / y ? SIZE_MAX : x * y;
+}
+
+const loom_algo_t *loom_algo_find(loom_coll_t coll, const char *name)
+{
+    if (name == NULL)
+        return NULL;
+    for (size_t i = 0; i < loom_num_algorithms; i++)
+        if (loom_algorithms[i].coll == coll && strcmp(loom_algorithms[i].name, name) == 0)
+            return &loom_algorithms[i];
+    return NULL;
+}
+
+const loom_algo_t *loom_algo_select(const loom_ctx_t *ctx, const loom_coll_args_t *a,
+                                    const char *forced)
+{
+    const loom_algo_t *algo = NULL;
+
+    if (forced != NULL && strcmp(forced, "auto") != 0) {
+        algo = loom_algo_find(a->coll, forced);
+        if (!runnable(algo, ctx, a))
+            algo = NULL;
+        goto out;
+    }
+
+    size_t bytes = mul_sat(a->count, a->esize);
+    if (a->coll == LOOM_COLL_ALLGATHER)
+        bytes = mul_sat(bytes, (size_t)ctx->size);
+    for (size_t i = 0; i < sizeof(crossovers) / sizeof(crossovers[0]); i++) {
+        const crossover_t *c = &crossovers[i];
+        if (c->coll != a->coll || ctx->size < c->min_ranks || bytes >= c->below_bytes)
+            continue;
+        algo = loom_algo_find(c->coll, c->name);
+        if (runnable(algo, ctx, a))
+            goto out;
+    }
+
+    algo = NULL;
+    for (size_t i = 0; i < loom_num_algorithms; i++) {
+        if (loom_algorithms[i].coll == a->coll && runnable(&loom_algorithms[i], ctx, a)) {
+            algo = &loom_algorithms[i];
+            break;
+        }
+    }
+out:
+    return algo;
+}

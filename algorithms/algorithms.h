@@ -1,0 +1,116 @@
+/*
+ * algorithms.h - what every algorithm is written against: a context with the
+ * communicator's rank and size, tagged point-to-point operations (p2p), local
+ * reductions (src/reduce.h) and a scratch buffer. Algorithms never see a
+ * transport type or the public communicator.
+ */
+#ifndef LOOM_ALGORITHMS_H
+#define LOOM_ALGORITHMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "loom.h"
+#include "error.h"
+#include "transport.h"
+
+typedef enum {
+    LOOM_COLL_ALLREDUCE, LOOM_COLL_BROADCAST, LOOM_COLL_REDUCE, LOOM_COLL_ALLGATHER,
+    LOOM_COLL_ALLGATHERV, LOOM_COLL_REDUCE_SCATTER, LOOM_COLL_ALLTOALL, LOOM_COLL_ALLTOALLV,
+    LOOM_COLL_GATHER, LOOM_COLL_SCATTER, LOOM_COLL_BARRIER, LOOM_COLL_COUNT
+} loom_coll_t;
+
+/* Arguments of one collective, already checked and normalised by the core:
+ *  - sendbuf is never LOOM_IN_PLACE: in-place calls arrive with sendbuf == recvbuf
+ *    (reduce_scatter in place: sendbuf == recvbuf holding size*count elements;
+ *    allgather in place: sendbuf == recvbuf + rank*count*esize);
+ *  - count is the count the user passed (elements; per-rank block for allgather,
+ *    reduce_scatter, alltoall, gather, scatter);
+ *  - esize is the element size in bytes;
+ *  - counts/displs are recvcounts/displs (allgatherv) or recvcounts/rdispls
+ *    (alltoallv); scounts/sdispls the send side of alltoallv. */
+typedef struct loom_coll_args {
+    loom_coll_t coll;
+    const void *sendbuf;
+    void *recvbuf;
+    size_t count;
+    size_t esize;
+    loom_dtype_t dtype;
+    loom_op_t op;
+    int root;
+    const size_t *counts, *displs;
+    const size_t *scounts, *sdispls;
+} loom_coll_args_t;
+
+/* The algorithm's view of a communicator. */
+typedef struct loom_ctx {
+    int rank, size;
+    const loom_transport_ops_t *tp_ops;
+    loom_tp_t *tp;
+    uint64_t seq;            /* collective sequence number, set by the core per call */
+    uint32_t desc;           /* descriptor of the running call, checked by receivers */
+    uint64_t total;
+    double timeout_s;        /* a wait fails after this long without progress */
+    int spin_us;             /* busy-poll this long before sleeping in the transport */
+    loom_err_t *err;
+    void *scratch;           /* grown by loom_ctx_scratch, freed with the context */
+    size_t scratch_size;
+    size_t segment_bytes;    /* pipelining unit for ring algorithms (LOOM_SEGMENT_BYTES) */
+} loom_ctx_t;
+
+/* ---- p2p (src/p2p.c): tagged messages inside the running collective. -----
+ * step distinguishes messages of one collective; messages between a pair with
+ * equal step are matched in posting order. peer must differ from ctx->rank. */
+loom_status_t loom_p2p_isend(loom_ctx_t *ctx, int peer, uint32_t step, const void *buf,
+                             size_t bytes, loom_tp_req_t *req);
+loom_status_t loom_p2p_irecv(loom_ctx_t *ctx, int peer, uint32_t step, void *buf, size_t bytes,
+                             loom_tp_req_t *req);
+/* Wait for one / all requests; on failure the message is already in ctx->err. */
+loom_status_t loom_p2p_wait(loom_ctx_t *ctx, loom_tp_req_t *req);
+loom_status_t loom_p2p_waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n);
+/* Send to dst and receive from src at once (either may be skipped with -1). */
+loom_status_t loom_p2p_sendrecv(loom_ctx_t *ctx, int dst, const void *sbuf, size_t sbytes,
+                                int src, void *rbuf, size_t rbytes, uint32_t step);
+/* A scratch buffer of at least bytes, reused across calls; NULL when out of memory
+ * (the message is set). Valid until the next call of loom_ctx_scratch. */
+void *loom_ctx_scratch(loom_ctx_t *ctx, size_t bytes);
+
+/* ---- The algorithm table. ------------------------------------------------ */
+typedef loom_status_t (*loom_algo_fn)(loom_ctx_t *ctx, const loom_coll_args_t *a);
+
+typedef struct loom_algo {
+    loom_coll_t coll;
+    const char *name;        /* as LOOM_ALGO spells it: allreduce=ring */
+    loom_algo_fn run;
+    /* NULL: runs everywhere; otherwise whether it can run these arguments */
+    int (*can_run)(const loom_ctx_t *ctx, const loom_coll_args_t *a);
+} loom_algo_t;
+
+extern const loom_algo_t loom_algorithms[];
+extern const size_t loom_num_algorithms;
+
+const char *loom_coll_name(loom_coll_t coll);
+/* The algorithm to run a: forced is the name LOOM_ALGO gives for this collective
+ * (NULL or "auto": choose by size and rank count). NULL when the forced name is
+ * unknown for this collective or cannot run these arguments (the caller reports it). */
+const loom_algo_t *loom_algo_select(const loom_ctx_t *ctx, const loom_coll_args_t *a,
+                                    const char *forced);
+/* The algorithm called name for coll, or NULL. */
+const loom_algo_t *loom_algo_find(loom_coll_t coll, const char *name);
+
+/* Every algorithm (one file each). */
+loom_status_t loom_allreduce_ring(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_allreduce_rabenseifner(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_allreduce_recdbl(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_broadcast_binomial(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_reduce_binomial(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_allgather_ring(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_allgather_bruck(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_allgatherv_ring(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_reduce_scatter_ring(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_alltoall_pairwise(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_alltoallv_pairwise(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_gather_linear(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_scatter_linear(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_barrier_dissemination(loom_ctx_t *ctx, const loom_coll_args_t *a);
+
+#endif

@@ -1,0 +1,199 @@
+/*
+ * loom.h - the public C API of Loom, a collective-communication library for
+ * data-parallel deep learning.
+ *
+ * Conventions (see DESIGN.md):
+ *  - argument order follows MPI/NCCL: buffers, count, dtype, op, (root), comm;
+ *  - counts are elements, not bytes; a count of 0 is legal;
+ *  - every call returns a loom_status_t and, on failure, leaves a readable
+ *    message in loom_comm_last_error();
+ *  - the caller owns every buffer and handle; outputs are set only on success.
+ */
+#ifndef LOOM_H
+#define LOOM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(LOOM_BUILDING) && defined(__GNUC__)
+#define LOOM_API __attribute__((visibility("default")))
+#else
+#define LOOM_API
+#endif
+
+#define LOOM_VERSION_MAJOR 0
+#define LOOM_VERSION_MINOR 1
+#define LOOM_VERSION_PATCH 0
+
+/** Opaque communicator handle. */
+typedef struct loom_comm *loom_comm_t;
+/** Opaque handle of a non-blocking operation; completed by loom_wait/loom_test. */
+typedef struct loom_request *loom_request_t;
+
+/** Status codes. LOOM_SUCCESS is 0; everything else is a failure. */
+typedef enum {
+    LOOM_SUCCESS = 0,
+    LOOM_ERR_INVALID_ARG,  /**< a bad argument: NULL buffer, unknown dtype, rank out of range */
+    LOOM_ERR_NO_MEMORY,
+    LOOM_ERR_TIMEOUT,      /**< nothing moved for LOOM_TIMEOUT seconds */
+    LOOM_ERR_PEER_LOST,    /**< a peer closed its connection or died */
+    LOOM_ERR_TRANSPORT,    /**< a socket or device error */
+    LOOM_ERR_MISMATCH,     /**< ranks disagree on the collective, count, dtype or op */
+    LOOM_ERR_UNSUPPORTED,
+    LOOM_ERR_AUTH,         /**< handshake refused: wrong job, version or key */
+    LOOM_ERR_ABORTED,      /**< loom_comm_abort was called */
+    LOOM_ERR_INTERNAL
+} loom_status_t;
+
+/** Element types. LOOM_FLOAT16 is IEEE binary16; LOOM_BFLOAT16 is bfloat16. */
+typedef enum {
+    LOOM_INT8, LOOM_UINT8, LOOM_INT32, LOOM_UINT32, LOOM_INT64, LOOM_UINT64,
+    LOOM_FLOAT16, LOOM_BFLOAT16, LOOM_FLOAT32, LOOM_FLOAT64
+} loom_dtype_t;
+#define LOOM_NUM_DTYPES 10
+
+/** Reduction operators. LOOM_AVG sums, then divides by the rank count
+ *  (integer types truncate toward zero, as C division does). */
+typedef enum { LOOM_SUM, LOOM_PROD, LOOM_MIN, LOOM_MAX, LOOM_AVG } loom_op_t;
+#define LOOM_NUM_OPS 5
+
+/** Pass as sendbuf (or make sendbuf == recvbuf) to reduce in place. */
+#define LOOM_IN_PLACE ((const void *)1)
+
+/** Color for loom_comm_split meaning "not a member of any new communicator". */
+#define LOOM_UNDEFINED (-1)
+
+/** Name of a status code ("invalid argument", ...). Never NULL. */
+LOOM_API const char *loom_strerror(loom_status_t s);
+/** Detailed text of the last failure on this communicator ("" if none). With a
+ *  NULL communicator, the last failure of loom_init/loom_comm_create on this thread. */
+LOOM_API const char *loom_comm_last_error(loom_comm_t c);
+/** Library version, "major.minor.patch". */
+LOOM_API const char *loom_version(void);
+/** Size in bytes of one element of dt, or 0 for an unknown type. */
+LOOM_API size_t loom_dtype_size(loom_dtype_t dt);
+
+/** Explicit configuration; start from LOOM_CONFIG_INIT so new fields get defaults. */
+typedef struct loom_config {
+    size_t      struct_size;   /**< sizeof(loom_config_t) of the caller: lets the struct grow */
+    int         rank, size;
+    const char *store;         /**< rendezvous URI, as LOOM_STORE; NULL: LOOM_STORE */
+    double      timeout_s;     /**< 0: LOOM_TIMEOUT or the default (300 s) */
+} loom_config_t;
+#define LOOM_CONFIG_INIT { sizeof(loom_config_t), -1, -1, NULL, 0.0 }
+
+/** Create the world communicator from the environment (LOOM_*, torchrun, Slurm,
+ *  Open MPI, PMI; see DESIGN.md). */
+LOOM_API loom_status_t loom_init(loom_comm_t *comm);
+/** Create a communicator from an explicit configuration. */
+LOOM_API loom_status_t loom_comm_create(const loom_config_t *cfg, loom_comm_t *comm);
+/** Collective over c: ranks with the same color form a new communicator ordered by
+ *  (key, rank in c). color LOOM_UNDEFINED yields *out == NULL. */
+LOOM_API loom_status_t loom_comm_split(loom_comm_t c, int color, int key, loom_comm_t *out);
+/** Release c. Pending non-blocking operations are completed (or fail) first. */
+LOOM_API loom_status_t loom_comm_destroy(loom_comm_t c);
+/** Fail every pending and later operation on c with LOOM_ERR_ABORTED. Thread-safe:
+ *  meant to be called from another thread than the one blocked in a collective. */
+LOOM_API loom_status_t loom_comm_abort(loom_comm_t c);
+
+LOOM_API int loom_comm_rank(loom_comm_t c);
+LOOM_API int loom_comm_size(loom_comm_t c);
+LOOM_API int loom_comm_local_rank(loom_comm_t c);
+LOOM_API int loom_comm_local_size(loom_comm_t c);
+LOOM_API int loom_comm_node_rank(loom_comm_t c);
+LOOM_API int loom_comm_node_count(loom_comm_t c);
+
+/* ---- Collectives (blocking). ---------------------------------------------- */
+
+LOOM_API loom_status_t loom_allreduce(const void *sendbuf, void *recvbuf, size_t count,
+                                      loom_dtype_t dt, loom_op_t op, loom_comm_t c);
+LOOM_API loom_status_t loom_broadcast(void *buf, size_t count, loom_dtype_t dt, int root,
+                                      loom_comm_t c);
+/** recvbuf is significant at root only. */
+LOOM_API loom_status_t loom_reduce(const void *sendbuf, void *recvbuf, size_t count,
+                                   loom_dtype_t dt, loom_op_t op, int root, loom_comm_t c);
+/** recvbuf holds size*sendcount elements, rank r's block at r*sendcount.
+ *  In place: sendbuf == LOOM_IN_PLACE and the block is already at its place. */
+LOOM_API loom_status_t loom_allgather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                      loom_dtype_t dt, loom_comm_t c);
+LOOM_API loom_status_t loom_allgatherv(const void *sendbuf, size_t sendcount, void *recvbuf,
+                                       const size_t *recvcounts, const size_t *displs,
+                                       loom_dtype_t dt, loom_comm_t c);
+/** sendbuf holds size*recvcount elements; rank r gets the reduction of block r.
+ *  In place: sendbuf == LOOM_IN_PLACE, input in recvbuf (size*recvcount elements),
+ *  result in its first recvcount elements. */
+LOOM_API loom_status_t loom_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                           loom_dtype_t dt, loom_op_t op, loom_comm_t c);
+/** count elements go from every rank to every rank. */
+LOOM_API loom_status_t loom_alltoall(const void *sendbuf, void *recvbuf, size_t count,
+                                     loom_dtype_t dt, loom_comm_t c);
+LOOM_API loom_status_t loom_alltoallv(const void *sendbuf, const size_t *sendcounts,
+                                      const size_t *sdispls, void *recvbuf,
+                                      const size_t *recvcounts, const size_t *rdispls,
+                                      loom_dtype_t dt, loom_comm_t c);
+/** recvbuf significant at root only (size*sendcount elements). */
+LOOM_API loom_status_t loom_gather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                   loom_dtype_t dt, int root, loom_comm_t c);
+/** sendbuf significant at root only (size*recvcount elements). */
+LOOM_API loom_status_t loom_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                    loom_dtype_t dt, int root, loom_comm_t c);
+LOOM_API loom_status_t loom_barrier(loom_comm_t c);
+/** Tagged point-to-point; tag must be >= 0. Messages between a pair with the same
+ *  tag arrive in order. The received count must equal the sent one. */
+LOOM_API loom_status_t loom_send(const void *buf, size_t count, loom_dtype_t dt, int peer,
+                                 int tag, loom_comm_t c);
+LOOM_API loom_status_t loom_recv(void *buf, size_t count, loom_dtype_t dt, int peer, int tag,
+                                 loom_comm_t c);
+
+/* ---- Non-blocking twins. ---------------------------------------------------
+ * They run in submission order on a per-communicator worker; buffers must stay
+ * valid until loom_wait returns or loom_test reports done. Collectives must be
+ * submitted in the same order on every rank, blocking and non-blocking alike. */
+
+LOOM_API loom_status_t loom_iallreduce(const void *sendbuf, void *recvbuf, size_t count,
+                                       loom_dtype_t dt, loom_op_t op, loom_comm_t c,
+                                       loom_request_t *req);
+LOOM_API loom_status_t loom_ibroadcast(void *buf, size_t count, loom_dtype_t dt, int root,
+                                       loom_comm_t c, loom_request_t *req);
+LOOM_API loom_status_t loom_ireduce(const void *sendbuf, void *recvbuf, size_t count,
+                                    loom_dtype_t dt, loom_op_t op, int root, loom_comm_t c,
+                                    loom_request_t *req);
+LOOM_API loom_status_t loom_iallgather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                       loom_dtype_t dt, loom_comm_t c, loom_request_t *req);
+LOOM_API loom_status_t loom_iallgatherv(const void *sendbuf, size_t sendcount, void *recvbuf,
+                                        const size_t *recvcounts, const size_t *displs,
+                                        loom_dtype_t dt, loom_comm_t c, loom_request_t *req);
+LOOM_API loom_status_t loom_ireduce_scatter(const void *sendbuf, void *recvbuf,
+                                            size_t recvcount, loom_dtype_t dt, loom_op_t op,
+                                            loom_comm_t c, loom_request_t *req);
+LOOM_API loom_status_t loom_ialltoall(const void *sendbuf, void *recvbuf, size_t count,
+                                      loom_dtype_t dt, loom_comm_t c, loom_request_t *req);
+LOOM_API loom_status_t loom_ialltoallv(const void *sendbuf, const size_t *sendcounts,
+                                       const size_t *sdispls, void *recvbuf,
+                                       const size_t *recvcounts, const size_t *rdispls,
+                                       loom_dtype_t dt, loom_comm_t c, loom_request_t *req);
+LOOM_API loom_status_t loom_igather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                    loom_dtype_t dt, int root, loom_comm_t c,
+                                    loom_request_t *req);
+LOOM_API loom_status_t loom_iscatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                     loom_dtype_t dt, int root, loom_comm_t c,
+                                     loom_request_t *req);
+LOOM_API loom_status_t loom_ibarrier(loom_comm_t c, loom_request_t *req);
+LOOM_API loom_status_t loom_isend(const void *buf, size_t count, loom_dtype_t dt, int peer,
+                                  int tag, loom_comm_t c, loom_request_t *req);
+LOOM_API loom_status_t loom_irecv(void *buf, size_t count, loom_dtype_t dt, int peer, int tag,
+                                  loom_comm_t c, loom_request_t *req);
+
+/** Block until req completes; returns its status and releases it. */
+LOOM_API loom_status_t loom_wait(loom_request_t req);
+/** Set *done; when it is 1 the request is released and its status returned. */
+LOOM_API loom_status_t loom_test(loom_request_t req, int *done);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_H */

@@ -1,0 +1,741 @@
+/*
+ * coll.c - the public collective and point-to-point calls: check the
+ * arguments, normalise in-place forms, and run the operation either inline
+ * (the fast path: nothing queued) or through the communicator's queue, which a
+ * worker thread drains in submission order. Blocking calls queue too when
+ * non-blocking ones are still pending, so that every rank runs its
+ * collectives in the order it called them.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm.h"
+#include "log.h"
+#include "reduce.h"
+#include "types.h"
+#include "wire.h"
+
+#define LOOM_DESC_P2P 0xff
+
+static double monotonic_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- execution ------------------------------------------------------------ */
+
+static uint64_t coll_total(const loom_comm_t c, const loom_coll_args_t *a)
+{
+    if (a->coll == LOOM_COLL_ALLGATHERV) {
+        uint64_t total = 0;
+        for (int i = 0; i < c->size; i++)
+            total += a->counts[i];
+        return total;
+    }
+    return a->coll == LOOM_COLL_ALLTOALLV ? 0 : a->count;
+}
+
+static int coll_has_op(loom_coll_t coll)
+{
+    return coll == LOOM_COLL_ALLREDUCE || coll == LOOM_COLL_REDUCE ||
+           coll == LOOM_COLL_REDUCE_SCATTER;
+}
+
+static loom_status_t run_collective(loom_comm_t c, const loom_coll_args_t *a)
+{
+    char forced[64];
+    const char *cname = loom_coll_name(a->coll);
+    int is_forced = loom_settings_forced_algo(&c->cfg, cname, forced, sizeof(forced));
+    const loom_algo_t *algo = loom_algo_select(&c->ctx, a, is_forced ? forced : NULL);
+    if (!algo) {
+        char names[256] = "";
+        size_t off = 0;
+        for (size_t i = 0; i < loom_num_algorithms && off < sizeof(names); i++)
+            if (loom_algorithms[i].coll == a->coll)
+                off += (size_t)snprintf(names + off, sizeof(names) - off, "%s%s",
+                                        off ? ", " : "", loom_algorithms[i].name);
+        return loom_err_set(&c->work_err, LOOM_ERR_INVALID_ARG,
+                            "LOOM_ALGO forces %s=%s, which %s (%s has: %s)", cname, forced,
+                            loom_algo_find(a->coll, forced) ? "cannot run this call"
+                                                            : "does not exist",
+                            cname, names);
+    }
+    c->ctx.seq++;
+    c->ctx.desc = loom_desc_make((int)a->coll, (int)a->dtype, coll_has_op(a->coll) ? (int)a->op : 0);
+    c->ctx.total = coll_total(c, a);
+    LOOM_TRACE("coll", "rank %d: %s %s count %zu seq %llu", c->rank, cname, algo->name,
+               a->count, (unsigned long long)c->ctx.seq);
+    loom_status_t st = algo->run(&c->ctx, a);
+    if (st != LOOM_SUCCESS) {
+        /* Messages of this call may still be in flight: the stream is no longer
+         * in step with the peers', so nothing more can run on it. */
+        c->broken = st;
+        c->tp_ops->abort(c->tp, st);
+    }
+    return st;
+}
+
+loom_status_t loom_comm_execute(loom_comm_t c, struct loom_request *op, int wait)
+{
+    loom_err_clear(&c->work_err);
+    if (atomic_load(&c->aborted))
+        return loom_err_set(&c->work_err, LOOM_ERR_ABORTED, "the communicator was aborted");
+    if (c->broken)
+        return loom_err_set(&c->work_err, c->broken,
+                            "the communicator failed earlier (%s) and can no longer be used: %s",
+                            loom_strerror(c->broken), c->last_error);
+    if (op->kind == LOOM_OP_COLL)
+        return run_collective(c, &op->args);
+    loom_status_t st = op->kind == LOOM_OP_SEND ? c->tp_ops->isend(c->tp, &op->tp_req)
+                                                : c->tp_ops->irecv(c->tp, &op->tp_req);
+    if (st == LOOM_SUCCESS && wait)
+        st = loom_p2p_wait(&c->ctx, &op->tp_req);
+    if (st != LOOM_SUCCESS) {
+        c->broken = st;
+        c->tp_ops->abort(c->tp, st);
+    }
+    return st;
+}
+
+/* Under qlock. */
+static void complete(loom_comm_t c, struct loom_request *op, loom_status_t st)
+{
+    op->status = st;
+    if (st != LOOM_SUCCESS) {
+        memcpy(op->msg, c->work_err.msg[0] ? c->work_err.msg : loom_strerror(st), sizeof(op->msg));
+        op->msg[sizeof(op->msg) - 1] = '\0';
+    }
+    op->done = 1;
+    pthread_cond_broadcast(&c->done_cond);
+}
+
+/* Complete every posted p2p request the transport has finished. Under qlock. */
+static void reap_active(loom_comm_t c, loom_status_t failure)
+{
+    struct loom_request **pp = &c->active;
+    while (*pp) {
+        struct loom_request *op = *pp;
+        if (op->tp_req.done || failure != LOOM_SUCCESS) {
+            *pp = op->next;
+            complete(c, op, op->tp_req.done ? op->tp_req.status : failure);
+        } else {
+            pp = &op->next;
+        }
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    loom_comm_t c = arg;
+    double last_moved = monotonic_s();
+    pthread_mutex_lock(&c->qlock);
+    for (;;) {
+        if (c->qhead) {
+            struct loom_request *op = c->qhead;
+            c->qhead = op->next;
+            if (!c->qhead)
+                c->qtail = NULL;
+            c->busy = 1;
+            pthread_mutex_unlock(&c->qlock);
+            loom_status_t st = loom_comm_execute(c, op, 0);
+            pthread_mutex_lock(&c->qlock);
+            c->busy = 0;
+            if (op->kind != LOOM_OP_COLL && st == LOOM_SUCCESS && !op->tp_req.done) {
+                op->next = c->active;
+                c->active = op;
+                last_moved = monotonic_s();
+            } else {
+                complete(c, op, st);
+            }
+            reap_active(c, c->broken);
+            continue;
+        }
+        if (c->active) {
+            pthread_mutex_unlock(&c->qlock);
+            int moved = 0;
+            loom_err_clear(&c->work_err);
+            loom_status_t st = c->broken ? c->broken : c->tp_ops->progress(c->tp, 1, &moved);
+            double now = monotonic_s();
+            if (moved)
+                last_moved = now;
+            if (st == LOOM_SUCCESS && now - last_moved > c->ctx.timeout_s) {
+                st = loom_err_set(&c->work_err, LOOM_ERR_TIMEOUT,
+                                  "timed out: a non-blocking send/recv of rank %d made no "
+                                  "progress for %.1f s (LOOM_TIMEOUT)", c->rank, c->ctx.timeout_s);
+                c->tp_ops->abort(c->tp, st);
+            }
+            if (st != LOOM_SUCCESS && !c->broken)
+                c->broken = st;
+            pthread_mutex_lock(&c->qlock);
+            reap_active(c, st);
+            continue;
+        }
+        if (c->stopping)
+            break;
+        pthread_cond_wait(&c->qcond, &c->qlock);
+    }
+    pthread_mutex_unlock(&c->qlock);
+    return NULL;
+}
+
+/* Under qlock. */
+static loom_status_t enqueue(loom_comm_t c, struct loom_request *op)
+{
+    if (!c->worker_started) {
+        if (pthread_create(&c->worker, NULL, worker_main, c) != 0)
+            return LOOM_ERR_NO_MEMORY;
+        c->worker_started = 1;
+    }
+    op->next = NULL;
+    if (c->qtail)
+        c->qtail->next = op;
+    else
+        c->qhead = op;
+    c->qtail = op;
+    pthread_cond_signal(&c->qcond);
+    return LOOM_SUCCESS;
+}
+
+void loom_comm_stop_worker(loom_comm_t c)
+{
+    pthread_mutex_lock(&c->qlock);
+    int started = c->worker_started;
+    c->stopping = 1;
+    pthread_cond_signal(&c->qcond);
+    pthread_mutex_unlock(&c->qlock);
+    if (started)
+        pthread_join(c->worker, NULL);
+}
+
+/* Run op for a blocking caller (op lives on the caller's stack), or queue it
+ * for a non-blocking one (op is heap-allocated and handed out as the request). */
+static loom_status_t submit(loom_comm_t c, struct loom_request *op, loom_request_t *req_p)
+{
+    op->comm = c;
+    pthread_mutex_lock(&c->qlock);
+    if (!req_p && !c->qhead && !c->busy && !c->active) {
+        pthread_mutex_unlock(&c->qlock);
+        loom_status_t st = loom_comm_execute(c, op, 1);
+        if (st != LOOM_SUCCESS)
+            loom_comm_publish_error(c, st);
+        return st;
+    }
+    if (enqueue(c, op) != LOOM_SUCCESS) {
+        pthread_mutex_unlock(&c->qlock);
+        return loom_comm_fail(c, LOOM_ERR_NO_MEMORY, "cannot start the progress thread");
+    }
+    if (req_p) {
+        pthread_mutex_unlock(&c->qlock);
+        *req_p = op;
+        return LOOM_SUCCESS;
+    }
+    op->blocking = 1;
+    while (!op->done)
+        pthread_cond_wait(&c->done_cond, &c->qlock);
+    pthread_mutex_unlock(&c->qlock);
+    if (op->status != LOOM_SUCCESS)
+        loom_comm_fail(c, op->status, "%s", op->msg);
+    return op->status;
+}
+
+loom_status_t loom_wait(loom_request_t req)
+{
+    if (!req)
+        return loom_global_fail(LOOM_ERR_INVALID_ARG, "loom_wait: NULL request");
+    loom_comm_t c = req->comm;
+    pthread_mutex_lock(&c->qlock);
+    while (!req->done)
+        pthread_cond_wait(&c->done_cond, &c->qlock);
+    pthread_mutex_unlock(&c->qlock);
+    loom_status_t st = req->status;
+    if (st != LOOM_SUCCESS)
+        loom_comm_fail(c, st, "%s", req->msg);
+    free(req);
+    return st;
+}
+
+loom_status_t loom_test(loom_request_t req, int *done)
+{
+    if (!req || !done)
+        return loom_global_fail(LOOM_ERR_INVALID_ARG, "loom_test: NULL request or flag");
+    loom_comm_t c = req->comm;
+    pthread_mutex_lock(&c->qlock);
+    int finished = req->done;
+    pthread_mutex_unlock(&c->qlock);
+    *done = finished;
+    return finished ? loom_wait(req) : LOOM_SUCCESS;
+}
+
+/* ---- argument checks ------------------------------------------------------ */
+
+#define CHECK(cond, ...)                                                              \
+    do {                                                                              \
+        if (!(cond))                                                                  \
+            return loom_comm_fail(c, LOOM_ERR_INVALID_ARG, __VA_ARGS__);              \
+    } while (0)
+
+static loom_status_t check_comm(loom_comm_t c, const char *fn)
+{
+    if (!c)
+        return loom_global_fail(LOOM_ERR_INVALID_ARG, "%s: the communicator is NULL", fn);
+    return LOOM_SUCCESS;
+}
+
+/* count * n elements of dt must be addressable. */
+static int bytes_fit(size_t count, size_t n, size_t esize)
+{
+    return n == 0 || esize == 0 || count <= SIZE_MAX / n / esize;
+}
+
+static loom_status_t check_common(loom_comm_t c, const char *fn, loom_dtype_t dt,
+                                  int needs_op, loom_op_t op, int has_root, int root)
+{
+    CHECK(loom_dtype_valid(dt), "%s: unknown dtype %d", fn, (int)dt);
+    CHECK(!needs_op || loom_op_valid(op), "%s: unknown reduction op %d", fn, (int)op);
+    CHECK(!has_root || (root >= 0 && root < c->size),
+          "%s: root %d is not a rank of this communicator (size %d)", fn, root, c->size);
+    return LOOM_SUCCESS;
+}
+
+static loom_status_t run_or_queue(loom_comm_t c, const loom_coll_args_t *a, loom_request_t *req)
+{
+    if (req) {
+        struct loom_request *op = calloc(1, sizeof(*op));
+        if (!op)
+            return loom_comm_fail(c, LOOM_ERR_NO_MEMORY, "out of memory");
+        op->kind = LOOM_OP_COLL;
+        op->args = *a;
+        loom_status_t st = submit(c, op, req);
+        if (st != LOOM_SUCCESS)
+            free(op);
+        return st;
+    }
+    struct loom_request op = {.kind = LOOM_OP_COLL, .args = *a};
+    return submit(c, &op, NULL);
+}
+
+/* A call that moves nothing still yields a request the caller can wait on. */
+static loom_status_t nothing_to_do(loom_comm_t c, loom_request_t *req)
+{
+    if (!req)
+        return LOOM_SUCCESS;
+    struct loom_request *op = calloc(1, sizeof(*op));
+    if (!op)
+        return loom_comm_fail(c, LOOM_ERR_NO_MEMORY, "out of memory");
+    op->comm = c;
+    op->done = 1;
+    *req = op;
+    return LOOM_SUCCESS;
+}
+
+#define IN_PLACE(p) ((const void *)(p) == LOOM_IN_PLACE)
+
+/* ---- collectives ---------------------------------------------------------- */
+
+static loom_status_t do_allreduce(const void *sendbuf, void *recvbuf, size_t count,
+                                  loom_dtype_t dt, loom_op_t op, loom_comm_t c,
+                                  loom_request_t *req)
+{
+    loom_status_t st;
+    if ((st = check_comm(c, "allreduce")) != LOOM_SUCCESS ||
+        (st = check_common(c, "allreduce", dt, 1, op, 0, 0)) != LOOM_SUCCESS)
+        return st;
+    size_t es = loom_dtype_size(dt);
+    CHECK(bytes_fit(count, 1, es), "allreduce: count %zu is too large", count);
+    if (count == 0)
+        return nothing_to_do(c, req);
+    CHECK(sendbuf && recvbuf, "allreduce: NULL buffer");
+    loom_coll_args_t a = {.coll = LOOM_COLL_ALLREDUCE, .sendbuf = IN_PLACE(sendbuf) ? recvbuf : sendbuf,
+                          .recvbuf = recvbuf, .count = count, .esize = es, .dtype = dt, .op = op};
+    return run_or_queue(c, &a, req);
+}
+
+static loom_status_t do_broadcast(void *buf, size_t count, loom_dtype_t dt, int root,
+                                  loom_comm_t c, loom_request_t *req)
+{
+    loom_status_t st;
+    if ((st = check_comm(c, "broadcast")) != LOOM_SUCCESS ||
+        (st = check_common(c, "broadcast", dt, 0, LOOM_SUM, 1, root)) != LOOM_SUCCESS)
+        return st;
+    size_t es = loom_dtype_size(dt);
+    CHECK(bytes_fit(count, 1, es), "broadcast: count %zu is too large", count);
+    if (count == 0)
+        return nothing_to_do(c, req);
+    CHECK(buf, "broadcast: NULL buffer");
+    loom_coll_args_t a = {.coll = LOOM_COLL_BROADCAST, .sendbuf = buf, .recvbuf = buf,
+                          .count = count, .esize = es, .dtype = dt, .root = root};
+    return run_or_queue(c, &a, req);
+}
+
+static loom_status_t do_reduce(const void *sendbuf, void *recvbuf, size_t count, loom_dtype_t dt,
+                               loom_op_t op, int root, loom_comm_t c, loom_request_t *req)
+{
+    loom_status_t st;
+    if ((st = check_comm(c, "reduce")) != LOOM_SUCCESS ||
+        (st = check_common(c, "reduce", dt, 1, op, 1, root)) != LOOM_SUCCESS)
+        return st;
+    size_t es = loom_dtype_size(dt);
+    CHECK(bytes_fit(count, 1, es), "reduce: count %zu is too large", count);
+    if (count == 0)
+        return nothing_to_do(c, req);
+    CHECK(sendbuf && (!IN_PLACE(sendbuf) || recvbuf), "reduce: NULL buffer");
+    CHECK(c->rank != root || recvbuf, "reduce: NULL recvbuf at the root");
+    loom_coll_args_t a = {.coll = LOOM_COLL_REDUCE, .sendbuf = IN_PLACE(sendbuf) ? recvbuf : sendbuf,
+                          .recvbuf = c->rank == root || IN_PLACE(sendbuf) ? recvbuf : NULL,
+                          .count = count, .esize = es, .dtype = dt, .op = op, .root = root};
+    return run_or_queue(c, &a, req);
+}
+
+static loom_status_t do_allgather(const void *sendbuf, void *recvbuf, size_t count,
+                                  loom_dtype_t dt, loom_comm_t c, loom_request_t *req)
+{
+    loom_status_t st;
+    if ((st = check_comm(c, "allgather")) != LOOM_SUCCESS ||
+        (st = check_common(c, "allgather", dt, 0, LOOM_SUM, 0, 0)) != LOOM_SUCCESS)
+        return st;
+    size_t es = loom_dtype_size(dt);
+    CHECK(bytes_fit(count, (size_t)c->size, es), "allgather: count %zu is too large", count);
+    if (count == 0)
+        return nothing_to_do(c, req);
+    CHECK(sendbuf && recvbuf, "allgather: NULL buffer");
+    char *mine = (char *)recvbuf + (size_t)c->rank * count * es;
+    loom_coll_args_t a = {.coll = LOOM_COLL_ALLGATHER, .sendbuf = IN_PLACE(sendbuf) ? mine : sendbuf,
+                          .recvbuf = recvbuf, .count = count, .esize = es, .dtype = dt};
+    return run_or_queue(c, &a, req);
+}
+
+static loom_status_t do_allgatherv(const void *sendbuf, size_t sendcount, void *recvbuf,
+                                   const size_t *recvcounts, const size_t *displs,
+                                   loom_dtype_t dt, loom_comm_t c, loom_request_t *req)
+{
+    loom_status_t st;
+    if ((st = check_comm(c, "allgatherv")) != LOOM_SUCCESS ||
+        (st = check_common(c, "allgatherv", dt, 0, LOOM_SUM, 0, 0)) != LOOM_SUCCESS)
+        return st;
+    CHECK(recvcounts && displs, "allgatherv: NULL recvcounts or displs");
+    size_t es = loom_dtype_size(dt);
+    CHECK(recvcounts[c->rank] == sendcount,
+          "allgatherv: sendcount %zu differs from recvcounts[%d] = %zu", sendcount, c->rank,
+          recvcounts[c->rank]);
+    size_t total = 0;
+    for (int i = 0; i < c->size; i++) {
+        CHECK(bytes_fit(recvcounts[i], 1, es) && bytes_fit(displs[i], 1, es) &&
+                  recvcounts[i] + displs[i] >= displs[i],
+              "allgatherv: recvcounts[%d] or displs[%d] is too large", i, i);
+        total += recvcounts[i];
+    }
+    CHECK(total == 0 || recvbuf, "allgatherv: NULL recvbuf");
+    CHECK(sendcount == 0 || sendbuf, "allgatherv: NULL sendbuf");
+    char *mine = (char *)recvbuf + displs[c->rank] * es;
+    loom_coll_args_t a = {.coll = LOOM_COLL_ALLGATHERV,
+                          .sendbuf = IN_PLACE(sendbuf) || !sendbuf ? mine : sendbuf,
+                          .recvbuf = recvbuf, .count = sendcount, .esize = es, .dtype = dt,
+                          .counts = recvcounts, .displs = displs};
+    return run_or_queue(c, &a, req);
+}
+
+static loom_status_t do_reduce_scatter(const void *sendbuf, void *recvbuf, size_t count,
+                                       loom_dtype_t dt, loom_op_t op, loom_comm_t c,
+                                       loom_request_t *req)
+{
+    loom_status_t st;
+    if ((st = check_comm(c, "reduce_scatter")) != LOOM_SUCCESS ||
+        (st = check_common(c, "reduce_scatter", dt, 1, op, 0, 0)) != LOOM_SUCCESS)
+        return st;
+    size_t es = loom_dtype_size(dt);
+    CHECK(bytes_fit(count, (size_t)c->size, es), "reduce_scatter: count %zu is too large", count);
+    if (count == 0)
+        return nothing_to_do(c, req);
+    CHECK(sendbuf && recvbuf, "reduce_scatter: NULL buffer");
+    loom_coll_args_t a = {.coll = LOOM_COLL_REDUCE_SCATTER,
+                          .sendbuf = IN_PLACE(sendbuf) ? recvbuf : sendbuf, .recvbuf = recvbuf,
+                          .count = count, .esize = es, .dtype = dt, .op = op};
+    return run_or_queue(c, &a, req);
+}
+
+static loom_status_t do_alltoall(const void *sendbuf, void *recvbuf, size_t count,
+                                 loom_dtype_t dt, loom_comm_t c, loom_request_t *req)
+{
+    loom_status_t st;
+    if ((st = check_comm(c, "alltoall")) != LOOM_SUCCESS ||
+        (st = check_common(c, "alltoall", dt, 0, LOOM_SUM, 0, 0)) != LOOM_SUCCESS)
+        return st;
+    size_t es = loom_dtype_size(dt);
+    CHECK(bytes_fit(count, (size_t)c->size, es), "alltoall: count %zu is too large", count);
+    if (count == 0)
+        return nothing_to_do(c, req);
+    CHECK(sendbuf && recvbuf, "alltoall: NULL buffer");
+    loom_coll_args_t a = {.coll = LOOM_COLL_ALLTOALL, .sendbuf = IN_PLACE(sendbuf) ? recvbuf : sendbuf,
+                          .recvbuf = recvbuf, .count = count, .esize = es, .dtype = dt};
+    return run_or_queue(c, &a, req);
+}
+
+static loom_status_t do_alltoallv(const void *sendbuf, const size_t *sendcounts,
+                                  const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                                  const size_t *rdispls, loom_dtype_t dt, loom_comm_t c,
+                                  loom_request_t *req)
+{
+    loom_status_t st;
+    if ((st = check_comm(c, "alltoallv")) != LOOM_SUCCESS ||
+        (st = check_common(c, "alltoallv", dt, 0, LOOM_SUM, 0, 0)) != LOOM_SUCCESS)
+        return st;
+    CHECK(recvcounts && rdispls, "alltoallv: NULL recvcounts or rdispls");
+    int in_place = IN_PLACE(sendbuf);
+    CHECK(in_place || (sendcounts && sdispls), "alltoallv: NULL sendcounts or sdispls");
+    size_t es = loom_dtype_size(dt);
+    size_t sent = 0, received = 0;
+    for (int i = 0; i < c->size; i++) {
+        CHECK(bytes_fit(recvcounts[i], 1, es) && bytes_fit(rdispls[i], 1, es),
+              "alltoallv: recvcounts[%d] or rdispls[%d] is too large", i, i);
+        received += recvcounts[i];
+        if (!in_place) {
+            CHECK(bytes_fit(sendcounts[i], 1, es) && bytes_fit(sdispls[i], 1, es),
+                  "alltoallv: sendcounts[%d] or sdispls[%d] is too large", i, i);
+            sent += sendcounts[i];
+        }
+    }
+    CHECK(received == 0 || recvbuf, "alltoallv: NULL recvbuf");
+    CHECK(in_place || sent == 0 || sendbuf, "alltoallv: NULL sendbuf");
+    loom_coll_args_t a = {.coll = LOOM_COLL_ALLTOALLV, .sendbuf = in_place ? recvbuf : sendbuf,
+                          .recvbuf = recvbuf, .esize = es, .dtype = dt,
+                          .counts = recvcounts, .displs = rdispls,
+                          .scounts = in_place ? recvcounts : sendcounts,
+                          .sdispls = in_place ? rdispls : sdispls};
+    return run_or_queue(c, &a, req);
+}
+
+static loom_status_t do_gather(const void *sendbuf, void *recvbuf, size_t count, loom_dtype_t dt,
+                               int root, loom_comm_t c, loom_request_t *req)
+{
+    loom_status_t st;
+    if ((st = check_comm(c, "gather")) != LOOM_SUCCESS ||
+        (st = check_common(c, "gather", dt, 0, LOOM_SUM, 1, root)) != LOOM_SUCCESS)
+        return st;
+    size_t es = loom_dtype_size(dt);
+    CHECK(bytes_fit(count, (size_t)c->size, es), "gather: count %zu is too large", count);
+    if (count == 0)
+        return nothing_to_do(c, req);
+    int at_root = c->rank == root;
+    CHECK(sendbuf && (!at_root || recvbuf), "gather: NULL buffer");
+    CHECK(at_root || !IN_PLACE(sendbuf), "gather: LOOM_IN_PLACE is for the root only");
+    char *mine = at_root ? (char *)recvbuf + (size_t)root * count * es : NULL;
+    loom_coll_args_t a = {.coll = LOOM_COLL_GATHER, .sendbuf = IN_PLACE(sendbuf) ? mine : sendbuf,
+                          .recvbuf = at_root ? recvbuf : NULL, .count = count, .esize = es,
+                          .dtype = dt, .root = root};
+    return run_or_queue(c, &a, req);
+}
+
+static loom_status_t do_scatter(const void *sendbuf, void *recvbuf, size_t count, loom_dtype_t dt,
+                                int root, loom_comm_t c, loom_request_t *req)
+{
+    loom_status_t st;
+    if ((st = check_comm(c, "scatter")) != LOOM_SUCCESS ||
+        (st = check_common(c, "scatter", dt, 0, LOOM_SUM, 1, root)) != LOOM_SUCCESS)
+        return st;
+    size_t es = loom_dtype_size(dt);
+    CHECK(bytes_fit(count, (size_t)c->size, es), "scatter: count %zu is too large", count);
+    if (count == 0)
+        return nothing_to_do(c, req);
+    int at_root = c->rank == root;
+    CHECK(recvbuf && (!at_root || sendbuf), "scatter: NULL buffer");
+    CHECK(at_root || !IN_PLACE(recvbuf), "scatter: LOOM_IN_PLACE is for the root only");
+    /* In place at the root: its own block stays where it is in sendbuf. */
+    void *dst = IN_PLACE(recvbuf) ? (char *)sendbuf + (size_t)root * count * es : recvbuf;
+    loom_coll_args_t a = {.coll = LOOM_COLL_SCATTER, .sendbuf = at_root ? sendbuf : NULL,
+                          .recvbuf = dst, .count = count, .esize = es, .dtype = dt, .root = root};
+    return run_or_queue(c, &a, req);
+}
+
+static loom_status_t do_barrier(loom_comm_t c, loom_request_t *req)
+{
+    loom_status_t st = check_comm(c, "barrier");
+    if (st != LOOM_SUCCESS)
+        return st;
+    loom_coll_args_t a = {.coll = LOOM_COLL_BARRIER, .dtype = LOOM_UINT8, .esize = 1};
+    return run_or_queue(c, &a, req);
+}
+
+static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_dtype_t dt,
+                            int peer, int tag, loom_comm_t c, loom_request_t *req)
+{
+    const char *fn = kind == LOOM_OP_SEND ? "send" : "recv";
+    loom_status_t st;
+    if ((st = check_comm(c, fn)) != LOOM_SUCCESS ||
+        (st = check_common(c, fn, dt, 0, LOOM_SUM, 0, 0)) != LOOM_SUCCESS)
+        return st;
+    size_t es = loom_dtype_size(dt);
+    CHECK(peer >= 0 && peer < c->size, "%s: peer %d is not a rank of this communicator (size %d)",
+          fn, peer, c->size);
+    CHECK(tag >= 0, "%s: tag %d is negative", fn, tag);
+    CHECK(bytes_fit(count, 1, es), "%s: count %zu is too large", fn, count);
+    CHECK(count == 0 || buf, "%s: NULL buffer", fn);
+    struct loom_request stack_op, *op = &stack_op;
+    if (req && !(op = calloc(1, sizeof(*op))))
+        return loom_comm_fail(c, LOOM_ERR_NO_MEMORY, "out of memory");
+    if (!req)
+        memset(op, 0, sizeof(*op));
+    op->kind = kind;
+    op->tp_req.peer = peer;
+    op->tp_req.buf = buf;
+    op->tp_req.len = count * es;
+    op->tp_req.match.tag = (uint64_t)tag;
+    op->tp_req.match.desc = loom_desc_make(LOOM_DESC_P2P, (int)dt, 0);
+    op->tp_req.match.total = count;
+    st = submit(c, op, req);
+    if (req && st != LOOM_SUCCESS)
+        free(op);
+    return st;
+}
+
+/* ---- the public names ----------------------------------------------------- */
+
+LOOM_API loom_status_t loom_allreduce(const void *s, void *r, size_t n, loom_dtype_t dt,
+                                      loom_op_t op, loom_comm_t c)
+{
+    return do_allreduce(s, r, n, dt, op, c, NULL);
+}
+LOOM_API loom_status_t loom_iallreduce(const void *s, void *r, size_t n, loom_dtype_t dt,
+                                       loom_op_t op, loom_comm_t c, loom_request_t *req)
+{
+    return req ? do_allreduce(s, r, n, dt, op, c, req)
+               : loom_global_fail(LOOM_ERR_INVALID_ARG, "iallreduce: NULL request pointer");
+}
+LOOM_API loom_status_t loom_broadcast(void *b, size_t n, loom_dtype_t dt, int root, loom_comm_t c)
+{
+    return do_broadcast(b, n, dt, root, c, NULL);
+}
+LOOM_API loom_status_t loom_ibroadcast(void *b, size_t n, loom_dtype_t dt, int root,
+                                       loom_comm_t c, loom_request_t *req)
+{
+    return req ? do_broadcast(b, n, dt, root, c, req)
+               : loom_global_fail(LOOM_ERR_INVALID_ARG, "ibroadcast: NULL request pointer");
+}
+LOOM_API loom_status_t loom_reduce(const void *s, void *r, size_t n, loom_dtype_t dt,
+                                   loom_op_t op, int root, loom_comm_t c)
+{
+    return do_reduce(s, r, n, dt, op, root, c, NULL);
+}
+LOOM_API loom_status_t loom_ireduce(const void *s, void *r, size_t n, loom_dtype_t dt,
+                                    loom_op_t op, int root, loom_comm_t c, loom_request_t *req)
+{
+    return req ? do_reduce(s, r, n, dt, op, root, c, req)
+               : loom_global_fail(LOOM_ERR_INVALID_ARG, "ireduce: NULL request pointer");
+}
+LOOM_API loom_status_t loom_allgather(const void *s, void *r, size_t n, loom_dtype_t dt,
+                                      loom_comm_t c)
+{
+    return do_allgather(s, r, n, dt, c, NULL);
+}
+LOOM_API loom_status_t loom_iallgather(const void *s, void *r, size_t n, loom_dtype_t dt,
+                                       loom_comm_t c, loom_request_t *req)
+{
+    return req ? do_allgather(s, r, n, dt, c, req)
+               : loom_global_fail(LOOM_ERR_INVALID_ARG, "iallgather: NULL request pointer");
+}
+LOOM_API loom_status_t loom_allgatherv(const void *s, size_t n, void *r, const size_t *counts,
+                                       const size_t *displs, loom_dtype_t dt, loom_comm_t c)
+{
+    return do_allgatherv(s, n, r, counts, displs, dt, c, NULL);
+}
+LOOM_API loom_status_t loom_iallgatherv(const void *s, size_t n, void *r, const size_t *counts,
+                                        const size_t *displs, loom_dtype_t dt, loom_comm_t c,
+                                        loom_request_t *req)
+{
+    return req ? do_allgatherv(s, n, r, counts, displs, dt, c, req)
+               : loom_global_fail(LOOM_ERR_INVALID_ARG, "iallgatherv: NULL request pointer");
+}
+LOOM_API loom_status_t loom_reduce_scatter(const void *s, void *r, size_t n, loom_dtype_t dt,
+                                           loom_op_t op, loom_comm_t c)
+{
+    return do_reduce_scatter(s, r, n, dt, op, c, NULL);
+}
+LOOM_API loom_status_t loom_ireduce_scatter(const void *s, void *r, size_t n, loom_dtype_t dt,
+                                            loom_op_t op, loom_comm_t c, loom_request_t *req)
+{
+    return req ? do_reduce_scatter(s, r, n, dt, op, c, req)
+               : loom_global_fail(LOOM_ERR_INVALID_ARG, "ireduce_scatter: NULL request pointer");
+}
+LOOM_API loom_status_t loom_alltoall(const void *s, void *r, size_t n, loom_dtype_t dt,
+                                     loom_comm_t c)
+{
+    return do_alltoall(s, r, n, dt, c, NULL);
+}
+LOOM_API loom_status_t loom_ialltoall(const void *s, void *r, size_t n, loom_dtype_t dt,
+                                      loom_comm_t c, loom_request_t *req)
+{
+    return req ? do_alltoall(s, r, n, dt, c, req)
+               : loom_global_fail(LOOM_ERR_INVALID_ARG, "ialltoall: NULL request pointer");
+}
+LOOM_API loom_status_t loom_alltoallv(const void *s, const size_t *sc, const size_t *sd, void *r,
+                                      const size_t *rc, const size_t *rd, loom_dtype_t dt,
+                                      loom_comm_t c)
+{
+    return do_alltoallv(s, sc, sd, r, rc, rd, dt, c, NULL);
+}
+LOOM_API loom_status_t loom_ialltoallv(const void *s, const size_t *sc, const size_t *sd, void *r,
+                                       const size_t *rc, const size_t *rd, loom_dtype_t dt,
+                                       loom_comm_t c, loom_request_t *req)
+{
+    return req ? do_alltoallv(s, sc, sd, r, rc, rd, dt, c, req)
+               : loom_global_fail(LOOM_ERR_INVALID_ARG, "ialltoallv: NULL request pointer");
+}
+LOOM_API loom_status_t loom_gather(const void *s, void *r, size_t n, loom_dtype_t dt, int root,
+                                   loom_comm_t c)
+{
+    return do_gather(s, r, n, dt, root, c, NULL);
+}
+LOOM_API loom_status_t loom_igather(const void *s, void *r, size_t n, loom_dtype_t dt, int root,
+                                    loom_comm_t c, loom_request_t *req)
+{
+    return req ? do_gather(s, r, n, dt, root, c, req)
+               : loom_global_fail(LOOM_ERR_INVALID_ARG, "igather: NULL request pointer");
+}
+LOOM_API loom_status_t loom_scatter(const void *s, void *r, size_t n, loom_dtype_t dt, int root,
+                                    loom_comm_t c)
+{
+    return do_scatter(s, r, n, dt, root, c, NULL);
+}
+LOOM_API loom_status_t loom_iscatter(const void *s, void *r, size_t n, loom_dtype_t dt, int root,
+                                     loom_comm_t c, loom_request_t *req)
+{
+    return req ? do_scatter(s, r, n, dt, root, c, req)
+               : loom_global_fail(LOOM_ERR_INVALID_ARG, "iscatter: NULL request pointer");
+}
+LOOM_API loom_status_t loom_barrier(loom_comm_t c)
+{
+    return do_barrier(c, NULL);
+}
+LOOM_API loom_status_t loom_ibarrier(loom_comm_t c, loom_request_t *req)
+{
+    return req ? do_barrier(c, req)
+               : loom_global_fail(LOOM_ERR_INVALID_ARG, "ibarrier: NULL request pointer");
+}
+LOOM_API loom_status_t loom_send(const void *b, size_t n, loom_dtype_t dt, int peer, int tag,
+                                 loom_comm_t c)
+{
+    return do_p2p(LOOM_OP_SEND, (void *)b, n, dt, peer, tag, c, NULL);
+}
+LOOM_API loom_status_t loom_isend(const void *b, size_t n, loom_dtype_t dt, int peer, int tag,
+                                  loom_comm_t c, loom_request_t *req)
+{
+    return req ? do_p2p(LOOM_OP_SEND, (void *)b, n, dt, peer, tag, c, req)
+               : loom_global_fail(LOOM_ERR_INVALID_ARG, "isend: NULL request pointer");
+}
+LOOM_API loom_status_t loom_recv(void *b, size_t n, loom_dtype_t dt, int peer, int tag,
+                                 loom_comm_t c)
+{
+    return do_p2p(LOOM_OP_RECV, b, n, dt, peer, tag, c, NULL);
+}
+LOOM_API loom_status_t loom_irecv(void *b, size_t n, loom_dtype_t dt, int peer, int tag,
+                                  loom_comm_t c, loom_request_t *req)
+{
+    return req ? do_p2p(LOOM_OP_RECV, b, n, dt, peer, tag, c, req)
+               : loom_global_fail(LOOM_ERR_INVALID_ARG, "irecv: NULL request pointer");
+}

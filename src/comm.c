@@ -1,0 +1,475 @@
+/*
+ * comm.c - making and unmaking communicators: settings, rendezvous through
+ * the store (every rank publishes its transport address and host identity,
+ * then reads everyone else's), topology, transport connection, split, abort,
+ * destroy; and the error text every public call leaves behind.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "log.h"
+
+static __thread char global_error[LOOM_ERRMSG_MAX];
+
+LOOM_API const char *loom_version(void)
+{
+    return PACKAGE_VERSION;
+}
+
+LOOM_API const char *loom_strerror(loom_status_t s)
+{
+    switch (s) {
+    case LOOM_SUCCESS: return "success";
+    case LOOM_ERR_INVALID_ARG: return "invalid argument";
+    case LOOM_ERR_NO_MEMORY: return "out of memory";
+    case LOOM_ERR_TIMEOUT: return "timed out";
+    case LOOM_ERR_PEER_LOST: return "peer lost";
+    case LOOM_ERR_TRANSPORT: return "transport error";
+    case LOOM_ERR_MISMATCH: return "ranks disagree on the call";
+    case LOOM_ERR_UNSUPPORTED: return "unsupported";
+    case LOOM_ERR_AUTH: return "connection refused by the handshake";
+    case LOOM_ERR_ABORTED: return "aborted";
+    case LOOM_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+LOOM_API const char *loom_comm_last_error(loom_comm_t c)
+{
+    return c ? c->last_error : global_error;
+}
+
+loom_status_t loom_global_fail(loom_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(global_error, sizeof(global_error), fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+loom_status_t loom_comm_fail(loom_comm_t c, loom_status_t st, const char *fmt, ...)
+{
+    char msg[LOOM_ERRMSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&c->err_lock);
+    memcpy(c->last_error, msg, sizeof(msg));
+    pthread_mutex_unlock(&c->err_lock);
+    LOOM_WARN("coll", "rank %d: %s: %s", c->rank, loom_strerror(st), msg);
+    return st;
+}
+
+void loom_comm_publish_error(loom_comm_t c, loom_status_t st)
+{
+    loom_comm_fail(c, st, "%s", c->work_err.msg[0] ? c->work_err.msg : loom_strerror(st));
+}
+
+LOOM_API int loom_comm_rank(loom_comm_t c) { return c ? c->rank : -1; }
+LOOM_API int loom_comm_size(loom_comm_t c) { return c ? c->size : -1; }
+LOOM_API int loom_comm_local_rank(loom_comm_t c) { return c ? c->local_rank : -1; }
+LOOM_API int loom_comm_local_size(loom_comm_t c) { return c ? c->local_size : -1; }
+LOOM_API int loom_comm_node_rank(loom_comm_t c) { return c ? c->node_rank : -1; }
+LOOM_API int loom_comm_node_count(loom_comm_t c) { return c ? c->node_count : -1; }
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return h;
+}
+
+/* hostname plus boot id, so containers that share a hostname on different
+ * machines (and a rebooted machine) are told apart; LOOM_HOST_ID overrides. */
+static void host_identity(const loom_settings_t *cfg, char *out, size_t outlen)
+{
+    if (cfg->host_id[0]) {
+        snprintf(out, outlen, "%s", cfg->host_id);
+        return;
+    }
+    char host[256] = "unknown", boot[64] = "";
+    gethostname(host, sizeof(host) - 1);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof(boot), f))
+            boot[0] = '\0';
+        fclose(f);
+        boot[strcspn(boot, "\n")] = '\0';
+    }
+    snprintf(out, outlen, "%s/%s", host, boot);
+}
+
+static void store_unref(loom_store_ref_t *ref)
+{
+    if (ref && atomic_fetch_sub(&ref->refs, 1) == 1) {
+        loom_store_close(ref->store);
+        free(ref);
+    }
+}
+
+static loom_comm_t comm_alloc(void)
+{
+    loom_comm_t c = calloc(1, sizeof(*c));
+    if (!c)
+        return NULL;
+    pthread_mutex_init(&c->err_lock, NULL);
+    pthread_mutex_init(&c->qlock, NULL);
+    pthread_cond_init(&c->qcond, NULL);
+    pthread_cond_init(&c->done_cond, NULL);
+    return c;
+}
+
+static void comm_free(loom_comm_t c)
+{
+    free(c->ctx.scratch);
+    pthread_mutex_destroy(&c->err_lock);
+    pthread_mutex_destroy(&c->qlock);
+    pthread_cond_destroy(&c->qcond);
+    pthread_cond_destroy(&c->done_cond);
+    free(c);
+}
+
+/* Publish our address, read everyone's, derive the topology, connect. The
+ * communicator already has rank, size, cfg, store, prefix and hashes. */
+static loom_status_t rendezvous(loom_comm_t c)
+{
+    loom_err_t *err = &c->work_err;
+    loom_status_t st;
+    char addr[256], myid[512], key[320];
+    char **addrs = NULL, **hosts = NULL, **values = NULL;
+
+    char bind_host[128] = "";
+    if (c->store && loom_store_local_host(c->store->store, bind_host, sizeof(bind_host)) != 0)
+        bind_host[0] = '\0';
+    loom_tp_params_t params = {
+        .rank = c->rank, .size = c->size, .job_hash = c->job_hash, .comm_hash = c->comm_hash,
+        .ifname = c->cfg.ifname, .bind_host = bind_host, .sockbuf = c->cfg.socket_bufsize,
+        .spin_us = c->cfg.spin_us, .err = err};
+    c->tp_ops = &loom_tcp_transport;
+    if ((st = c->tp_ops->create(&params, addr, sizeof(addr), &c->tp)) != LOOM_SUCCESS)
+        return st;
+
+    addrs = calloc((size_t)c->size, sizeof(char *));
+    hosts = calloc((size_t)c->size, sizeof(char *));
+    values = calloc((size_t)c->size, sizeof(char *));
+    if (!addrs || !hosts || !values) {
+        st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+        goto out;
+    }
+    host_identity(&c->cfg, myid, sizeof(myid));
+    char mine[1024];
+    int len = snprintf(mine, sizeof(mine), "%d\n%s\n%s", c->size, addr, myid);
+    if (c->size > 1) {
+        snprintf(key, sizeof(key), "%s/addr/%d", c->prefix, c->rank);
+        if ((st = loom_store_set(c->store->store, key, mine, (size_t)len, err)) != LOOM_SUCCESS)
+            goto out;
+        /* One wait for all keys: its timeout message names every missing rank. */
+        char (*keys)[320] = calloc((size_t)c->size, sizeof(*keys));
+        const char **keyp = calloc((size_t)c->size, sizeof(char *));
+        if (!keys || !keyp) {
+            free(keys);
+            free(keyp);
+            st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+            goto out;
+        }
+        for (int r = 0; r < c->size; r++) {
+            snprintf(keys[r], sizeof(keys[r]), "%s/addr/%d", c->prefix, r);
+            keyp[r] = keys[r];
+        }
+        st = loom_store_wait(c->store->store, keyp, (size_t)c->size, c->cfg.timeout_s, err);
+        for (int r = 0; r < c->size && st == LOOM_SUCCESS; r++) {
+            size_t vlen;
+            st = loom_store_get(c->store->store, keys[r], (void **)&values[r], &vlen,
+                                c->cfg.timeout_s, err);
+        }
+        free(keys);
+        free(keyp);
+        if (st != LOOM_SUCCESS)
+            goto out;
+    } else {
+        values[0] = strdup(mine);
+        if (!values[0]) {
+            st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+            goto out;
+        }
+    }
+    for (int r = 0; r < c->size; r++) {
+        char *nl1 = strchr(values[r], '\n'), *nl2 = nl1 ? strchr(nl1 + 1, '\n') : NULL;
+        if (!nl2) {
+            st = loom_err_set(err, LOOM_ERR_MISMATCH, "rank %d published a malformed address "
+                              "(a different Loom version or a stale store?)", r);
+            goto out;
+        }
+        *nl1 = *nl2 = '\0';
+        if (atoi(values[r]) != c->size) {
+            st = loom_err_set(err, LOOM_ERR_MISMATCH,
+                              "rank %d believes the job has %s ranks, rank %d believes %d (or the "
+                              "store holds keys of an earlier job: set LOOM_JOB_ID)",
+                              r, values[r], c->rank, c->size);
+            goto out;
+        }
+        addrs[r] = nl1 + 1;
+        hosts[r] = nl2 + 1;
+    }
+
+    /* Ranks on one host are numbered in rank order; hosts in order of first rank. */
+    c->local_rank = c->local_size = c->node_rank = c->node_count = 0;
+    for (int r = 0; r < c->size; r++) {
+        int first = 1;
+        for (int q = 0; q < r && first; q++)
+            if (strcmp(hosts[q], hosts[r]) == 0)
+                first = 0;
+        if (first) {
+            if (strcmp(hosts[r], myid) == 0)
+                c->node_rank = c->node_count;
+            c->node_count++;
+        }
+        if (strcmp(hosts[r], myid) == 0) {
+            if (r < c->rank)
+                c->local_rank++;
+            c->local_size++;
+        }
+    }
+    LOOM_INFO("init", "rank %d/%d at %s: host %s, local rank %d/%d, node %d/%d", c->rank, c->size,
+              addr, myid, c->local_rank, c->local_size, c->node_rank, c->node_count);
+
+    if (c->size > 1)
+        st = c->tp_ops->connect(c->tp, addrs, c->cfg.timeout_s);
+out:
+    if (values)
+        for (int r = 0; r < c->size; r++)
+            free(values[r]);
+    free(values);
+    free(addrs);
+    free(hosts);
+    return st;
+}
+
+static void init_ctx(loom_comm_t c)
+{
+    c->ctx.rank = c->rank;
+    c->ctx.size = c->size;
+    c->ctx.tp_ops = c->tp_ops;
+    c->ctx.tp = c->tp;
+    c->ctx.timeout_s = c->cfg.timeout_s;
+    c->ctx.spin_us = c->cfg.spin_us;
+    /* Busy-polling ranks that outnumber the cores steal the time of the rank
+     * that has work to do (MPICH falls to milliseconds per call this way):
+     * sleep at once unless the user asked for spinning explicitly. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!getenv("LOOM_SPIN_US") && cores > 0 && c->local_size > cores)
+        c->ctx.spin_us = 0;
+    c->ctx.err = &c->work_err;
+    c->ctx.segment_bytes = c->cfg.segment_bytes;
+}
+
+/* Everything after the store is open: shared by create and split. */
+static loom_status_t comm_finish(loom_comm_t c)
+{
+    c->job_hash = fnv1a(c->cfg.job_id);
+    c->comm_hash = fnv1a(c->prefix);
+    loom_status_t st = rendezvous(c);
+    if (st != LOOM_SUCCESS) {
+        if (c->tp)
+            c->tp_ops->destroy(c->tp, 0);
+        c->tp = NULL;
+        return st;
+    }
+    init_ctx(c);
+    return LOOM_SUCCESS;
+}
+
+static loom_status_t create_from(const loom_settings_t *cfg, int rank, int size,
+                                 const char *store_uri, loom_comm_t *out)
+{
+    loom_comm_t c = comm_alloc();
+    if (!c)
+        return loom_global_fail(LOOM_ERR_NO_MEMORY, "out of memory");
+    c->cfg = *cfg;
+    c->rank = rank;
+    c->size = size;
+    loom_err_clear(&c->work_err);
+    snprintf(c->prefix, sizeof(c->prefix), "loom/%s/world", cfg->job_id);
+    loom_status_t st = LOOM_SUCCESS;
+    if (size > 1) {
+        c->store = calloc(1, sizeof(*c->store));
+        if (!c->store) {
+            st = loom_err_set(&c->work_err, LOOM_ERR_NO_MEMORY, "out of memory");
+            goto err_free;
+        }
+        atomic_init(&c->store->refs, 1);
+        st = loom_store_open(store_uri, rank, cfg->timeout_s, &c->work_err, &c->store->store);
+        if (st != LOOM_SUCCESS) {
+            free(c->store);
+            c->store = NULL;
+            goto err_free;
+        }
+    }
+    if ((st = comm_finish(c)) != LOOM_SUCCESS)
+        goto err_store;
+    *out = c;
+    return LOOM_SUCCESS;
+
+err_store:
+    store_unref(c->store);
+err_free:
+    loom_global_fail(st, "%s", c->work_err.msg[0] ? c->work_err.msg : loom_strerror(st));
+    comm_free(c);
+    return st;
+}
+
+LOOM_API loom_status_t loom_init(loom_comm_t *comm)
+{
+    if (!comm)
+        return loom_global_fail(LOOM_ERR_INVALID_ARG, "loom_init: NULL output pointer");
+    loom_err_t err = {0};
+    loom_settings_t cfg;
+    loom_bootstrap_t b;
+    loom_status_t st;
+    if ((st = loom_settings_load(&cfg, loom_getenv_process, NULL, &err)) != LOOM_SUCCESS ||
+        (st = loom_bootstrap_from_env(loom_getenv_process, NULL, &b, &err)) != LOOM_SUCCESS)
+        return loom_global_fail(st, "loom_init: %s", err.msg);
+    LOOM_INFO("init", "rank %d of %d from %s variables, store %s", b.rank, b.size, b.source,
+              b.store[0] ? b.store : "(none)");
+    return create_from(&cfg, b.rank, b.size, b.store, comm);
+}
+
+LOOM_API loom_status_t loom_comm_create(const loom_config_t *ucfg, loom_comm_t *comm)
+{
+    if (!ucfg || !comm)
+        return loom_global_fail(LOOM_ERR_INVALID_ARG, "loom_comm_create: NULL argument");
+    /* Read only the fields the caller's version of the struct has. */
+    loom_config_t in = LOOM_CONFIG_INIT;
+    size_t n = ucfg->struct_size < sizeof(in) ? ucfg->struct_size : sizeof(in);
+    if (n < offsetof(loom_config_t, timeout_s) + sizeof(double))
+        return loom_global_fail(LOOM_ERR_INVALID_ARG,
+                                "loom_comm_create: struct_size %zu is too small: start from "
+                                "LOOM_CONFIG_INIT", ucfg->struct_size);
+    memcpy(&in, ucfg, n);
+    if (in.size < 1 || in.rank < 0 || in.rank >= in.size)
+        return loom_global_fail(LOOM_ERR_INVALID_ARG,
+                                "loom_comm_create: rank %d / size %d is not a valid rank", in.rank,
+                                in.size);
+    loom_err_t err = {0};
+    loom_settings_t cfg;
+    loom_status_t st = loom_settings_load(&cfg, loom_getenv_process, NULL, &err);
+    if (st != LOOM_SUCCESS)
+        return loom_global_fail(st, "loom_comm_create: %s", err.msg);
+    if (in.timeout_s > 0)
+        cfg.timeout_s = in.timeout_s;
+    const char *store = in.store ? in.store : getenv("LOOM_STORE");
+    if (in.size > 1 && (!store || !*store))
+        return loom_global_fail(LOOM_ERR_INVALID_ARG,
+                                "loom_comm_create: no store: set cfg.store or LOOM_STORE");
+    return create_from(&cfg, in.rank, in.size, store ? store : "", comm);
+}
+
+typedef struct split_entry {
+    int color, key, rank;
+} split_entry_t;
+
+static int split_cmp(const void *a, const void *b)
+{
+    const split_entry_t *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+LOOM_API loom_status_t loom_comm_split(loom_comm_t c, int color, int key, loom_comm_t *out)
+{
+    if (!c || !out)
+        return loom_global_fail(LOOM_ERR_INVALID_ARG, "loom_comm_split: NULL argument");
+    if (color < 0 && color != LOOM_UNDEFINED)
+        return loom_comm_fail(c, LOOM_ERR_INVALID_ARG,
+                              "loom_comm_split: color %d is negative (LOOM_UNDEFINED opts out)",
+                              color);
+    int mine[2] = {color, key};
+    int *all = malloc(sizeof(int) * 2 * (size_t)c->size);
+    split_entry_t *members = malloc(sizeof(*members) * (size_t)c->size);
+    loom_status_t st;
+    if (!all || !members) {
+        st = loom_comm_fail(c, LOOM_ERR_NO_MEMORY, "out of memory");
+        goto out;
+    }
+    if ((st = loom_allgather(mine, all, 2, LOOM_INT32, c)) != LOOM_SUCCESS)
+        goto out;
+    uint64_t split_id = c->nsplits++;
+    if (color == LOOM_UNDEFINED) {
+        *out = NULL;
+        goto out;
+    }
+    int n = 0;
+    for (int r = 0; r < c->size; r++)
+        if (all[2 * r] == color)
+            members[n++] = (split_entry_t){color, all[2 * r + 1], r};
+    qsort(members, (size_t)n, sizeof(*members), split_cmp);
+    loom_comm_t child = comm_alloc();
+    if (!child) {
+        st = loom_comm_fail(c, LOOM_ERR_NO_MEMORY, "out of memory");
+        goto out;
+    }
+    child->cfg = c->cfg;
+    child->size = n;
+    for (int i = 0; i < n; i++)
+        if (members[i].rank == c->rank)
+            child->rank = i;
+    loom_err_clear(&child->work_err);
+    if ((size_t)snprintf(child->prefix, sizeof(child->prefix), "%s/split%llu/%d", c->prefix,
+                         (unsigned long long)split_id, color) >= sizeof(child->prefix)) {
+        st = loom_comm_fail(c, LOOM_ERR_INVALID_ARG, "loom_comm_split: split nested too deeply");
+        comm_free(child);
+        goto out;
+    }
+    if (n > 1) {
+        child->store = c->store;
+        atomic_fetch_add(&child->store->refs, 1);
+    }
+    if ((st = comm_finish(child)) != LOOM_SUCCESS) {
+        loom_comm_fail(c, st, "loom_comm_split: %s", child->work_err.msg);
+        store_unref(child->store);
+        comm_free(child);
+        goto out;
+    }
+    *out = child;
+out:
+    free(all);
+    free(members);
+    return st;
+}
+
+LOOM_API loom_status_t loom_comm_abort(loom_comm_t c)
+{
+    if (!c)
+        return loom_global_fail(LOOM_ERR_INVALID_ARG, "loom_comm_abort: NULL communicator");
+    atomic_store(&c->aborted, 1);
+    if (c->tp)
+        c->tp_ops->abort(c->tp, LOOM_ERR_ABORTED);
+    pthread_mutex_lock(&c->qlock);
+    pthread_cond_broadcast(&c->qcond);
+    pthread_mutex_unlock(&c->qlock);
+    return LOOM_SUCCESS;
+}
+
+LOOM_API loom_status_t loom_comm_destroy(loom_comm_t c)
+{
+    if (!c)
+        return LOOM_SUCCESS;
+    /* Queued operations finish first (or fail within LOOM_TIMEOUT). */
+    loom_comm_stop_worker(c);
+    if (c->tp)
+        c->tp_ops->destroy(c->tp, c->cfg.timeout_s);
+    store_unref(c->store);
+    comm_free(c);
+    return LOOM_SUCCESS;
+}

@@ -1,0 +1,84 @@
+/* comm.h - the communicator: identity and topology, the store it rendezvoused
+ * through, its transport instance, the algorithm context, the last error, and
+ * the queue of non-blocking operations with the worker that runs them. */
+#ifndef LOOM_COMM_H
+#define LOOM_COMM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "algorithms.h"
+#include "settings.h"
+#include "error.h"
+#include "store.h"
+#include "transport.h"
+
+/* A store handle shared by a communicator and the ones split from it. */
+typedef struct loom_store_ref {
+    loom_store_t *store;
+    _Atomic int refs;
+} loom_store_ref_t;
+
+typedef enum { LOOM_OP_COLL, LOOM_OP_SEND, LOOM_OP_RECV } loom_op_kind_t;
+
+/* One queued operation: a non-blocking call, or a blocking one that had to
+ * queue behind non-blocking ones to keep the order every rank agreed on. */
+struct loom_request {
+    loom_comm_t comm;
+    loom_op_kind_t kind;
+    loom_coll_args_t args;        /* LOOM_OP_COLL */
+    loom_tp_req_t tp_req;         /* LOOM_OP_SEND / LOOM_OP_RECV */
+    int posted;                   /* p2p: handed to the transport */
+    int done;                     /* under comm->qlock */
+    loom_status_t status;
+    char msg[LOOM_ERRMSG_MAX];    /* the failure, kept with the request */
+    int blocking;                 /* owned by a blocking caller: not freed by wait */
+    struct loom_request *next;
+};
+
+struct loom_comm {
+    int rank, size;
+    int local_rank, local_size, node_rank, node_count;
+    loom_settings_t cfg;
+    loom_store_ref_t *store;      /* NULL for a single-rank communicator */
+    char prefix[256];             /* its keys in the store */
+    uint64_t job_hash, comm_hash;
+    uint64_t nsplits;
+    const loom_transport_ops_t *tp_ops;
+    loom_tp_t *tp;
+    loom_ctx_t ctx;
+
+    loom_err_t work_err;          /* written by the operation that is running */
+    pthread_mutex_t err_lock;
+    char last_error[LOOM_ERRMSG_MAX];
+    loom_status_t broken;         /* sticky: a failed collective leaves the comm unusable */
+
+    /* Non-blocking operations, run in submission order by the worker. */
+    pthread_mutex_t qlock;
+    pthread_cond_t qcond;         /* the worker waits for work */
+    pthread_cond_t done_cond;     /* waiters wait for completions */
+    struct loom_request *qhead, *qtail;
+    struct loom_request *active;  /* posted p2p requests not yet complete */
+    int busy;                     /* the worker is running an operation */
+    int worker_started, stopping;
+    pthread_t worker;
+    _Atomic int aborted;
+};
+
+/* Record a failure of a public call as the communicator's last error. */
+loom_status_t loom_comm_fail(loom_comm_t c, loom_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The calling thread's last error when there is no communicator to hold it. */
+loom_status_t loom_global_fail(loom_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Copy c->work_err into the last error (after an operation failed). */
+void loom_comm_publish_error(loom_comm_t c, loom_status_t st);
+
+/* Run one operation now on the calling thread (the caller guarantees no other
+ * thread runs one on c). Collectives run to completion; p2p operations are
+ * posted and, when wait is set, completed. */
+loom_status_t loom_comm_execute(loom_comm_t c, struct loom_request *op, int wait);
+/* Stop the worker after it finished everything queued (destroy). */
+void loom_comm_stop_worker(loom_comm_t c);
+
+#endif

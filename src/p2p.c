@@ -1,0 +1,149 @@
+/* p2p.c - tagged point-to-point inside a running collective, and the wait loop
+ * every blocking path goes through: it spins while bytes move (a core is
+ * usually free during a collective) and sleeps in the transport otherwise,
+ * failing with LOOM_ERR_TIMEOUT after ctx->timeout_s without progress. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "algorithms.h"
+
+static double monotonic_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#define LOOM_COLL_TAG_BIT (UINT64_C(1) << 63)
+
+/* Tags of collective messages: the top bit keeps them apart from user tags,
+ * the sequence number apart from the previous and next collective. */
+static uint64_t coll_tag(const loom_ctx_t *ctx, uint32_t step)
+{
+    return LOOM_COLL_TAG_BIT | ((ctx->seq & ((UINT64_C(1) << 39) - 1)) << 24) |
+           (uint64_t)(step & 0xffffffu);
+}
+
+static void fill_req(loom_ctx_t *ctx, int peer, uint32_t step, const void *buf, size_t bytes,
+                     loom_tp_req_t *req)
+{
+    memset(req, 0, sizeof(*req));
+    req->peer = peer;
+    req->buf = (void *)buf;
+    req->len = bytes;
+    req->match.tag = coll_tag(ctx, step);
+    req->match.desc = ctx->desc;
+    req->match.total = ctx->total;
+}
+
+static loom_status_t check_peer(loom_ctx_t *ctx, int peer)
+{
+    if (peer < 0 || peer >= ctx->size || peer == ctx->rank)
+        return loom_err_set(ctx->err, LOOM_ERR_INTERNAL,
+                            "algorithm addressed peer %d from rank %d of %d", peer, ctx->rank,
+                            ctx->size);
+    return LOOM_SUCCESS;
+}
+
+loom_status_t loom_p2p_isend(loom_ctx_t *ctx, int peer, uint32_t step, const void *buf,
+                             size_t bytes, loom_tp_req_t *req)
+{
+    loom_status_t st = check_peer(ctx, peer);
+    if (st != LOOM_SUCCESS)
+        return st;
+    fill_req(ctx, peer, step, buf, bytes, req);
+    return ctx->tp_ops->isend(ctx->tp, req);
+}
+
+loom_status_t loom_p2p_irecv(loom_ctx_t *ctx, int peer, uint32_t step, void *buf, size_t bytes,
+                             loom_tp_req_t *req)
+{
+    loom_status_t st = check_peer(ctx, peer);
+    if (st != LOOM_SUCCESS)
+        return st;
+    fill_req(ctx, peer, step, buf, bytes, req);
+    return ctx->tp_ops->irecv(ctx->tp, req);
+}
+
+loom_status_t loom_p2p_waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n)
+{
+    double last_moved = monotonic_s();
+    int first_pending = 0;
+    for (;;) {
+        while (first_pending < n && reqs[first_pending].done)
+            first_pending++;
+        if (first_pending == n)
+            break;
+        double idle_s = monotonic_s() - last_moved;
+        /* Busy-poll while data was flowing recently: a sleep in epoll costs a
+         * cross-core wake-up (tens of microseconds in a VM) per message. */
+        int timeout_ms = idle_s * 1e6 < (double)ctx->spin_us ? 0 : 100;
+        int moved = 0;
+        loom_status_t st = ctx->tp_ops->progress(ctx->tp, timeout_ms, &moved);
+        if (st != LOOM_SUCCESS)
+            return st;
+        if (moved) {
+            last_moved = monotonic_s();
+        } else if (idle_s > ctx->timeout_s) {
+            const loom_tp_req_t *r = &reqs[first_pending];
+            return loom_err_set(ctx->err, LOOM_ERR_TIMEOUT,
+                                "timed out: rank %d waited %.1f s (LOOM_TIMEOUT) without progress "
+                                "for %zu bytes with rank %d",
+                                ctx->rank, ctx->timeout_s, r->len - r->off, r->peer);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (reqs[i].status != LOOM_SUCCESS)
+            return reqs[i].status;
+    return LOOM_SUCCESS;
+}
+
+loom_status_t loom_p2p_wait(loom_ctx_t *ctx, loom_tp_req_t *req)
+{
+    return loom_p2p_waitall(ctx, req, 1);
+}
+
+loom_status_t loom_p2p_sendrecv(loom_ctx_t *ctx, int dst, const void *sbuf, size_t sbytes,
+                                int src, void *rbuf, size_t rbytes, uint32_t step)
+{
+    loom_tp_req_t reqs[2];
+    int n = 0;
+    loom_status_t st;
+    /* Receive first so the bytes land in rbuf instead of an unexpected-message copy. */
+    if (src >= 0) {
+        st = loom_p2p_irecv(ctx, src, step, rbuf, rbytes, &reqs[n]);
+        if (st != LOOM_SUCCESS)
+            return st;
+        n++;
+    }
+    if (dst >= 0) {
+        st = loom_p2p_isend(ctx, dst, step, sbuf, sbytes, &reqs[n]);
+        if (st != LOOM_SUCCESS)
+            return st;
+        n++;
+    }
+    return loom_p2p_waitall(ctx, reqs, n);
+}
+
+void *loom_ctx_scratch(loom_ctx_t *ctx, size_t bytes)
+{
+    if (bytes == 0)
+        bytes = 64;   /* a valid pointer even for nothing, so NULL always means no memory */
+    if (bytes <= ctx->scratch_size)
+        return ctx->scratch;
+    /* Grow geometrically so a sweep of sizes does not reallocate every call. */
+    size_t want = ctx->scratch_size * 2 > bytes ? ctx->scratch_size * 2 : bytes;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, want) != 0) {
+        loom_err_set(ctx->err, LOOM_ERR_NO_MEMORY, "cannot allocate %zu bytes of scratch", want);
+        return NULL;
+    }
+    free(ctx->scratch);
+    ctx->scratch = p;
+    ctx->scratch_size = want;
+    return p;
+}

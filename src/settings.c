@@ -1,0 +1,161 @@
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "settings.h"
+
+const loom_setting_doc_t loom_setting_docs[] = {
+    {"LOOM_RANK", NULL, "rank of this process (else RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK)"},
+    {"LOOM_SIZE", NULL, "number of ranks (else WORLD_SIZE, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE, PMI_SIZE)"},
+    {"LOOM_LOCAL_RANK", NULL, "rank within the node, as the launcher numbers it"},
+    {"LOOM_STORE", NULL, "rendezvous store: tcp://host:port or file:///dir (else MASTER_ADDR:MASTER_PORT)"},
+    {"LOOM_JOB_ID", NULL, "names the job in the store and the handshake (else TORCHELASTIC_RUN_ID, SLURM_JOB_ID)"},
+    {"LOOM_TIMEOUT", "300", "seconds a call may wait without progress before LOOM_ERR_TIMEOUT"},
+    {"LOOM_TRANSPORT", "auto", "auto|tcp"},
+    {"LOOM_SOCKET_IFNAME", NULL, "network interface for TCP (else the one that reaches the store)"},
+    {"LOOM_SOCKET_BUFSIZE", "4194304", "SO_SNDBUF/SO_RCVBUF in bytes; 0 keeps kernel autotuning"},
+    {"LOOM_SPIN_US", "200", "microseconds a waiting call busy-polls before sleeping in epoll"},
+    {"LOOM_SEGMENT_BYTES", "262144", "pipelining unit of ring algorithms"},
+    {"LOOM_ALGO", NULL, "force algorithms, e.g. allreduce=ring,allgather=bruck"},
+    {"LOOM_HOST_ID", NULL, "host identity for topology (else hostname + boot id)"},
+    {"LOOM_DEBUG", NULL, "WARN|INFO|TRACE log level (stderr)"},
+    {"LOOM_DEBUG_SUBSYS", NULL, "comma list of subsystems to log: init,tcp,store,coll"},
+    {"LOOM_DEBUG_FILE", NULL, "log to this file instead of stderr (%h host, %p pid)"},
+};
+const size_t loom_num_setting_docs = sizeof(loom_setting_docs) / sizeof(loom_setting_docs[0]);
+
+const char *loom_getenv_process(const char *name, void *arg)
+{
+    (void)arg;
+    return getenv(name);
+}
+
+static const char *setting_default(const char *name)
+{
+    for (size_t i = 0; i < loom_num_setting_docs; i++)
+        if (strcmp(loom_setting_docs[i].name, name) == 0)
+            return loom_setting_docs[i].default_value;
+    return NULL;
+}
+
+/* The variable's value, or its documented default when unset or empty. */
+static const char *lookup(loom_getenv_fn get, void *arg, const char *name)
+{
+    const char *v = get(name, arg);
+    return (v && *v) ? v : setting_default(name);
+}
+
+int loom_parse_long(const char *s, long min, long max, long *out)
+{
+    if (s == NULL || *s == '\0')
+        return -1;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    while (*end == ' ' || *end == '\t')
+        end++;
+    if (errno != 0 || *end != '\0' || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static loom_status_t copy_setting(char *dst, size_t dstlen, const char *name, const char *v,
+                                  loom_err_t *err)
+{
+    if (v == NULL) {
+        dst[0] = '\0';
+        return LOOM_SUCCESS;
+    }
+    if (strlen(v) >= dstlen)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG, "%s is too long (at most %zu characters)",
+                            name, dstlen - 1);
+    strcpy(dst, v);
+    return LOOM_SUCCESS;
+}
+
+static loom_status_t int_setting(loom_getenv_fn get, void *arg, const char *name, long min,
+                                 long max, long *out, loom_err_t *err)
+{
+    const char *v = lookup(get, arg, name);
+    if (loom_parse_long(v, min, max, out) != 0)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG,
+                            "%s=\"%s\" is not an integer in [%ld, %ld]", name, v, min, max);
+    return LOOM_SUCCESS;
+}
+
+loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *arg,
+                                 loom_err_t *err)
+{
+    memset(s, 0, sizeof(*s));
+    loom_status_t st;
+    const char *timeout = lookup(get, arg, "LOOM_TIMEOUT");
+    char *end;
+    errno = 0;
+    s->timeout_s = strtod(timeout, &end);
+    if (errno != 0 || *end != '\0' || end == timeout || !(s->timeout_s > 0) || s->timeout_s > 1e7)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG,
+                            "LOOM_TIMEOUT=\"%s\" is not a positive number of seconds", timeout);
+
+    const char *transport = lookup(get, arg, "LOOM_TRANSPORT");
+    if (strcasecmp(transport, "auto") != 0 && strcasecmp(transport, "tcp") != 0)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG,
+                            "LOOM_TRANSPORT=\"%s\": this build has the transports auto and tcp",
+                            transport);
+    snprintf(s->transport, sizeof(s->transport), "%s", transport);
+
+    long v;
+    if ((st = int_setting(get, arg, "LOOM_SOCKET_BUFSIZE", 0, 1L << 30, &v, err)) != LOOM_SUCCESS)
+        return st;
+    s->socket_bufsize = (int)v;
+    if ((st = int_setting(get, arg, "LOOM_SPIN_US", 0, 10000000, &v, err)) != LOOM_SUCCESS)
+        return st;
+    s->spin_us = (int)v;
+    if ((st = int_setting(get, arg, "LOOM_SEGMENT_BYTES", 64, 1L << 30, &v, err)) != LOOM_SUCCESS)
+        return st;
+    s->segment_bytes = (size_t)v;
+
+    if ((st = copy_setting(s->ifname, sizeof(s->ifname), "LOOM_SOCKET_IFNAME",
+                           lookup(get, arg, "LOOM_SOCKET_IFNAME"), err)) != LOOM_SUCCESS ||
+        (st = copy_setting(s->algo, sizeof(s->algo), "LOOM_ALGO", lookup(get, arg, "LOOM_ALGO"),
+                           err)) != LOOM_SUCCESS ||
+        (st = copy_setting(s->host_id, sizeof(s->host_id), "LOOM_HOST_ID",
+                           lookup(get, arg, "LOOM_HOST_ID"), err)) != LOOM_SUCCESS)
+        return st;
+
+    /* The job id keeps jobs sharing a store (or a stale file:// directory) apart. */
+    static const char *const job_vars[] = {"LOOM_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"};
+    const char *job = NULL;
+    for (size_t i = 0; i < sizeof(job_vars) / sizeof(job_vars[0]) && !job; i++) {
+        job = get(job_vars[i], arg);
+        if (job && !*job)
+            job = NULL;
+    }
+    return copy_setting(s->job_id, sizeof(s->job_id), "LOOM_JOB_ID", job ? job : "default", err);
+}
+
+int loom_settings_forced_algo(const loom_settings_t *s, const char *coll, char *out,
+                              size_t outlen)
+{
+    size_t clen = strlen(coll);
+    const char *p = s->algo;
+    while (*p) {
+        const char *comma = strchr(p, ',');
+        size_t itemlen = comma ? (size_t)(comma - p) : strlen(p);
+        if (itemlen > clen && strncmp(p, coll, clen) == 0 && p[clen] == '=') {
+            size_t vlen = itemlen - clen - 1;
+            if (vlen >= outlen)
+                vlen = outlen - 1;
+            memcpy(out, p + clen + 1, vlen);
+            out[vlen] = '\0';
+            return 1;
+        }
+        p += itemlen + (comma ? 1 : 0);
+    }
+    return 0;
+}

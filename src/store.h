@@ -1,0 +1,100 @@
+/* store.h - the rendezvous key-value store: set, get, wait, add, compare-and-set,
+ * delete. Backends: tcp:// (store_tcp.c, served by rank 0, loomrun or loom-store)
+ * and file:// (store_file.c, a shared directory). All calls are thread-safe and
+ * bounded in time; a timeout message names the keys that never appeared. Calls on
+ * one handle are serialised (a wait holds up the other calls on that handle), so
+ * threads that must not wait for each other use separate handles. */
+#ifndef LOOM_STORE_H
+#define LOOM_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "error.h"
+
+typedef struct loom_store loom_store_t;
+
+/* Open uri. For tcp://host:port, rank 0 (and only rank 0) serves the store in a
+ * background thread when it can bind host:port locally; if the port is already
+ * taken (loomrun or loom-store serves it) rank 0 connects as a client like the
+ * others. rank < 0 means "client only". Connecting retries until timeout_s. */
+loom_status_t loom_store_open(const char *uri, int rank, double timeout_s, loom_err_t *err,
+                              loom_store_t **store_p);
+void loom_store_close(loom_store_t *s);
+
+/* Keys are NUL-terminated strings of at most 1024 bytes; values are bytes. */
+loom_status_t loom_store_set(loom_store_t *s, const char *key, const void *val, size_t len,
+                             loom_err_t *err);
+/* Wait until key exists (at most timeout_s), then return a malloc'ed copy of its
+ * value (caller frees) with an extra NUL byte after it for convenience. */
+loom_status_t loom_store_get(loom_store_t *s, const char *key, void **val_p, size_t *len_p,
+                             double timeout_s, loom_err_t *err);
+/* Wait until every key exists. On timeout the message lists the missing keys. */
+loom_status_t loom_store_wait(loom_store_t *s, const char *const *keys, size_t nkeys,
+                              double timeout_s, loom_err_t *err);
+/* Atomically add delta to the integer stored at key (absent counts as 0) and
+ * return the new value. */
+loom_status_t loom_store_add(loom_store_t *s, const char *key, int64_t delta, int64_t *value_p,
+                             loom_err_t *err);
+/* Atomically: if key's value equals expected (or key is absent and elen == 0),
+ * set it to desired. Returns the value after the operation (malloc'ed). */
+loom_status_t loom_store_cas(loom_store_t *s, const char *key, const void *expected, size_t elen,
+                             const void *desired, size_t dlen, void **value_p, size_t *len_p,
+                             loom_err_t *err);
+/* Delete key; *existed_p (may be NULL) tells whether it was there. */
+loom_status_t loom_store_delete(loom_store_t *s, const char *key, int *existed_p,
+                                loom_err_t *err);
+/* Local address (numeric host) of the connection to a tcp:// store, so the
+ * transport can listen on the interface that reaches the other ranks. Returns
+ * 0 and fills host, or -1 (file:// store, or unknown). */
+int loom_store_local_host(loom_store_t *s, char *host, size_t hostlen);
+
+/* ---- The tcp:// server, used by rank 0, loomrun and loom-store. ---------- */
+typedef struct loom_store_server loom_store_server_t;
+/* Listen on host:port (port 0: any free port; host NULL: all interfaces) and
+ * serve from a background thread until stopped. */
+loom_status_t loom_store_server_start(const char *host, int port, loom_err_t *err,
+                                      loom_store_server_t **srv_p);
+int loom_store_server_port(const loom_store_server_t *srv);
+void loom_store_server_stop(loom_store_server_t *srv);
+
+/* ---- Backend ops table (store_tcp.c, store_file.c). ---------------------- */
+typedef struct loom_store_ops {
+    size_t size;
+    const char *scheme;  /* "tcp", "file" */
+    loom_status_t (*open)(const char *rest, int rank, double timeout_s, loom_err_t *err,
+                          void **impl_p);
+    void (*close)(void *impl);
+    loom_status_t (*set)(void *impl, const char *key, const void *val, size_t len, loom_err_t *err);
+    /* non-blocking: *found_p = 0 when the key is absent */
+    loom_status_t (*try_get)(void *impl, const char *key, void **val_p, size_t *len_p,
+                             int *found_p, loom_err_t *err);
+    /* block until key exists or timeout_s passes (LOOM_ERR_TIMEOUT) */
+    loom_status_t (*wait)(void *impl, const char *key, double timeout_s, loom_err_t *err);
+    loom_status_t (*add)(void *impl, const char *key, int64_t delta, int64_t *value_p,
+                         loom_err_t *err);
+    loom_status_t (*cas)(void *impl, const char *key, const void *expected, size_t elen,
+                         const void *desired, size_t dlen, void **value_p, size_t *len_p,
+                         loom_err_t *err);
+    loom_status_t (*del)(void *impl, const char *key, int *existed_p, loom_err_t *err);
+    int (*local_host)(void *impl, char *host, size_t hostlen);
+} loom_store_ops_t;
+
+extern const loom_store_ops_t loom_store_tcp_ops;
+extern const loom_store_ops_t loom_store_file_ops;
+
+/* ---- Helpers shared by store.c and the backends (internal). --------------- */
+#define LOOM_STORE_KEY_MAX   1024u         /* bytes, without the NUL */
+#define LOOM_STORE_VALUE_MAX (64u << 20)   /* bytes */
+
+/* Seconds on CLOCK_MONOTONIC, for deadlines. */
+double loom_store_now(void);
+/* Split "host:port" or "[v6addr]:port" into host (brackets removed) and port
+ * (0..65535). The message names uri, the full URI, when it is not NULL. */
+loom_status_t loom_store_parse_hostport(const char *hostport, const char *uri, char *host,
+                                        size_t hostlen, int *port_p, loom_err_t *err);
+/* "host:port", or "[host]:port" when host holds a ':' (IPv6). */
+void loom_store_format_hostport(const char *host, int port, char *buf, size_t buflen);
+/* Strict decimal int64 ("-12"; no spaces, no '+', no empty string): 0, or -1. */
+int loom_store_parse_int64(const void *buf, size_t len, int64_t *value_p);
+
+#endif

@@ -1,0 +1,1458 @@
+/* store_tcp.c - the tcp:// store: a client (one connection, one request at a
+ * time) and a server (one thread, epoll over non-blocking sockets). The wire
+ * format is described in store_proto.h. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <endian.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "store.h"
+#include "store_proto.h"
+
+/* How long past its own timeout a WAIT may take to be answered before the
+ * client gives up on the server. */
+#define WAIT_GRACE_S 5.0
+/* Buffers above this are freed once idle, so thousands of clients that once
+ * sent a big value do not pin memory. */
+#define IDLE_BUF_MAX (1u << 20)
+/* listen() clamps this to net.core.somaxconn; thousands of ranks may connect at
+ * once when a job starts. */
+#define LISTEN_BACKLOG 65535
+
+/* ---- Wire encoding. -------------------------------------------------------- */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    v = htobe32(v);
+    memcpy(p, &v, 4);
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    v = htobe64(v);
+    memcpy(p, &v, 8);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return be32toh(v);
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return be64toh(v);
+}
+
+void loom_store_hello_pack(uint8_t out[LOOM_STORE_HELLO_LEN], uint32_t version, uint32_t word)
+{
+    memcpy(out, LOOM_STORE_MAGIC, LOOM_STORE_MAGIC_LEN);
+    put32(out + 8, version);
+    put32(out + 12, word);
+}
+
+void loom_store_req_pack(uint8_t out[LOOM_STORE_REQ_LEN], const loom_store_req_t *req)
+{
+    put32(out, req->op);
+    put32(out + 4, req->klen);
+    put32(out + 8, req->alen);
+    put32(out + 12, req->blen);
+    put64(out + 16, req->arg);
+}
+
+void loom_store_resp_pack(uint8_t out[LOOM_STORE_RESP_LEN], const loom_store_resp_t *resp)
+{
+    put32(out, resp->rc);
+    put32(out + 4, resp->vlen);
+    put64(out + 8, resp->arg);
+}
+
+int loom_store_req_unpack(const uint8_t in[LOOM_STORE_REQ_LEN], loom_store_req_t *req_p)
+{
+    loom_store_req_t r = {
+        .op = get32(in), .klen = get32(in + 4), .alen = get32(in + 8),
+        .blen = get32(in + 12), .arg = get64(in + 16),
+    };
+
+    if (r.klen == 0 || r.klen > LOOM_STORE_KEY_MAX)
+        return -1;
+    if (r.alen > LOOM_STORE_VALUE_MAX || r.blen > LOOM_STORE_VALUE_MAX)
+        return -1;
+    switch (r.op) {
+    case LOOM_STORE_OP_SET:
+        if (r.blen != 0)
+            return -1;
+        break;
+    case LOOM_STORE_OP_CAS:
+        break;
+    case LOOM_STORE_OP_GET:
+    case LOOM_STORE_OP_WAIT:
+    case LOOM_STORE_OP_ADD:
+    case LOOM_STORE_OP_DELETE:
+        if (r.alen != 0 || r.blen != 0)
+            return -1;
+        break;
+    default:
+        return -1;
+    }
+    *req_p = r;
+    return 0;
+}
+
+int loom_store_resp_unpack(const uint8_t in[LOOM_STORE_RESP_LEN], uint32_t op,
+                           loom_store_resp_t *resp_p)
+{
+    loom_store_resp_t r = { .rc = get32(in), .vlen = get32(in + 4), .arg = get64(in + 8) };
+    int ok;
+
+    switch (op) {
+    case LOOM_STORE_OP_GET:
+        ok = r.rc == LOOM_STORE_RC_OK || r.rc == LOOM_STORE_RC_NOT_FOUND;
+        break;
+    case LOOM_STORE_OP_WAIT:
+        ok = r.rc == LOOM_STORE_RC_OK || r.rc == LOOM_STORE_RC_TIMEOUT;
+        break;
+    case LOOM_STORE_OP_ADD:
+        ok = r.rc == LOOM_STORE_RC_OK || r.rc == LOOM_STORE_RC_NOT_INTEGER ||
+             r.rc == LOOM_STORE_RC_OVERFLOW;
+        break;
+    case LOOM_STORE_OP_SET:
+    case LOOM_STORE_OP_CAS:
+    case LOOM_STORE_OP_DELETE:
+        ok = r.rc == LOOM_STORE_RC_OK;
+        break;
+    default:
+        ok = 0;
+    }
+    if (!ok || r.vlen > LOOM_STORE_VALUE_MAX)
+        return -1;
+    int has_value = (op == LOOM_STORE_OP_GET || op == LOOM_STORE_OP_CAS) &&
+                    r.rc == LOOM_STORE_RC_OK;
+    if (r.vlen != 0 && !has_value)
+        return -1;
+    *resp_p = r;
+    return 0;
+}
+
+/* ---- Deadline-bounded socket I/O for the client. ----------------------------- */
+
+typedef enum { IO_OK, IO_TIMEOUT, IO_EOF, IO_ERRNO } io_rc_t;
+
+static int ms_until(double deadline)
+{
+    double left = deadline - loom_store_now();
+    if (left <= 0)
+        return 0;
+    if (left > (double)INT_MAX / 1000.0)
+        return INT_MAX;
+    /* Rounded up: waking a hair early would only cost another poll. */
+    return (int)(left * 1000.0) + 1;
+}
+
+static void sleep_s(double s)
+{
+    if (s <= 0)
+        return;
+    struct timespec ts = { (time_t)s, (long)((s - (double)(time_t)s) * 1e9) };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+/* Wait until fd is ready for events or the deadline passes. At least one check
+ * even when the deadline is already past. */
+static io_rc_t wait_fd(int fd, short events, double deadline)
+{
+    for (;;) {
+        struct pollfd p = { .fd = fd, .events = events };
+        int n = poll(&p, 1, ms_until(deadline));
+        if (n > 0)
+            return IO_OK;  /* POLLERR and POLLHUP surface in the next send/recv */
+        if (n == 0) {
+            if (loom_store_now() >= deadline)
+                return IO_TIMEOUT;
+            continue;
+        }
+        if (errno != EINTR)
+            return IO_ERRNO;
+    }
+}
+
+static io_rc_t recv_all(int fd, void *buf, size_t len, double deadline)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = recv(fd, (char *)buf + got, len - got, MSG_DONTWAIT);
+        if (r > 0) {
+            got += (size_t)r;
+        } else if (r == 0) {
+            return IO_EOF;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            io_rc_t io = wait_fd(fd, POLLIN, deadline);
+            if (io != IO_OK)
+                return io;
+        } else if (errno != EINTR) {
+            return IO_ERRNO;
+        }
+    }
+    return IO_OK;
+}
+
+/* Send every byte of iov[0..n) (modified in place). */
+static io_rc_t sendv_all(int fd, struct iovec *iov, int n, double deadline)
+{
+    while (n > 0) {
+        struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
+        /* MSG_NOSIGNAL: a closed peer must be an error, never SIGPIPE. */
+        ssize_t r = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                io_rc_t io = wait_fd(fd, POLLOUT, deadline);
+                if (io != IO_OK)
+                    return io;
+            } else if (errno != EINTR) {
+                return IO_ERRNO;
+            }
+            continue;
+        }
+        size_t done = (size_t)r;
+        while (n > 0 && done >= iov->iov_len) {
+            done -= iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + done;
+            iov->iov_len -= done;
+        }
+    }
+    return IO_OK;
+}
+
+/* ---- The client. --------------------------------------------------------------- */
+
+typedef struct tcp_store {
+    char host[NI_MAXHOST];
+    int port;
+    char addr[NI_MAXHOST + 16];  /* "host:port" for messages */
+    int fd;                      /* -1 after a failure broke the stream */
+    double op_timeout;
+    loom_store_server_t *srv;    /* served by this handle (rank 0), stopped on close */
+} tcp_store_t;
+
+/* One connect attempt to every address of the host. Returns a connected
+ * non-blocking socket, or -1 with why filled. */
+static int connect_once(tcp_store_t *t, double deadline, char *why, size_t whylen)
+{
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                              .ai_flags = AI_NUMERICSERV };
+    struct addrinfo *res;
+    char ps[8];
+
+    snprintf(ps, sizeof(ps), "%d", t->port);
+    int g = getaddrinfo(t->host, ps, &hints, &res);
+    if (g != 0) {
+        snprintf(why, whylen, "cannot resolve %.200s: %s", t->host,
+                 g == EAI_SYSTEM ? strerror(errno) : gai_strerror(g));
+        return -1;
+    }
+    int fd = -1;
+    for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                    ai->ai_protocol);
+        if (fd < 0) {
+            snprintf(why, whylen, "socket: %s", strerror(errno));
+            continue;
+        }
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
+            break;
+        int e = errno;
+        if (e == EINPROGRESS) {
+            io_rc_t io = wait_fd(fd, POLLOUT, deadline);
+            socklen_t sl = sizeof(e);
+            if (io == IO_TIMEOUT)
+                e = ETIMEDOUT;
+            else if (io == IO_ERRNO)
+                e = errno;
+            else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) != 0)
+                e = errno;
+            if (e == 0)
+                break;
+        }
+        snprintf(why, whylen, "%s", strerror(e));
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+/* Exchange hellos on a fresh connection. The answer is checked byte by byte so
+ * a stranger that sends a short banner and then waits is caught at once. */
+static loom_status_t hello(tcp_store_t *t, int fd, double deadline, loom_err_t *err)
+{
+    uint8_t h[LOOM_STORE_HELLO_LEN];
+    loom_store_hello_pack(h, LOOM_STORE_PROTO_VERSION, 0);
+    struct iovec iov = { h, sizeof(h) };
+    io_rc_t io = sendv_all(fd, &iov, 1, deadline);
+    if (io == IO_TIMEOUT)
+        return loom_err_set(err, LOOM_ERR_TIMEOUT,
+                            "the server at %s accepted the connection but did not take the "
+                            "Loom store hello", t->addr);
+    if (io != IO_OK)
+        return loom_err_set(err, LOOM_ERR_MISMATCH,
+                            "the server at %s does not speak the Loom store protocol (sending "
+                            "the hello failed: %s)", t->addr, strerror(errno));
+
+    size_t got = 0;
+    while (got < sizeof(h)) {
+        ssize_t r = recv(fd, h + got, sizeof(h) - got, MSG_DONTWAIT);
+        if (r > 0) {
+            size_t end = got + (size_t)r;
+            size_t cmp = end < LOOM_STORE_MAGIC_LEN ? end : LOOM_STORE_MAGIC_LEN;
+            if (memcmp(h, LOOM_STORE_MAGIC, cmp) != 0) {
+                char shown[LOOM_STORE_HELLO_LEN + 1];
+                for (size_t i = 0; i < end; i++)
+                    shown[i] = h[i] >= 0x20 && h[i] < 0x7f ? (char)h[i] : '.';
+                shown[end] = '\0';
+                return loom_err_set(err, LOOM_ERR_MISMATCH,
+                                    "the server at %s does not speak the Loom store protocol "
+                                    "(it answered \"%s\"); is another service, such as "
+                                    "torch's TCPStore, using this port?", t->addr, shown);
+            }
+            got = end;
+        } else if (r == 0 || errno == ECONNRESET) {
+            return loom_err_set(err, LOOM_ERR_MISMATCH,
+                                "the server at %s does not speak the Loom store protocol (it "
+                                "closed the connection after the Loom hello); is another "
+                                "service, such as torch's TCPStore, using this port?", t->addr);
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            io = wait_fd(fd, POLLIN, deadline);
+            if (io == IO_TIMEOUT)
+                return loom_err_set(err, LOOM_ERR_TIMEOUT,
+                                    "the server at %s accepted the connection but did not "
+                                    "answer the Loom store hello in time (is it a Loom store?)",
+                                    t->addr);
+            if (io != IO_OK)
+                return loom_err_set(err, LOOM_ERR_TRANSPORT, "poll: %s", strerror(errno));
+        } else if (errno != EINTR) {
+            return loom_err_set(err, LOOM_ERR_TRANSPORT,
+                                "reading the hello of the store server at %s: %s", t->addr,
+                                strerror(errno));
+        }
+    }
+    uint32_t version = get32(h + 8), word = get32(h + 12);
+    if (word != LOOM_STORE_HELLO_OK)
+        return loom_err_set(err, LOOM_ERR_MISMATCH,
+                            "the Loom store server at %s speaks protocol version %" PRIu32
+                            " and refused this library's version %u", t->addr, version,
+                            LOOM_STORE_PROTO_VERSION);
+    return LOOM_SUCCESS;
+}
+
+/* Connect and say hello. With retry, refused connections are retried with
+ * backoff until the deadline (the server may not be up yet); without, one try. */
+static loom_status_t tcp_connect(tcp_store_t *t, double timeout_s, int retry, loom_err_t *err)
+{
+    double deadline = loom_store_now() + timeout_s;
+    double backoff = 0.01;
+    char why[256] = "no attempt";
+
+    for (;;) {
+        int fd = connect_once(t, deadline, why, sizeof(why));
+        if (fd >= 0) {
+            int one = 1;
+            /* Requests are small and answered one by one: Nagle would only add delay. */
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+            loom_status_t st = hello(t, fd, deadline, err);
+            if (st != LOOM_SUCCESS) {
+                close(fd);
+                return st;
+            }
+            t->fd = fd;
+            return LOOM_SUCCESS;
+        }
+        double now = loom_store_now();
+        if (!retry || now >= deadline)
+            break;
+        sleep_s(backoff < deadline - now ? backoff : deadline - now);
+        backoff = backoff * 2 < 1.0 ? backoff * 2 : 1.0;
+    }
+    if (!retry)
+        return loom_err_set(err, LOOM_ERR_PEER_LOST,
+                            "lost the connection to the store server at %s and could not "
+                            "reconnect (%s)", t->addr, why);
+    return loom_err_set(err, LOOM_ERR_TIMEOUT,
+                        "timed out after %.1f s connecting to the store at tcp://%s (last "
+                        "error: %s); is rank 0, loomrun or loom-store serving it?",
+                        timeout_s, t->addr, why);
+}
+
+/* Close a connection whose stream is out of step and say why. */
+static loom_status_t conn_fail(tcp_store_t *t, io_rc_t io, int e, double waited_s,
+                               loom_err_t *err)
+{
+    close(t->fd);
+    t->fd = -1;
+    switch (io) {
+    case IO_TIMEOUT:
+        return loom_err_set(err, LOOM_ERR_TIMEOUT,
+                            "the store server at %s did not answer within %.1f s", t->addr,
+                            waited_s);
+    case IO_EOF:
+        return loom_err_set(err, LOOM_ERR_PEER_LOST,
+                            "the store server at %s closed the connection", t->addr);
+    default:
+        if (e == ECONNRESET || e == EPIPE)
+            return loom_err_set(err, LOOM_ERR_PEER_LOST,
+                                "the connection to the store server at %s was reset", t->addr);
+        return loom_err_set(err, LOOM_ERR_TRANSPORT, "talking to the store server at %s: %s",
+                            t->addr, strerror(e));
+    }
+}
+
+/* One request and its response. *val_p (may be NULL when the op returns no
+ * value) gets a malloc'ed copy of the value plus a NUL byte. */
+static loom_status_t tcp_call(tcp_store_t *t, uint32_t op, const char *key, const void *a,
+                              size_t alen, const void *b, size_t blen, uint64_t arg,
+                              double timeout_s, loom_store_resp_t *resp_p, void **val_p,
+                              size_t *len_p, loom_err_t *err)
+{
+    loom_status_t st;
+
+    /* A broken stream is replaced before the next request, never during one, so
+     * no request is ever sent twice; the attempt fits in this call's time. */
+    if (t->fd < 0 &&
+        (st = tcp_connect(t, timeout_s < t->op_timeout ? timeout_s : t->op_timeout, 0, err)) !=
+            LOOM_SUCCESS)
+        return st;
+
+    double deadline = loom_store_now() + timeout_s;
+    size_t klen = strlen(key);
+    loom_store_req_t req = { .op = op, .klen = (uint32_t)klen, .alen = (uint32_t)alen,
+                             .blen = (uint32_t)blen, .arg = arg };
+    uint8_t hdr[LOOM_STORE_REQ_LEN];
+    loom_store_req_pack(hdr, &req);
+    struct iovec iov[4];
+    int n = 0;
+    iov[n++] = (struct iovec){ hdr, sizeof(hdr) };
+    iov[n++] = (struct iovec){ (void *)key, klen };
+    if (alen > 0)
+        iov[n++] = (struct iovec){ (void *)a, alen };
+    if (blen > 0)
+        iov[n++] = (struct iovec){ (void *)b, blen };
+    io_rc_t io = sendv_all(t->fd, iov, n, deadline);
+    if (io != IO_OK)
+        return conn_fail(t, io, errno, timeout_s, err);
+
+    uint8_t rh[LOOM_STORE_RESP_LEN];
+    io = recv_all(t->fd, rh, sizeof(rh), deadline);
+    if (io != IO_OK)
+        return conn_fail(t, io, errno, timeout_s, err);
+    loom_store_resp_t resp;
+    if (loom_store_resp_unpack(rh, op, &resp) != 0) {
+        close(t->fd);
+        t->fd = -1;
+        return loom_err_set(err, LOOM_ERR_MISMATCH,
+                            "the store server at %s sent a malformed response", t->addr);
+    }
+    uint8_t *val = NULL;
+    if (val_p != NULL) {
+        val = malloc((size_t)resp.vlen + 1);
+        if (val == NULL) {
+            /* The value is still on the wire: the stream cannot be reused. */
+            close(t->fd);
+            t->fd = -1;
+            return loom_err_set(err, LOOM_ERR_NO_MEMORY,
+                                "out of memory for a store value of %" PRIu32 " bytes",
+                                resp.vlen);
+        }
+        io = recv_all(t->fd, val, resp.vlen, deadline);
+        if (io != IO_OK) {
+            free(val);
+            return conn_fail(t, io, errno, timeout_s, err);
+        }
+        val[resp.vlen] = '\0';
+    }
+    *resp_p = resp;
+    if (val_p != NULL) {
+        *val_p = val;
+        *len_p = resp.vlen;
+    }
+    return LOOM_SUCCESS;
+}
+
+static loom_status_t tcp_open(const char *rest, int rank, double timeout_s, loom_err_t *err,
+                              void **impl_p)
+{
+    loom_status_t st;
+    char uri[NI_MAXHOST + 32];
+
+    snprintf(uri, sizeof(uri), "tcp://%s", rest);
+    tcp_store_t *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory opening store %s", uri);
+    t->fd = -1;
+    t->op_timeout = timeout_s;
+    st = loom_store_parse_hostport(rest, uri, t->host, sizeof(t->host), &t->port, err);
+    if (st != LOOM_SUCCESS)
+        goto free_store;
+    if (t->port == 0 && rank != 0) {
+        st = loom_err_set(err, LOOM_ERR_INVALID_ARG,
+                          "bad store URI '%s': port 0 (any free port) can only be served "
+                          "by rank 0 of the same process", uri);
+        goto free_store;
+    }
+
+    if (rank == 0) {
+        /* Serve when host:port can be bound here; if someone already serves it
+         * (loomrun, loom-store) or host is another machine, be a client. */
+        loom_err_t serr;
+        int e = 0;
+        loom_err_clear(&serr);
+        st = loom_store_server_start_errno(t->host, t->port, &e, &serr, &t->srv);
+        if (st == LOOM_SUCCESS) {
+            t->port = loom_store_server_port(t->srv);
+        } else if ((e != EADDRINUSE && e != EADDRNOTAVAIL) || t->port == 0) {
+            /* With port 0 there is nobody else to connect to. */
+            st = loom_err_set(err, st == LOOM_ERR_TRANSPORT && t->port == 0 ?
+                                       LOOM_ERR_INVALID_ARG : st,
+                              "%s", serr.msg);
+            goto free_store;
+        }
+    }
+    loom_store_format_hostport(t->host, t->port, t->addr, sizeof(t->addr));
+
+    st = tcp_connect(t, timeout_s, 1, err);
+    if (st != LOOM_SUCCESS)
+        goto stop_server;
+    *impl_p = t;
+    return LOOM_SUCCESS;
+
+stop_server:
+    if (t->srv != NULL)
+        loom_store_server_stop(t->srv);
+free_store:
+    free(t);
+    return st;
+}
+
+static void tcp_close(void *impl)
+{
+    tcp_store_t *t = impl;
+    if (t->fd >= 0)
+        close(t->fd);
+    /* After our own connection, so the server never sees a client vanish mid-call. */
+    if (t->srv != NULL)
+        loom_store_server_stop(t->srv);
+    free(t);
+}
+
+static loom_status_t tcp_set(void *impl, const char *key, const void *val, size_t len,
+                             loom_err_t *err)
+{
+    tcp_store_t *t = impl;
+    loom_store_resp_t resp;
+    return tcp_call(t, LOOM_STORE_OP_SET, key, val, len, NULL, 0, 0, t->op_timeout, &resp,
+                    NULL, NULL, err);
+}
+
+static loom_status_t tcp_try_get(void *impl, const char *key, void **val_p, size_t *len_p,
+                                 int *found_p, loom_err_t *err)
+{
+    tcp_store_t *t = impl;
+    loom_store_resp_t resp;
+    void *val;
+    size_t len;
+    loom_status_t st = tcp_call(t, LOOM_STORE_OP_GET, key, NULL, 0, NULL, 0, 0, t->op_timeout,
+                                &resp, &val, &len, err);
+    if (st != LOOM_SUCCESS)
+        return st;
+    if (resp.rc != LOOM_STORE_RC_OK) {
+        free(val);
+        *found_p = 0;
+        return LOOM_SUCCESS;
+    }
+    *val_p = val;
+    *len_p = len;
+    *found_p = 1;
+    return LOOM_SUCCESS;
+}
+
+static loom_status_t tcp_wait(void *impl, const char *key, double timeout_s, loom_err_t *err)
+{
+    tcp_store_t *t = impl;
+    loom_store_resp_t resp;
+
+    if (!(timeout_s > 0))
+        timeout_s = 0;
+    double ms = timeout_s * 1000.0;
+    uint64_t arg = ms >= 9.0e15 ? (uint64_t)9.0e15 : (uint64_t)ms + (ms > (double)(uint64_t)ms);
+    loom_status_t st = tcp_call(t, LOOM_STORE_OP_WAIT, key, NULL, 0, NULL, 0, arg,
+                                timeout_s + WAIT_GRACE_S, &resp, NULL, NULL, err);
+    if (st != LOOM_SUCCESS)
+        return st;
+    if (resp.rc == LOOM_STORE_RC_TIMEOUT)
+        return loom_err_set(err, LOOM_ERR_TIMEOUT,
+                            "timed out after %.1f s waiting for store key %s at tcp://%s",
+                            timeout_s, key, t->addr);
+    return LOOM_SUCCESS;
+}
+
+static loom_status_t tcp_add(void *impl, const char *key, int64_t delta, int64_t *value_p,
+                             loom_err_t *err)
+{
+    tcp_store_t *t = impl;
+    loom_store_resp_t resp;
+    uint64_t arg;
+
+    memcpy(&arg, &delta, sizeof(arg));
+    loom_status_t st = tcp_call(t, LOOM_STORE_OP_ADD, key, NULL, 0, NULL, 0, arg,
+                                t->op_timeout, &resp, NULL, NULL, err);
+    if (st != LOOM_SUCCESS)
+        return st;
+    if (resp.rc == LOOM_STORE_RC_NOT_INTEGER)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG,
+                            "store key %s does not hold a decimal integer, so it cannot be "
+                            "added to", key);
+    if (resp.rc == LOOM_STORE_RC_OVERFLOW)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG,
+                            "adding %" PRId64 " to store key %s would overflow int64", delta,
+                            key);
+    int64_t v;
+    memcpy(&v, &resp.arg, sizeof(v));
+    *value_p = v;
+    return LOOM_SUCCESS;
+}
+
+static loom_status_t tcp_cas(void *impl, const char *key, const void *expected, size_t elen,
+                             const void *desired, size_t dlen, void **value_p, size_t *len_p,
+                             loom_err_t *err)
+{
+    tcp_store_t *t = impl;
+    loom_store_resp_t resp;
+    return tcp_call(t, LOOM_STORE_OP_CAS, key, expected, elen, desired, dlen, 0, t->op_timeout,
+                    &resp, value_p, len_p, err);
+}
+
+static loom_status_t tcp_del(void *impl, const char *key, int *existed_p, loom_err_t *err)
+{
+    tcp_store_t *t = impl;
+    loom_store_resp_t resp;
+    loom_status_t st = tcp_call(t, LOOM_STORE_OP_DELETE, key, NULL, 0, NULL, 0, 0,
+                                t->op_timeout, &resp, NULL, NULL, err);
+    if (st != LOOM_SUCCESS)
+        return st;
+    *existed_p = resp.arg != 0;
+    return LOOM_SUCCESS;
+}
+
+static int tcp_local_host(void *impl, char *host, size_t hostlen)
+{
+    tcp_store_t *t = impl;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    char buf[NI_MAXHOST];
+
+    if (t->fd < 0 || getsockname(t->fd, (struct sockaddr *)&ss, &sl) != 0)
+        return -1;
+    if (getnameinfo((struct sockaddr *)&ss, sl, buf, sizeof(buf), NULL, 0, NI_NUMERICHOST) != 0)
+        return -1;
+    if (strlen(buf) >= hostlen)
+        return -1;
+    strcpy(host, buf);
+    return 0;
+}
+
+const loom_store_ops_t loom_store_tcp_ops = {
+    .size = sizeof(loom_store_ops_t),
+    .scheme = "tcp",
+    .open = tcp_open,
+    .close = tcp_close,
+    .set = tcp_set,
+    .try_get = tcp_try_get,
+    .wait = tcp_wait,
+    .add = tcp_add,
+    .cas = tcp_cas,
+    .del = tcp_del,
+    .local_host = tcp_local_host,
+};
+
+/* ---- The server. ----------------------------------------------------------------
+ *
+ * One thread owns everything below; the only outside contact is the eventfd
+ * that loom_store_server_stop writes. Each client is a small state machine: the
+ * hello, then a request header, then its payload. While a client has a response
+ * pending or a WAIT parked, its input is not read (the protocol has one request
+ * in flight), which also bounds its buffers to one request. */
+
+typedef struct srv_client srv_client_t;
+
+typedef struct srv_entry {
+    struct srv_entry *next;       /* hash chain */
+    uint64_t hash;
+    uint32_t klen;
+    char *key;
+    uint8_t *val;
+    uint32_t vlen;
+    int present;                  /* 0: a placeholder that only holds waiters */
+    srv_client_t *waiters;        /* clients parked in WAIT on this key */
+} srv_entry_t;
+
+struct srv_client {
+    srv_client_t *prev, *next;    /* the live list; next also links the dead list */
+    int fd;
+    uint32_t events;              /* epoll interest now registered */
+    int hello_done, closing, dead;
+    uint8_t *in;
+    size_t in_len, in_cap, need;
+    int have_req;
+    loom_store_req_t req;
+    uint8_t *out;
+    size_t out_len, out_off, out_cap;
+    srv_entry_t *parked;          /* the key this client waits for, or NULL */
+    double deadline;
+    srv_client_t *wprev, *wnext;  /* the entry's waiter list */
+};
+
+struct loom_store_server {
+    int lfd, wfd, ep, port;
+    pthread_t thread;
+    srv_entry_t **tab;
+    size_t tab_size, n_entries;
+    srv_client_t *clients, *dead;
+    size_t n_parked;
+    double accept_resume;         /* > 0: accepting paused (out of fds) until then */
+};
+
+static uint64_t key_hash(const char *key, size_t len)
+{
+    /* FNV-1a: keys are short and mostly distinct in their last bytes. */
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)key[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static void table_grow(loom_store_server_t *srv)
+{
+    size_t n = srv->tab_size * 2;
+    srv_entry_t **tab = calloc(n, sizeof(*tab));
+    if (tab == NULL)
+        return;  /* keep the old table: longer chains, still correct */
+    for (size_t i = 0; i < srv->tab_size; i++) {
+        srv_entry_t *e = srv->tab[i];
+        while (e != NULL) {
+            srv_entry_t *next = e->next;
+            size_t j = e->hash & (n - 1);
+            e->next = tab[j];
+            tab[j] = e;
+            e = next;
+        }
+    }
+    free(srv->tab);
+    srv->tab = tab;
+    srv->tab_size = n;
+}
+
+static srv_entry_t *entry_find(loom_store_server_t *srv, const char *key, uint32_t klen,
+                               uint64_t h, int create)
+{
+    for (srv_entry_t *e = srv->tab[h & (srv->tab_size - 1)]; e != NULL; e = e->next)
+        if (e->hash == h && e->klen == klen && memcmp(e->key, key, klen) == 0)
+            return e;
+    if (!create)
+        return NULL;
+    if (srv->n_entries >= srv->tab_size)
+        table_grow(srv);
+    srv_entry_t *e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return NULL;
+    e->key = malloc((size_t)klen + 1);
+    if (e->key == NULL) {
+        free(e);
+        return NULL;
+    }
+    memcpy(e->key, key, klen);
+    e->key[klen] = '\0';
+    e->klen = klen;
+    e->hash = h;
+    size_t i = h & (srv->tab_size - 1);
+    e->next = srv->tab[i];
+    srv->tab[i] = e;
+    srv->n_entries++;
+    return e;
+}
+
+/* Free e if it holds neither a value nor waiters. */
+static void entry_maybe_free(loom_store_server_t *srv, srv_entry_t *e)
+{
+    if (e->present || e->waiters != NULL)
+        return;
+    srv_entry_t **pp = &srv->tab[e->hash & (srv->tab_size - 1)];
+    while (*pp != e)
+        pp = &(*pp)->next;
+    *pp = e->next;
+    srv->n_entries--;
+    free(e->val);
+    free(e->key);
+    free(e);
+}
+
+static int entry_set(srv_entry_t *e, const void *val, uint32_t len)
+{
+    uint8_t *v = malloc(len > 0 ? len : 1);
+    if (v == NULL)
+        return -1;
+    if (len > 0)
+        memcpy(v, val, len);
+    free(e->val);
+    e->val = v;
+    e->vlen = len;
+    e->present = 1;
+    return 0;
+}
+
+static void park(loom_store_server_t *srv, srv_client_t *c, srv_entry_t *e, double deadline)
+{
+    c->parked = e;
+    c->deadline = deadline;
+    c->wprev = NULL;
+    c->wnext = e->waiters;
+    if (e->waiters != NULL)
+        e->waiters->wprev = c;
+    e->waiters = c;
+    srv->n_parked++;
+}
+
+static void unpark(loom_store_server_t *srv, srv_client_t *c)
+{
+    srv_entry_t *e = c->parked;
+    if (c->wprev != NULL)
+        c->wprev->wnext = c->wnext;
+    else
+        e->waiters = c->wnext;
+    if (c->wnext != NULL)
+        c->wnext->wprev = c->wprev;
+    c->parked = NULL;
+    c->wprev = c->wnext = NULL;
+    srv->n_parked--;
+}
+
+static int can_read(const srv_client_t *c)
+{
+    return !c->closing && c->parked == NULL && c->out_len == 0;
+}
+
+static void update_interest(loom_store_server_t *srv, srv_client_t *c)
+{
+    if (c->dead)
+        return;
+    uint32_t want = EPOLLRDHUP | (can_read(c) ? EPOLLIN : 0) |
+                    (c->out_off < c->out_len ? EPOLLOUT : 0);
+    if (want == c->events)
+        return;
+    struct epoll_event ev = { .events = want, .data.ptr = c };
+    epoll_ctl(srv->ep, EPOLL_CTL_MOD, c->fd, &ev);
+    c->events = want;
+}
+
+static void drop(loom_store_server_t *srv, srv_client_t *c)
+{
+    if (c->dead)
+        return;
+    epoll_ctl(srv->ep, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    if (c->parked != NULL) {
+        srv_entry_t *e = c->parked;
+        unpark(srv, c);
+        entry_maybe_free(srv, e);
+    }
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        srv->clients = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    /* Freed at the end of the loop round: this round's events may still name it. */
+    c->dead = 1;
+    c->next = srv->dead;
+    srv->dead = c;
+}
+
+static void free_client(srv_client_t *c)
+{
+    free(c->in);
+    free(c->out);
+    free(c);
+}
+
+static int flush(srv_client_t *c)
+{
+    while (c->out_off < c->out_len) {
+        ssize_t r = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r > 0)
+            c->out_off += (size_t)r;
+        else if (r < 0 && errno == EINTR)
+            continue;
+        else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        else
+            return -1;
+    }
+    c->out_off = c->out_len = 0;
+    if (c->out_cap > IDLE_BUF_MAX) {
+        free(c->out);
+        c->out = NULL;
+        c->out_cap = 0;
+    }
+    return 0;
+}
+
+static int out_append(srv_client_t *c, const void *p, size_t n)
+{
+    if (c->out_len + n > c->out_cap) {
+        size_t cap = c->out_cap ? c->out_cap : 256;
+        while (cap < c->out_len + n)
+            cap *= 2;
+        uint8_t *o = realloc(c->out, cap);
+        if (o == NULL)
+            return -1;
+        c->out = o;
+        c->out_cap = cap;
+    }
+    if (n > 0)
+        memcpy(c->out + c->out_len, p, n);
+    c->out_len += n;
+    return 0;
+}
+
+/* Queue a response and push out what the socket takes now. -1: drop c. */
+static int reply(srv_client_t *c, uint32_t rc, uint64_t arg, const void *val, uint32_t vlen)
+{
+    loom_store_resp_t r = { .rc = rc, .vlen = vlen, .arg = arg };
+    uint8_t h[LOOM_STORE_RESP_LEN];
+    loom_store_resp_pack(h, &r);
+    if (out_append(c, h, sizeof(h)) != 0 || out_append(c, val, vlen) != 0)
+        return -1;
+    return flush(c);
+}
+
+/* Answer everyone parked on e, which now has a value. */
+static void wake(loom_store_server_t *srv, srv_entry_t *e)
+{
+    while (e->waiters != NULL) {
+        srv_client_t *w = e->waiters;
+        unpark(srv, w);
+        if (reply(w, LOOM_STORE_RC_OK, 0, NULL, 0) != 0)
+            drop(srv, w);
+        else
+            update_interest(srv, w);
+    }
+}
+
+/* Carry out the complete request in c->in. -1: drop c. */
+static int execute(loom_store_server_t *srv, srv_client_t *c)
+{
+    const loom_store_req_t *r = &c->req;
+    const char *key = (const char *)c->in + LOOM_STORE_REQ_LEN;
+    const uint8_t *a = (const uint8_t *)key + r->klen;
+    const uint8_t *b = a + r->alen;
+    uint64_t h = key_hash(key, r->klen);
+    srv_entry_t *e = entry_find(srv, key, r->klen, h, 0);
+    int present = e != NULL && e->present;
+
+    switch (r->op) {
+    case LOOM_STORE_OP_SET:
+        if (e == NULL && (e = entry_find(srv, key, r->klen, h, 1)) == NULL)
+            return -1;
+        if (entry_set(e, a, r->alen) != 0) {
+            entry_maybe_free(srv, e);
+            return -1;
+        }
+        wake(srv, e);
+        return reply(c, LOOM_STORE_RC_OK, 0, NULL, 0);
+
+    case LOOM_STORE_OP_GET:
+        if (!present)
+            return reply(c, LOOM_STORE_RC_NOT_FOUND, 0, NULL, 0);
+        return reply(c, LOOM_STORE_RC_OK, 0, e->val, e->vlen);
+
+    case LOOM_STORE_OP_WAIT:
+        if (present)
+            return reply(c, LOOM_STORE_RC_OK, 0, NULL, 0);
+        if (r->arg == 0)
+            return reply(c, LOOM_STORE_RC_TIMEOUT, 0, NULL, 0);
+        if (e == NULL && (e = entry_find(srv, key, r->klen, h, 1)) == NULL)
+            return -1;
+        park(srv, c, e, loom_store_now() + (double)r->arg / 1000.0);
+        return 0;
+
+    case LOOM_STORE_OP_ADD: {
+        int64_t cur = 0, delta, sum;
+        memcpy(&delta, &r->arg, sizeof(delta));
+        if (present && loom_store_parse_int64(e->val, e->vlen, &cur) != 0)
+            return reply(c, LOOM_STORE_RC_NOT_INTEGER, 0, NULL, 0);
+        if (__builtin_add_overflow(cur, delta, &sum))
+            return reply(c, LOOM_STORE_RC_OVERFLOW, 0, NULL, 0);
+        char text[24];
+        int n = snprintf(text, sizeof(text), "%" PRId64, sum);
+        if (e == NULL && (e = entry_find(srv, key, r->klen, h, 1)) == NULL)
+            return -1;
+        if (entry_set(e, text, (uint32_t)n) != 0) {
+            entry_maybe_free(srv, e);
+            return -1;
+        }
+        wake(srv, e);
+        uint64_t out;
+        memcpy(&out, &sum, sizeof(out));
+        return reply(c, LOOM_STORE_RC_OK, out, NULL, 0);
+    }
+
+    case LOOM_STORE_OP_CAS: {
+        uint32_t clen = present ? e->vlen : 0;
+        if (r->alen == clen && (clen == 0 || memcmp(a, e->val, clen) == 0)) {
+            if (e == NULL && (e = entry_find(srv, key, r->klen, h, 1)) == NULL)
+                return -1;
+            if (entry_set(e, b, r->blen) != 0) {
+                entry_maybe_free(srv, e);
+                return -1;
+            }
+            wake(srv, e);
+            present = 1;
+        }
+        return reply(c, LOOM_STORE_RC_OK, 0, present ? e->val : NULL, present ? e->vlen : 0);
+    }
+
+    case LOOM_STORE_OP_DELETE:
+        if (present) {
+            free(e->val);
+            e->val = NULL;
+            e->vlen = 0;
+            e->present = 0;
+            entry_maybe_free(srv, e);
+        }
+        return reply(c, LOOM_STORE_RC_OK, present ? 1 : 0, NULL, 0);
+    }
+    return -1;  /* unreachable: the header was validated */
+}
+
+static void reset_input(srv_client_t *c)
+{
+    c->in_len = 0;
+    c->need = LOOM_STORE_REQ_LEN;
+    c->have_req = 0;
+    if (c->in_cap > IDLE_BUF_MAX) {
+        free(c->in);
+        c->in = NULL;
+        c->in_cap = 0;
+    }
+}
+
+/* c->in holds c->need bytes: the hello, a header or a whole request. -1: drop c. */
+static int process(loom_store_server_t *srv, srv_client_t *c)
+{
+    if (!c->hello_done) {
+        if (memcmp(c->in, LOOM_STORE_MAGIC, LOOM_STORE_MAGIC_LEN) != 0)
+            return -1;
+        uint32_t version = get32(c->in + 8);
+        uint8_t h[LOOM_STORE_HELLO_LEN];
+        int ok = version == LOOM_STORE_PROTO_VERSION;
+        loom_store_hello_pack(h, LOOM_STORE_PROTO_VERSION,
+                              ok ? LOOM_STORE_HELLO_OK : LOOM_STORE_HELLO_REFUSED);
+        c->hello_done = 1;
+        c->closing = !ok;
+        reset_input(c);
+        if (out_append(c, h, sizeof(h)) != 0)
+            return -1;
+        return flush(c);
+    }
+    if (!c->have_req) {
+        if (loom_store_req_unpack(c->in, &c->req) != 0)
+            return -1;
+        c->have_req = 1;
+        /* At most 24 + 1024 + 2 * 64 MiB: no overflow in size_t. */
+        c->need = LOOM_STORE_REQ_LEN + (size_t)c->req.klen + c->req.alen + c->req.blen;
+        return 0;
+    }
+    /* Keys are C strings on the client side; an embedded NUL is a forged request. */
+    if (memchr(c->in + LOOM_STORE_REQ_LEN, 0, c->req.klen) != NULL)
+        return -1;
+    int rc = execute(srv, c);
+    reset_input(c);
+    return rc;
+}
+
+/* Read what c may send now and act on every complete unit. -1: drop c. */
+static int client_read(loom_store_server_t *srv, srv_client_t *c)
+{
+    while (can_read(c)) {
+        if (c->in_len == c->need) {
+            if (process(srv, c) != 0)
+                return -1;
+            continue;
+        }
+        if (c->in_len == c->in_cap) {
+            /* Grow as bytes arrive, not to the announced length at once: a client
+             * that announces 128 MiB and sends nothing should cost nothing. */
+            size_t cap = c->in_cap < 4096 ? 4096 : c->in_cap * 2;
+            if (cap > c->need)
+                cap = c->need;
+            uint8_t *in = realloc(c->in, cap);
+            if (in == NULL)
+                return -1;
+            c->in = in;
+            c->in_cap = cap;
+        }
+        size_t want = (c->need < c->in_cap ? c->need : c->in_cap) - c->in_len;
+        ssize_t r = recv(c->fd, c->in + c->in_len, want, 0);
+        if (r == 0)
+            return -1;
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return 0;
+            return -1;
+        }
+        c->in_len += (size_t)r;
+    }
+    return 0;
+}
+
+static void client_event(loom_store_server_t *srv, srv_client_t *c, uint32_t ev)
+{
+    if (c->dead)
+        return;
+    if (ev & EPOLLERR)
+        goto drop_client;
+    if ((ev & EPOLLOUT) && flush(c) != 0)
+        goto drop_client;
+    if (can_read(c)) {
+        if ((ev & (EPOLLIN | EPOLLHUP | EPOLLRDHUP)) && client_read(srv, c) != 0)
+            goto drop_client;
+    } else if (ev & (EPOLLHUP | EPOLLRDHUP)) {
+        /* Gone while parked or while we had an answer for it: nobody to tell. */
+        goto drop_client;
+    }
+    if (c->closing && c->out_len == 0)
+        goto drop_client;
+    update_interest(srv, c);
+    return;
+
+drop_client:
+    drop(srv, c);
+}
+
+static void accept_clients(loom_store_server_t *srv)
+{
+    for (;;) {
+        int fd = accept4(srv->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                /* The listener stays readable while the backlog is full; stop
+                 * watching it for a moment instead of spinning. */
+                struct epoll_event ev = { .events = 0, .data.ptr = &srv->lfd };
+                epoll_ctl(srv->ep, EPOLL_CTL_MOD, srv->lfd, &ev);
+                srv->accept_resume = loom_store_now() + 0.1;
+            }
+            return;
+        }
+        srv_client_t *c = calloc(1, sizeof(*c));
+        if (c == NULL) {
+            close(fd);
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        c->fd = fd;
+        c->need = LOOM_STORE_HELLO_LEN;
+        c->events = EPOLLIN | EPOLLRDHUP;
+        struct epoll_event ev = { .events = c->events, .data.ptr = c };
+        if (epoll_ctl(srv->ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
+            close(fd);
+            free(c);
+            continue;
+        }
+        c->next = srv->clients;
+        if (srv->clients != NULL)
+            srv->clients->prev = c;
+        srv->clients = c;
+    }
+}
+
+/* Answer parked WAITs whose time is up; returns the epoll timeout (ms) until
+ * the next deadline, -1 for none. */
+static int expire(loom_store_server_t *srv)
+{
+    double now = loom_store_now(), next = -1;
+
+    if (srv->accept_resume > 0) {
+        if (now >= srv->accept_resume) {
+            struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &srv->lfd };
+            epoll_ctl(srv->ep, EPOLL_CTL_MOD, srv->lfd, &ev);
+            srv->accept_resume = 0;
+        } else {
+            next = srv->accept_resume;
+        }
+    }
+    if (srv->n_parked > 0) {
+        srv_client_t *c_next;
+        for (srv_client_t *c = srv->clients; c != NULL; c = c_next) {
+            c_next = c->next;
+            if (c->parked == NULL)
+                continue;
+            if (c->deadline <= now) {
+                srv_entry_t *e = c->parked;
+                unpark(srv, c);
+                entry_maybe_free(srv, e);
+                if (reply(c, LOOM_STORE_RC_TIMEOUT, 0, NULL, 0) != 0)
+                    drop(srv, c);
+                else
+                    update_interest(srv, c);
+            } else if (next < 0 || c->deadline < next) {
+                next = c->deadline;
+            }
+        }
+    }
+    if (next < 0)
+        return -1;
+    double ms = (next - now) * 1000.0 + 1.0;
+    return ms > (double)INT_MAX ? INT_MAX : (int)ms;
+}
+
+static void *server_main(void *arg)
+{
+    loom_store_server_t *srv = arg;
+    struct epoll_event evs[64];
+    int stop = 0;
+
+    while (!stop) {
+        int timeout = expire(srv);
+        while (srv->dead != NULL) {
+            srv_client_t *c = srv->dead;
+            srv->dead = c->next;
+            free_client(c);
+        }
+        int n = epoll_wait(srv->ep, evs, 64, timeout);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            break;  /* a bug (EBADF...): clients see their connections close */
+        }
+        for (int i = 0; i < n; i++) {
+            void *p = evs[i].data.ptr;
+            if (p == &srv->wfd)
+                stop = 1;
+            else if (p == &srv->lfd)
+                accept_clients(srv);
+            else
+                client_event(srv, p, evs[i].events);
+        }
+    }
+    return NULL;
+}
+
+/* Bind and listen on host:port (host NULL: every interface, IPv6 and IPv4). */
+static int listen_on(const char *host, int port, int *sys_errno_p, loom_err_t *err)
+{
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV };
+    struct addrinfo *res;
+    char ps[8], shown[NI_MAXHOST + 16];
+
+    snprintf(ps, sizeof(ps), "%d", port);
+    loom_store_format_hostport(host != NULL ? host : "*", port, shown, sizeof(shown));
+    int g = getaddrinfo(host, ps, &hints, &res);
+    if (g != 0) {
+        *sys_errno_p = EADDRNOTAVAIL;
+        loom_err_set(err, LOOM_ERR_INVALID_ARG, "cannot listen on %s: %s", shown,
+                     g == EAI_SYSTEM ? strerror(errno) : gai_strerror(g));
+        return -1;
+    }
+    int fd = -1, e = 0, in_use = 0;
+    /* For all interfaces, one dual-stack IPv6 socket serves both families; an
+     * IPv4 socket is the fallback on hosts without IPv6. */
+    for (int pass = 0; pass < 2 && fd < 0; pass++) {
+        for (struct addrinfo *ai = res; ai != NULL && fd < 0; ai = ai->ai_next) {
+            if (host == NULL && (pass == 0) != (ai->ai_family == AF_INET6))
+                continue;
+            if (host != NULL && pass == 1)
+                continue;
+            fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                        ai->ai_protocol);
+            if (fd < 0) {
+                e = errno;
+                continue;
+            }
+            int one = 1, zero = 0;
+            /* Rank 0 of a restarted job must get its port back from TIME_WAIT. */
+            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+            if (host == NULL && ai->ai_family == AF_INET6)
+                setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+            if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 ||
+                listen(fd, LISTEN_BACKLOG) != 0) {
+                e = errno;
+                in_use |= e == EADDRINUSE;
+                close(fd);
+                fd = -1;
+            }
+        }
+    }
+    freeaddrinfo(res);
+    if (fd < 0) {
+        if (in_use)
+            e = EADDRINUSE;
+        *sys_errno_p = e;
+        loom_err_set(err, LOOM_ERR_TRANSPORT, "cannot listen on %s: %s", shown, strerror(e));
+    }
+    return fd;
+}
+
+loom_status_t loom_store_server_start_errno(const char *host, int port, int *sys_errno_p,
+                                            loom_err_t *err, loom_store_server_t **srv_p)
+{
+    loom_status_t st;
+    int e = 0;
+
+    if (sys_errno_p != NULL)
+        *sys_errno_p = 0;
+    if (srv_p == NULL || port < 0 || port > 65535)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG,
+                            "store server: port %d out of range or output pointer NULL", port);
+    loom_store_server_t *srv = calloc(1, sizeof(*srv));
+    if (srv == NULL)
+        return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory starting the store server");
+    srv->tab_size = 256;
+    srv->tab = calloc(srv->tab_size, sizeof(*srv->tab));
+    if (srv->tab == NULL) {
+        st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory starting the store server");
+        goto free_server;
+    }
+    srv->lfd = listen_on(host, port, &e, err);
+    if (srv->lfd < 0) {
+        st = err != NULL && err->status != LOOM_SUCCESS ? err->status : LOOM_ERR_TRANSPORT;
+        if (sys_errno_p != NULL)
+            *sys_errno_p = e;
+        goto free_table;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    if (getsockname(srv->lfd, (struct sockaddr *)&ss, &sl) != 0) {
+        st = loom_err_set(err, LOOM_ERR_TRANSPORT, "getsockname: %s", strerror(errno));
+        goto close_listener;
+    }
+    srv->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                               : ((struct sockaddr_in *)&ss)->sin_port);
+    srv->ep = epoll_create1(EPOLL_CLOEXEC);
+    if (srv->ep < 0) {
+        st = loom_err_set(err, LOOM_ERR_TRANSPORT, "epoll_create1: %s", strerror(errno));
+        goto close_listener;
+    }
+    srv->wfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (srv->wfd < 0) {
+        st = loom_err_set(err, LOOM_ERR_TRANSPORT, "eventfd: %s", strerror(errno));
+        goto close_epoll;
+    }
+    struct epoll_event lev = { .events = EPOLLIN, .data.ptr = &srv->lfd };
+    struct epoll_event wev = { .events = EPOLLIN, .data.ptr = &srv->wfd };
+    if (epoll_ctl(srv->ep, EPOLL_CTL_ADD, srv->lfd, &lev) != 0 ||
+        epoll_ctl(srv->ep, EPOLL_CTL_ADD, srv->wfd, &wev) != 0) {
+        st = loom_err_set(err, LOOM_ERR_TRANSPORT, "epoll_ctl: %s", strerror(errno));
+        goto close_eventfd;
+    }
+    /* The server thread takes no signals: they belong to the application's threads. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&srv->thread, NULL, server_main, srv);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        st = loom_err_set(err, LOOM_ERR_INTERNAL, "starting the store server thread: %s",
+                          strerror(rc));
+        goto close_eventfd;
+    }
+    *srv_p = srv;
+    return LOOM_SUCCESS;
+
+close_eventfd:
+    close(srv->wfd);
+close_epoll:
+    close(srv->ep);
+close_listener:
+    close(srv->lfd);
+free_table:
+    free(srv->tab);
+free_server:
+    free(srv);
+    return st;
+}
+
+loom_status_t loom_store_server_start(const char *host, int port, loom_err_t *err,
+                                      loom_store_server_t **srv_p)
+{
+    return loom_store_server_start_errno(host, port, NULL, err, srv_p);
+}
+
+int loom_store_server_port(const loom_store_server_t *srv)
+{
+    return srv->port;
+}
+
+void loom_store_server_stop(loom_store_server_t *srv)
+{
+    if (srv == NULL)
+        return;
+    uint64_t one = 1;
+    while (write(srv->wfd, &one, sizeof(one)) < 0 && errno == EINTR)
+        ;
+    pthread_join(srv->thread, NULL);
+
+    while (srv->clients != NULL)
+        drop(srv, srv->clients);
+    while (srv->dead != NULL) {
+        srv_client_t *c = srv->dead;
+        srv->dead = c->next;
+        free_client(c);
+    }
+    for (size_t i = 0; i < srv->tab_size; i++) {
+        srv_entry_t *e = srv->tab[i];
+        while (e != NULL) {
+            srv_entry_t *next = e->next;
+            free(e->val);
+            free(e->key);
+            free(e);
+            e = next;
+        }
+    }
+    free(srv->tab);
+    close(srv->wfd);
+    close(srv->ep);
+    close(srv->lfd);
+    free(srv);
+}

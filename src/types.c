@@ -1,0 +1,69 @@
+#include <string.h>
+#include <strings.h>
+
+#include "types.h"
+
+static const struct {
+    const char *name, *alias1, *alias2;
+    size_t size;
+} dtypes[LOOM_NUM_DTYPES] = {
+    [LOOM_INT8] = {"int8", "char", NULL, 1},
+    [LOOM_UINT8] = {"uint8", "uchar", NULL, 1},
+    [LOOM_INT32] = {"int32", "int", NULL, 4},
+    [LOOM_UINT32] = {"uint32", "uint", NULL, 4},
+    [LOOM_INT64] = {"int64", "long", NULL, 8},
+    [LOOM_UINT64] = {"uint64", "ulong", NULL, 8},
+    [LOOM_FLOAT16] = {"float16", "half", "fp16", 2},
+    [LOOM_BFLOAT16] = {"bfloat16", "bf16", NULL, 2},
+    [LOOM_FLOAT32] = {"float32", "float", "fp32", 4},
+    [LOOM_FLOAT64] = {"float64", "double", "fp64", 8},
+};
+
+static const char *const ops[LOOM_NUM_OPS] = {
+    [LOOM_SUM] = "sum", [LOOM_PROD] = "prod", [LOOM_MIN] = "min", [LOOM_MAX] = "max",
+    [LOOM_AVG] = "avg",
+};
+
+int loom_dtype_valid(loom_dtype_t dt)
+{
+    return (unsigned)dt < LOOM_NUM_DTYPES;
+}
+
+int loom_op_valid(loom_op_t op)
+{
+    return (unsigned)op < LOOM_NUM_OPS;
+}
+
+size_t loom_dtype_size(loom_dtype_t dt)
+{
+    return loom_dtype_valid(dt) ? dtypes[dt].size : 0;
+}
+
+const char *loom_dtype_name(loom_dtype_t dt)
+{
+    return loom_dtype_valid(dt) ? dtypes[dt].name : "?";
+}
+
+const char *loom_op_name(loom_op_t op)
+{
+    return loom_op_valid(op) ? ops[op] : "?";
+}
+
+int loom_dtype_parse(const char *name)
+{
+    for (int i = 0; i < LOOM_NUM_DTYPES; i++) {
+        if (strcasecmp(name, dtypes[i].name) == 0 ||
+            (dtypes[i].alias1 && strcasecmp(name, dtypes[i].alias1) == 0) ||
+            (dtypes[i].alias2 && strcasecmp(name, dtypes[i].alias2) == 0))
+            return i;
+    }
+    return -1;
+}
+
+int loom_op_parse(const char *name)
+{
+    for (int i = 0; i < LOOM_NUM_OPS; i++)
+        if (strcasecmp(name, ops[i]) == 0)
+            return i;
+    return -1;
+}

@@ -1,0 +1,180 @@
+#include <stdio.h>
+#include <string.h>
+
+#include "algorithms.h"
+#include "types.h"
+#include "wire.h"
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+void loom_hello_encode(const loom_hello_t *h, uint8_t out[LOOM_HELLO_BYTES])
+{
+    memcpy(out, LOOM_HELLO_MAGIC, 8);
+    put32(out + 8, h->version);
+    put32(out + 12, h->rank);
+    put32(out + 16, h->size);
+    put32(out + 20, h->stream);
+    put64(out + 24, h->job_hash);
+    put64(out + 32, h->comm_hash);
+}
+
+loom_ack_code_t loom_hello_decode(const uint8_t in[LOOM_HELLO_BYTES], uint64_t job_hash,
+                                  uint64_t comm_hash, int my_rank, int size, loom_hello_t *h)
+{
+    if (memcmp(in, LOOM_HELLO_MAGIC, 8) != 0)
+        return LOOM_ACK_BAD_MAGIC;
+    h->version = get32(in + 8);
+    h->rank = get32(in + 12);
+    h->size = get32(in + 16);
+    h->stream = get32(in + 20);
+    h->job_hash = get64(in + 24);
+    h->comm_hash = get64(in + 32);
+    if (h->version != LOOM_WIRE_VERSION)
+        return LOOM_ACK_BAD_VERSION;
+    if (h->job_hash != job_hash || h->comm_hash != comm_hash)
+        return LOOM_ACK_OTHER_JOB;
+    if (h->size != (uint32_t)size)
+        return LOOM_ACK_BAD_SIZE;
+    if (h->rank >= (uint32_t)size || h->rank == (uint32_t)my_rank)
+        return LOOM_ACK_BAD_RANK;
+    return LOOM_ACK_OK;
+}
+
+void loom_ack_encode(loom_ack_code_t code, uint32_t rank, uint8_t out[LOOM_ACK_BYTES])
+{
+    memcpy(out, LOOM_ACK_MAGIC, 8);
+    put32(out + 8, (uint32_t)code);
+    put32(out + 12, rank);
+}
+
+int loom_ack_decode(const uint8_t in[LOOM_ACK_BYTES], loom_ack_code_t *code, uint32_t *rank)
+{
+    if (memcmp(in, LOOM_ACK_MAGIC, 8) != 0)
+        return -1;
+    uint32_t c = get32(in + 8);
+    if (c > LOOM_ACK_DUPLICATE)
+        return -1;
+    *code = (loom_ack_code_t)c;
+    *rank = get32(in + 12);
+    return 0;
+}
+
+const char *loom_ack_reason(loom_ack_code_t code)
+{
+    switch (code) {
+    case LOOM_ACK_OK: return "accepted";
+    case LOOM_ACK_BAD_MAGIC: return "not a Loom handshake";
+    case LOOM_ACK_BAD_VERSION: return "different Loom wire protocol version";
+    case LOOM_ACK_OTHER_JOB: return "belongs to another job or communicator";
+    case LOOM_ACK_BAD_RANK: return "rank out of range or equal to the acceptor's";
+    case LOOM_ACK_BAD_SIZE: return "disagrees on the communicator size";
+    case LOOM_ACK_DUPLICATE: return "rank already connected";
+    }
+    return "unknown reason";
+}
+
+void loom_frame_encode(const loom_frame_t *f, uint8_t out[LOOM_FRAME_BYTES])
+{
+    put32(out, LOOM_FRAME_MAGIC);
+    out[4] = f->kind;
+    out[5] = out[6] = out[7] = 0;
+    put32(out + 8, f->match.desc);
+    put32(out + 12, 0);
+    put64(out + 16, f->match.tag);
+    put64(out + 24, f->len);
+    put64(out + 32, f->match.total);
+}
+
+loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, loom_frame_t *f,
+                                loom_err_t *err)
+{
+    uint32_t magic = get32(in);
+    if (magic != LOOM_FRAME_MAGIC)
+        return loom_err_set(err, LOOM_ERR_TRANSPORT,
+                            "protocol error: rank %d sent a frame with bad magic 0x%08x", peer,
+                            magic);
+    if (in[4] != LOOM_FRAME_DATA && in[4] != LOOM_FRAME_BYE)
+        return loom_err_set(err, LOOM_ERR_TRANSPORT,
+                            "protocol error: rank %d sent a frame of unknown kind %u", peer, in[4]);
+    if (in[5] != 0 || in[6] != 0 || in[7] != 0 || get32(in + 12) != 0)
+        return loom_err_set(err, LOOM_ERR_TRANSPORT,
+                            "protocol error: rank %d sent a frame with reserved bits set", peer);
+    uint64_t len = get64(in + 24);
+    if (len > LOOM_FRAME_MAX_LEN)
+        return loom_err_set(err, LOOM_ERR_TRANSPORT,
+                            "protocol error: rank %d announced a frame of %llu bytes", peer,
+                            (unsigned long long)len);
+    if (in[4] == LOOM_FRAME_BYE && len != 0)
+        return loom_err_set(err, LOOM_ERR_TRANSPORT,
+                            "protocol error: rank %d sent a farewell frame with a payload", peer);
+    f->kind = in[4];
+    f->match.desc = get32(in + 8);
+    f->match.tag = get64(in + 16);
+    f->len = len;
+    f->match.total = get64(in + 32);
+    return LOOM_SUCCESS;
+}
+
+uint32_t loom_desc_make(int coll, int dtype, int op)
+{
+    return ((uint32_t)(coll & 0xff) << 16) | ((uint32_t)(dtype & 0xff) << 8) |
+           (uint32_t)(op & 0xff);
+}
+
+const char *loom_desc_str(uint32_t desc, char *buf, size_t len)
+{
+    unsigned coll = (desc >> 16) & 0xff, dtype = (desc >> 8) & 0xff, op = desc & 0xff;
+    const char *cname = coll == 0xff ? "send/recv" : loom_coll_name((loom_coll_t)coll);
+    snprintf(buf, len, "%s %s %s", cname, loom_dtype_name((loom_dtype_t)dtype),
+             loom_op_name((loom_op_t)op));
+    return buf;
+}
+
+loom_status_t loom_frame_check(const loom_frame_t *f, const loom_tp_req_t *posted, int my_rank,
+                               loom_err_t *err)
+{
+    char theirs[64], mine[64];
+    if (f->match.desc != posted->match.desc)
+        return loom_err_set(err, LOOM_ERR_MISMATCH,
+                            "mismatch: rank %d is in %s while rank %d is in %s", posted->peer,
+                            loom_desc_str(f->match.desc, theirs, sizeof(theirs)), my_rank,
+                            loom_desc_str(posted->match.desc, mine, sizeof(mine)));
+    if (f->match.total != posted->match.total)
+        return loom_err_set(err, LOOM_ERR_MISMATCH,
+                            "mismatch in %s: rank %d passed count %llu, rank %d passed %llu",
+                            loom_desc_str(f->match.desc, mine, sizeof(mine)), posted->peer,
+                            (unsigned long long)f->match.total, my_rank,
+                            (unsigned long long)posted->match.total);
+    if (f->len != posted->len)
+        return loom_err_set(err, LOOM_ERR_MISMATCH,
+                            "mismatch in %s: rank %d sent %llu bytes, rank %d expected %zu",
+                            loom_desc_str(f->match.desc, mine, sizeof(mine)), posted->peer,
+                            (unsigned long long)f->len, my_rank, posted->len);
+    return LOOM_SUCCESS;
+}

@@ -1,0 +1,75 @@
+/* wire.h - what travels on a connection: the handshake that opens it and the
+ * header in front of every frame. Little-endian, fixed size, versioned. Parsing
+ * lives here (not in a transport) so it is unit-tested on its own. */
+#ifndef LOOM_WIRE_H
+#define LOOM_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "error.h"
+#include "transport.h"
+
+#define LOOM_WIRE_VERSION 1
+
+/* ---- handshake ------------------------------------------------------------ */
+#define LOOM_HELLO_MAGIC "LOOMHELO"
+#define LOOM_ACK_MAGIC   "LOOMACK!"
+#define LOOM_HELLO_BYTES 40
+#define LOOM_ACK_BYTES   16
+
+typedef struct loom_hello {
+    uint32_t version;
+    uint32_t rank;        /* the connecting rank */
+    uint32_t size;        /* communicator size it believes in */
+    uint32_t stream;      /* which of the pair's sockets this is */
+    uint64_t job_hash;
+    uint64_t comm_hash;
+} loom_hello_t;
+
+/* Why an acceptor refused a hello (sent back in the ack). */
+typedef enum {
+    LOOM_ACK_OK = 0, LOOM_ACK_BAD_MAGIC, LOOM_ACK_BAD_VERSION, LOOM_ACK_OTHER_JOB,
+    LOOM_ACK_BAD_RANK, LOOM_ACK_BAD_SIZE, LOOM_ACK_DUPLICATE
+} loom_ack_code_t;
+
+void loom_hello_encode(const loom_hello_t *h, uint8_t out[LOOM_HELLO_BYTES]);
+/* Decode and check a hello against what this acceptor expects. Returns
+ * LOOM_ACK_OK and fills h, or the reason to refuse. */
+loom_ack_code_t loom_hello_decode(const uint8_t in[LOOM_HELLO_BYTES], uint64_t job_hash,
+                                  uint64_t comm_hash, int my_rank, int size, loom_hello_t *h);
+void loom_ack_encode(loom_ack_code_t code, uint32_t rank, uint8_t out[LOOM_ACK_BYTES]);
+/* Returns 0 when in is a well-formed ack (fills code and rank), -1 otherwise. */
+int loom_ack_decode(const uint8_t in[LOOM_ACK_BYTES], loom_ack_code_t *code, uint32_t *rank);
+const char *loom_ack_reason(loom_ack_code_t code);
+
+/* ---- frames --------------------------------------------------------------- */
+#define LOOM_FRAME_MAGIC 0x4d464c4cu   /* "LLFM" */
+#define LOOM_FRAME_BYTES 40
+/* No honest frame is larger: a header announcing more is a protocol error,
+ * caught before anything is allocated for it. */
+#define LOOM_FRAME_MAX_LEN (UINT64_C(1) << 40)
+
+typedef enum { LOOM_FRAME_DATA = 1, LOOM_FRAME_BYE = 2 } loom_frame_kind_t;
+
+typedef struct loom_frame {
+    uint8_t kind;
+    loom_tp_match_t match;
+    uint64_t len;
+} loom_frame_t;
+
+void loom_frame_encode(const loom_frame_t *f, uint8_t out[LOOM_FRAME_BYTES]);
+/* Parse a header from peer; on garbage return LOOM_ERR_TRANSPORT with a message. */
+loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, loom_frame_t *f,
+                                loom_err_t *err);
+/* Check an arrived frame against the receive it matched (same tag). Length,
+ * collective descriptor and total count must agree, else LOOM_ERR_MISMATCH
+ * with a message that names both sides. */
+loom_status_t loom_frame_check(const loom_frame_t *f, const loom_tp_req_t *posted, int my_rank,
+                               loom_err_t *err);
+
+/* Descriptor of a call: collective (or 0xff for user p2p), dtype, op. */
+uint32_t loom_desc_make(int coll, int dtype, int op);
+/* "allreduce float32 sum" for messages; buf must hold 64 bytes. */
+const char *loom_desc_str(uint32_t desc, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,224 @@
+/* Unit tests of the settings table and of loom_init's reading of launchers'
+ * variables, against a fake environment. */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check_suites.h"
+#include "settings.h"
+
+typedef struct fake_env {
+    const char *kv[32];   /* name, value, name, value, ..., NULL */
+} fake_env_t;
+
+static const char *fake_get(const char *name, void *arg)
+{
+    fake_env_t *e = arg;
+    for (int i = 0; e->kv[i]; i += 2)
+        if (strcmp(e->kv[i], name) == 0)
+            return e->kv[i + 1];
+    return NULL;
+}
+
+static loom_status_t boot(fake_env_t *e, loom_bootstrap_t *b, loom_err_t *err)
+{
+    memset(err, 0, sizeof(*err));
+    memset(b, 0, sizeof(*b));
+    return loom_bootstrap_from_env(fake_get, e, b, err);
+}
+
+START_TEST(test_loom_vars)
+{
+    fake_env_t e = {{"LOOM_RANK", "2", "LOOM_SIZE", "4", "LOOM_LOCAL_RANK", "1", "LOOM_STORE",
+                     "tcp://10.0.0.1:29500", NULL}};
+    loom_bootstrap_t b;
+    loom_err_t err;
+    ck_assert_int_eq(boot(&e, &b, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(b.rank, 2);
+    ck_assert_int_eq(b.size, 4);
+    ck_assert_int_eq(b.local_rank, 1);
+    ck_assert_str_eq(b.store, "tcp://10.0.0.1:29500");
+    ck_assert_str_eq(b.source, "LOOM");
+}
+END_TEST
+
+START_TEST(test_torchrun_vars)
+{
+    fake_env_t e = {{"RANK", "3", "WORLD_SIZE", "8", "LOCAL_RANK", "3", "MASTER_ADDR", "node7",
+                     "MASTER_PORT", "29400", NULL}};
+    loom_bootstrap_t b;
+    loom_err_t err;
+    ck_assert_int_eq(boot(&e, &b, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(b.rank, 3);
+    ck_assert_int_eq(b.size, 8);
+    ck_assert_str_eq(b.store, "tcp://node7:29400");
+    ck_assert_str_eq(b.source, "torchrun");
+}
+END_TEST
+
+START_TEST(test_ipv6_master)
+{
+    fake_env_t e = {{"RANK", "0", "WORLD_SIZE", "2", "MASTER_ADDR", "fd00::1", "MASTER_PORT", "5",
+                     NULL}};
+    loom_bootstrap_t b;
+    loom_err_t err;
+    ck_assert_int_eq(boot(&e, &b, &err), LOOM_SUCCESS);
+    ck_assert_str_eq(b.store, "tcp://[fd00::1]:5");
+}
+END_TEST
+
+START_TEST(test_precedence)
+{
+    /* Loom's own variables win over a launcher's, and LOOM_STORE over MASTER_*. */
+    fake_env_t e = {{"SLURM_PROCID", "5", "SLURM_NTASKS", "6", "LOOM_RANK", "1", "LOOM_SIZE", "2",
+                     "MASTER_ADDR", "a", "MASTER_PORT", "1", "LOOM_STORE", "file:///tmp/x", NULL}};
+    loom_bootstrap_t b;
+    loom_err_t err;
+    ck_assert_int_eq(boot(&e, &b, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(b.rank, 1);
+    ck_assert_str_eq(b.store, "file:///tmp/x");
+}
+END_TEST
+
+START_TEST(test_launchers)
+{
+    static const char *const families[][3] = {
+        {"SLURM_PROCID", "SLURM_NTASKS", "Slurm"},
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI"},
+        {"PMI_RANK", "PMI_SIZE", "PMI"},
+    };
+    for (int i = 0; i < 3; i++) {
+        fake_env_t e = {{families[i][0], "1", families[i][1], "3", "LOOM_STORE", "tcp://h:1", NULL}};
+        loom_bootstrap_t b;
+        loom_err_t err;
+        ck_assert_int_eq(boot(&e, &b, &err), LOOM_SUCCESS);
+        ck_assert_int_eq(b.rank, 1);
+        ck_assert_int_eq(b.size, 3);
+        ck_assert_str_eq(b.source, families[i][2]);
+    }
+}
+END_TEST
+
+START_TEST(test_bad_values)
+{
+    loom_bootstrap_t b;
+    loom_err_t err;
+    fake_env_t none = {{NULL}};
+    ck_assert_int_eq(boot(&none, &b, &err), LOOM_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err.msg, "LOOM_RANK"));
+
+    fake_env_t half = {{"LOOM_RANK", "0", NULL}};
+    ck_assert_int_eq(boot(&half, &b, &err), LOOM_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err.msg, "LOOM_SIZE"));
+
+    fake_env_t big = {{"LOOM_RANK", "4", "LOOM_SIZE", "4", "LOOM_STORE", "tcp://h:1", NULL}};
+    ck_assert_int_eq(boot(&big, &b, &err), LOOM_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err.msg, "LOOM_RANK"));
+
+    fake_env_t junk = {{"LOOM_RANK", "1x", "LOOM_SIZE", "4", NULL}};
+    ck_assert_int_eq(boot(&junk, &b, &err), LOOM_ERR_INVALID_ARG);
+
+    fake_env_t nostore = {{"LOOM_RANK", "0", "LOOM_SIZE", "2", NULL}};
+    ck_assert_int_eq(boot(&nostore, &b, &err), LOOM_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err.msg, "LOOM_STORE"));
+
+    fake_env_t badport = {{"RANK", "0", "WORLD_SIZE", "2", "MASTER_ADDR", "h", "MASTER_PORT",
+                           "70000", NULL}};
+    ck_assert_int_eq(boot(&badport, &b, &err), LOOM_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err.msg, "MASTER_PORT"));
+}
+END_TEST
+
+START_TEST(test_single_rank_needs_no_store)
+{
+    fake_env_t e = {{"LOOM_RANK", "0", "LOOM_SIZE", "1", NULL}};
+    loom_bootstrap_t b;
+    loom_err_t err;
+    ck_assert_int_eq(boot(&e, &b, &err), LOOM_SUCCESS);
+    ck_assert_str_eq(b.store, "");
+    ck_assert_int_eq(b.local_rank, -1);
+}
+END_TEST
+
+START_TEST(test_settings_defaults)
+{
+    fake_env_t e = {{NULL}};
+    loom_settings_t s;
+    loom_err_t err = {0};
+    ck_assert_int_eq(loom_settings_load(&s, fake_get, &e, &err), LOOM_SUCCESS);
+    ck_assert(s.timeout_s == 300.0);
+    ck_assert_str_eq(s.transport, "auto");
+    ck_assert_str_eq(s.job_id, "default");
+    ck_assert_int_eq(s.socket_bufsize, 4194304);
+    ck_assert_str_eq(s.ifname, "");
+}
+END_TEST
+
+START_TEST(test_settings_values)
+{
+    fake_env_t e = {{"LOOM_TIMEOUT", "2.5", "LOOM_ALGO", "allreduce=ring,allgather=bruck",
+                     "SLURM_JOB_ID", "991", "LOOM_SOCKET_IFNAME", "eth1", NULL}};
+    loom_settings_t s;
+    loom_err_t err = {0};
+    ck_assert_int_eq(loom_settings_load(&s, fake_get, &e, &err), LOOM_SUCCESS);
+    ck_assert(s.timeout_s == 2.5);
+    ck_assert_str_eq(s.job_id, "991");
+    ck_assert_str_eq(s.ifname, "eth1");
+    char name[32];
+    ck_assert(loom_settings_forced_algo(&s, "allreduce", name, sizeof(name)));
+    ck_assert_str_eq(name, "ring");
+    ck_assert(loom_settings_forced_algo(&s, "allgather", name, sizeof(name)));
+    ck_assert_str_eq(name, "bruck");
+    ck_assert(!loom_settings_forced_algo(&s, "allgatherv", name, sizeof(name)));
+    ck_assert(!loom_settings_forced_algo(&s, "broadcast", name, sizeof(name)));
+}
+END_TEST
+
+START_TEST(test_settings_rejects)
+{
+    static const char *const bad[][2] = {
+        {"LOOM_TIMEOUT", "0"}, {"LOOM_TIMEOUT", "soon"}, {"LOOM_TIMEOUT", "-3"},
+        {"LOOM_TRANSPORT", "carrier-pigeon"}, {"LOOM_SOCKET_BUFSIZE", "-1"},
+        {"LOOM_SPIN_US", "lots"}, {"LOOM_SEGMENT_BYTES", "1"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        fake_env_t e = {{bad[i][0], bad[i][1], NULL}};
+        loom_settings_t s;
+        loom_err_t err = {0};
+        ck_assert_int_eq(loom_settings_load(&s, fake_get, &e, &err), LOOM_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(err.msg, bad[i][0]));
+    }
+}
+END_TEST
+
+START_TEST(test_settings_doc_table)
+{
+    /* loom-info prints this table: every entry needs a name and a help text. */
+    for (size_t i = 0; i < loom_num_setting_docs; i++) {
+        ck_assert_ptr_nonnull(loom_setting_docs[i].name);
+        ck_assert(strncmp(loom_setting_docs[i].name, "LOOM_", 5) == 0);
+        ck_assert(strlen(loom_setting_docs[i].help) > 5);
+    }
+}
+END_TEST
+
+Suite *loom_env_suite(void)
+{
+    Suite *s = suite_create("env");
+    TCase *tc = tcase_create("bootstrap");
+    tcase_add_test(tc, test_loom_vars);
+    tcase_add_test(tc, test_torchrun_vars);
+    tcase_add_test(tc, test_ipv6_master);
+    tcase_add_test(tc, test_precedence);
+    tcase_add_test(tc, test_launchers);
+    tcase_add_test(tc, test_bad_values);
+    tcase_add_test(tc, test_single_rank_needs_no_store);
+    suite_add_tcase(s, tc);
+    TCase *ts = tcase_create("settings");
+    tcase_add_test(ts, test_settings_defaults);
+    tcase_add_test(ts, test_settings_values);
+    tcase_add_test(ts, test_settings_rejects);
+    tcase_add_test(ts, test_settings_doc_table);
+    suite_add_tcase(s, ts);
+    return s;
+}

@@ -1,0 +1,12 @@
+/* Every Check suite of the unit-test runner (tests/check_main.c). */
+#ifndef LOOM_CHECK_SUITES_H
+#define LOOM_CHECK_SUITES_H
+#include <check.h>
+
+Suite *loom_reduce_suite(void);
+Suite *loom_store_suite(void);
+Suite *loom_env_suite(void);
+Suite *loom_wire_suite(void);
+Suite *loom_algorithms_suite(void);
+
+#endif

@@ -1,0 +1,57 @@
+#!/bin/sh
+# What a user does after `make install`: build a program against the installed
+# header and library through pkg-config, and run it under loomrun, under plain
+# LOOM_* variables and under torchrun-style variables.
+# usage: tests/install_check.sh [srcdir]   (configures a fresh build of srcdir)
+set -eu
+srcdir=$(cd "${1:-$(dirname "$0")/..}" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+prefix="$work/prefix"
+mkdir "$work/build"
+cd "$work/build"
+"$srcdir/configure" -q --prefix="$prefix"
+make -s -j2 >/dev/null
+make -s install >/dev/null
+
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+# shellcheck disable=SC2046
+cc -o "$work/allreduce" "$srcdir/examples/allreduce.c" $(pkg-config --cflags --libs loom)
+export LD_LIBRARY_PATH="$prefix/lib"
+passed=0
+failed=0
+check() {
+    if [ "$(grep -c "allreduce OK" "$work/out")" = 4 ]; then
+        echo "PASS $1"; passed=$((passed + 1))
+    else
+        echo "FAIL $1"; cat "$work/out"; failed=$((failed + 1))
+    fi
+}
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+"$prefix/bin/loomrun" -np 4 "$work/allreduce" > "$work/out" 2>&1 || true
+check "installed loomrun -np 4, program built with pkg-config"
+
+port=$(free_port)
+: > "$work/out"
+for r in 0 1 2 3; do
+    LOOM_RANK=$r LOOM_SIZE=4 LOOM_STORE=tcp://127.0.0.1:$port "$work/allreduce" >> "$work/out" 2>&1 &
+done
+wait
+check "LOOM_RANK/LOOM_SIZE/LOOM_STORE"
+
+port=$(free_port)
+: > "$work/out"
+for r in 0 1 2 3; do
+    RANK=$r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$work/allreduce" >> "$work/out" 2>&1 &
+done
+wait
+check "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT"
+
+for f in include/loom.h lib/libloom.so lib/libloom.a lib/pkgconfig/loom.pc bin/loomrun bin/loom-store bin/loom-info; do
+    if [ -e "$prefix/$f" ]; then passed=$((passed + 1)); else echo "FAIL installed $f"; failed=$((failed + 1)); fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]

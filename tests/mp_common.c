@@ -1,0 +1,132 @@
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mp_common.h"
+#include "store.h"
+
+static char store_uri[128];
+static int npassed, nfailed;
+
+double mp_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+const char *mp_store_uri(void)
+{
+    return store_uri;
+}
+
+static int run(int nranks, mp_rank_fn fn, void *arg, double limit_s, int raw)
+{
+    static int job_counter;
+    loom_err_t err = {0};
+    loom_store_server_t *srv;
+    if (loom_store_server_start("127.0.0.1", 0, &err, &srv) != LOOM_SUCCESS) {
+        fprintf(stderr, "cannot start a store: %s\n", err.msg);
+        return nranks;
+    }
+    snprintf(store_uri, sizeof(store_uri), "tcp://127.0.0.1:%d", loom_store_server_port(srv));
+    char job[64];
+    snprintf(job, sizeof(job), "mp-%d-%d", (int)getpid(), job_counter++);
+    fflush(NULL);
+    pid_t *pids = calloc((size_t)nranks, sizeof(pid_t));
+    for (int r = 0; r < nranks; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            char v[32];
+            setenv("LOOM_JOB_ID", job, 1);
+            setenv("LOOM_STORE", store_uri, 1);
+            snprintf(v, sizeof(v), "%d", r);
+            setenv("LOOM_RANK", v, 1);
+            snprintf(v, sizeof(v), "%d", nranks);
+            setenv("LOOM_SIZE", v, 1);
+            if (raw)
+                _exit(fn(NULL, arg) == 0 ? 0 : 1);
+            loom_config_t cfg = LOOM_CONFIG_INIT;
+            cfg.rank = r;
+            cfg.size = nranks;
+            cfg.store = store_uri;
+            loom_comm_t comm;
+            loom_status_t st = loom_comm_create(&cfg, &comm);
+            if (st != LOOM_SUCCESS) {
+                fprintf(stderr, "rank %d: loom_comm_create: %s: %s\n", r, loom_strerror(st),
+                        loom_comm_last_error(NULL));
+                _exit(2);
+            }
+            int rc = fn(comm, arg);
+            loom_comm_destroy(comm);
+            _exit(rc == 0 ? 0 : 1);
+        }
+    }
+    int failed = 0, left = nranks;
+    double deadline = mp_now() + limit_s;
+    while (left > 0) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid > 0) {
+            for (int r = 0; r < nranks; r++)
+                if (pids[r] == pid) {
+                    pids[r] = 0;
+                    left--;
+                    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                        failed++;
+                        if (WIFSIGNALED(status))
+                            fprintf(stderr, "rank %d killed by signal %d\n", r, WTERMSIG(status));
+                    }
+                }
+            continue;
+        }
+        if (mp_now() > deadline) {
+            fprintf(stderr, "ranks still running after %.0f s: killing them\n", limit_s);
+            for (int r = 0; r < nranks; r++)
+                if (pids[r] > 0) {
+                    kill(pids[r], SIGKILL);
+                    waitpid(pids[r], NULL, 0);
+                    failed++;
+                    left--;
+                }
+            break;
+        }
+        usleep(2000);
+    }
+    free(pids);
+    loom_store_server_stop(srv);
+    return failed;
+}
+
+int mp_run(int nranks, mp_rank_fn fn, void *arg, double limit_s)
+{
+    return run(nranks, fn, arg, limit_s, 0);
+}
+
+int mp_run_raw(int nranks, mp_rank_fn fn, void *arg, double limit_s)
+{
+    return run(nranks, fn, arg, limit_s, 1);
+}
+
+void mp_result(const char *name, int ok)
+{
+    printf("%s %s\n", ok ? "PASS" : "FAIL", name);
+    fflush(stdout);
+    if (ok)
+        npassed++;
+    else
+        nfailed++;
+}
+
+int mp_summary(void)
+{
+    printf("%d passed, %d failed\n", npassed, nfailed);
+    return nfailed == 0 ? 0 : 1;
+}

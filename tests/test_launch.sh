@@ -1,0 +1,80 @@
+#!/bin/sh
+# The ways a user starts a job, each running examples/allreduce on 4 local ranks:
+# loomrun; plain LOOM_* variables with rank 0 serving a tcp:// store; torchrun's
+# variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); Open MPI's and Slurm's
+# variables; a file:// store. Also: a missing rank makes the others fail in time.
+set -u
+top_builddir=${top_builddir:-.}
+prog="$top_builddir/examples/allreduce"
+loomrun="$top_builddir/tools/loomrun"
+[ -x "$prog" ] || { echo "missing $prog"; exit 1; }
+tmp=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
+passed=0
+failed=0
+result() {
+    if [ "$1" = 0 ]; then echo "PASS $2"; passed=$((passed + 1)); else echo "FAIL $2"; failed=$((failed + 1)); fi
+}
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null ||
+        echo $((20000 + $$ % 20000))
+}
+# Start 4 ranks with per-rank variables set by $1 (a function of the rank).
+run4() {
+    setter=$1
+    pids=""
+    for r in 0 1 2 3; do
+        ( eval "$($setter $r)"; exec "$prog" ) > "$tmp/out.$r" 2>&1 &
+        pids="$pids $!"
+    done
+    rc=0
+    for p in $pids; do wait "$p" || rc=1; done
+    for r in 0 1 2 3; do grep -q "allreduce OK" "$tmp/out.$r" || { rc=1; cat "$tmp/out.$r"; }; done
+    return $rc
+}
+
+out=$("$loomrun" -np 4 "$prog" 2>&1)
+echo "$out" | grep -c "allreduce OK" | grep -qx 4
+result $? "loomrun -np 4 examples/allreduce"
+
+port=$(free_port)
+loom_vars() { echo "export LOOM_RANK=$1 LOOM_SIZE=4 LOOM_STORE=tcp://127.0.0.1:$port LOOM_JOB_ID=plain$$"; }
+run4 loom_vars
+result $? "plain LOOM_RANK/LOOM_SIZE/LOOM_STORE, rank 0 serves the store"
+
+port=$(free_port)
+torch_vars() { echo "export RANK=$1 WORLD_SIZE=4 LOCAL_RANK=$1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port"; }
+run4 torch_vars
+result $? "torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT"
+
+port=$(free_port)
+ompi_vars() { echo "export OMPI_COMM_WORLD_RANK=$1 OMPI_COMM_WORLD_SIZE=4 LOOM_STORE=tcp://localhost:$port"; }
+run4 ompi_vars
+result $? "Open MPI variables with LOOM_STORE (host name, not address)"
+
+port=$(free_port)
+slurm_vars() { echo "export SLURM_PROCID=$1 SLURM_NTASKS=4 SLURM_LOCALID=$1 SLURM_JOB_ID=77$$ MASTER_ADDR=127.0.0.1 MASTER_PORT=$port"; }
+run4 slurm_vars
+result $? "Slurm variables"
+
+file_vars() { echo "export PMI_RANK=$1 PMI_SIZE=4 LOOM_STORE=file://$tmp/store LOOM_JOB_ID=file$$"; }
+run4 file_vars
+result $? "PMI variables with a file:// store"
+
+# Only 3 of 4 ranks start: they must fail within LOOM_TIMEOUT + 5 s, naming rank 3's key.
+port=$(free_port)
+start=$(date +%s)
+pids=""
+for r in 0 1 2; do
+    ( export LOOM_RANK=$r LOOM_SIZE=4 LOOM_STORE=tcp://127.0.0.1:$port LOOM_TIMEOUT=3; exec "$prog" ) > "$tmp/miss.$r" 2>&1 &
+    pids="$pids $!"
+done
+rc=0
+for p in $pids; do if wait "$p"; then rc=1; fi; done
+elapsed=$(( $(date +%s) - start ))
+grep -q "addr/3" "$tmp/miss.1" || { rc=1; cat "$tmp"/miss.*; }
+[ "$elapsed" -le 9 ] || rc=1
+result $rc "a missing rank: the others fail within LOOM_TIMEOUT + 5 s ($elapsed s) naming it"
+
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]

@@ -1,0 +1,385 @@
+/* thread_harness.c - N ranks as threads over an in-memory transport (see the header). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <stdint.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "thread_harness.h"
+
+/* A message sent before its receive was posted: a copy (eager), or the
+ * sender's request itself, whose buffer is read when the receive comes
+ * (rendezvous). */
+typedef struct hmsg {
+    struct hmsg *next;
+    loom_tp_match_t match;
+    size_t len;
+    loom_tp_req_t *sreq;
+    unsigned char data[];
+} hmsg_t;
+
+typedef struct world world_t;
+
+/* One rank's instance. */
+struct loom_tp {
+    world_t *w;
+    int rank;
+    loom_err_t *err;
+    /* Requests other threads completed or paired; the owner marks them done in progress. */
+    loom_tp_req_t *matched;
+};
+
+struct world {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;       /* a receive was matched, or the world failed */
+    int n;
+    int rendezvous;            /* sends complete only once matched */
+    loom_status_t failed;      /* set by abort: every later call fails with it */
+    hmsg_t **queue;            /* [src * n + dst]: FIFO of unexpected messages */
+    loom_tp_req_t **posted;    /* [dst * n + src]: FIFO of receives not matched yet */
+    int nposted;               /* receives posted and not matched yet, in all lists */
+    int nmatched;              /* requests on the ranks' matched lists */
+    loom_tp_t *tps;            /* [rank] */
+};
+
+/* Fill receive r from a message (lock held). On a mismatch the sender's
+ * length and descriptor are kept in tp_private for the owner's message. */
+static void deliver(loom_tp_req_t *r, const loom_tp_match_t *m, const void *data, size_t len)
+{
+    if (r->len == len && r->match.desc == m->desc && r->match.total == m->total) {
+        if (len > 0)
+            memcpy(r->buf, data, len);
+        r->off = len;
+        r->status = LOOM_SUCCESS;
+    } else {
+        r->tp_private[0] = len;
+        r->tp_private[1] = m->desc;
+        r->status = LOOM_ERR_MISMATCH;
+    }
+}
+
+/* Queue r for rank's thread, which marks it done in its next progress call
+ * (lock held). */
+static void hand_to(world_t *w, int rank, loom_tp_req_t *r)
+{
+    r->next = w->tps[rank].matched;
+    w->tps[rank].matched = r;
+    w->nmatched++;
+    pthread_cond_broadcast(&w->cond);
+}
+
+/* Rendezvous: a receive paired with a send whose bytes are not read yet. */
+#define PAIRED SIZE_MAX
+
+static uint64_t fingerprint(const void *buf, size_t len)
+{
+    const unsigned char *p = buf;
+    uint64_t h = 1469598103934665603ull;   /* FNV-1a */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Pair receive r with pending send sr (lock held); the receiver reads the
+ * bytes at its next progress call, as late as a zero-copy transport might. */
+static void pair(world_t *w, loom_tp_req_t *r, loom_tp_req_t *sr, int receiver)
+{
+    r->off = PAIRED;
+    r->tp_private[0] = (uintptr_t)sr;
+    hand_to(w, receiver, r);
+}
+
+/* Read the bytes of a paired send into r (receiver's thread, lock held) and
+ * hand the send back to its owner. A send buffer that changed since isend is
+ * an algorithm that reused it too early. */
+static void finish_pair(world_t *w, loom_tp_t *tp, loom_tp_req_t *r)
+{
+    loom_tp_req_t *sr = (loom_tp_req_t *)r->tp_private[0];
+    if (fingerprint(sr->buf, sr->len) != (uint64_t)sr->tp_private[1]) {
+        r->off = 0;
+        r->status = loom_err_set(tp->err, LOOM_ERR_INTERNAL,
+                                 "rank %d: the buffer of a send from rank %d (tag %#llx) "
+                                 "changed before the send completed", tp->rank, r->peer,
+                                 (unsigned long long)r->match.tag);
+    } else {
+        deliver(r, &sr->match, sr->buf, sr->len);
+    }
+    sr->off = sr->len;
+    sr->status = LOOM_SUCCESS;
+    hand_to(w, r->peer, sr);
+}
+
+/* On the receiver's thread (lock held): mark r done, describing a mismatch. */
+static void complete(loom_tp_t *tp, loom_tp_req_t *r)
+{
+    if (r->status == LOOM_ERR_MISMATCH)
+        loom_err_set(tp->err, LOOM_ERR_MISMATCH,
+                     "rank %d: message from rank %d (tag %#llx) has %zu bytes, desc %#x; "
+                     "the receive expects %zu bytes, desc %#x",
+                     tp->rank, r->peer, (unsigned long long)r->match.tag,
+                     (size_t)r->tp_private[0], (unsigned)r->tp_private[1], r->len,
+                     (unsigned)r->match.desc);
+    r->done = 1;
+}
+
+static loom_status_t h_isend(loom_tp_t *tp, loom_tp_req_t *req)
+{
+    world_t *w = tp->w;
+    loom_status_t st = LOOM_SUCCESS;
+
+    pthread_mutex_lock(&w->lock);
+    if (w->failed != LOOM_SUCCESS) {
+        st = w->failed;
+        goto out;
+    }
+    loom_tp_req_t **pp = &w->posted[req->peer * w->n + tp->rank];
+    while (*pp != NULL && (*pp)->match.tag != req->match.tag)
+        pp = &(*pp)->next;
+    if (w->rendezvous)
+        req->tp_private[1] = fingerprint(req->buf, req->len);
+    if (*pp != NULL && w->rendezvous) {
+        loom_tp_req_t *r = *pp;
+        *pp = r->next;
+        w->nposted--;
+        pair(w, r, req, req->peer);
+        goto out;   /* complete once the receiver has read the bytes */
+    } else if (*pp != NULL) {
+        loom_tp_req_t *r = *pp;
+        *pp = r->next;
+        w->nposted--;
+        deliver(r, &req->match, req->buf, req->len);
+        hand_to(w, req->peer, r);
+    } else {
+        size_t copy = w->rendezvous ? 0 : req->len;
+        hmsg_t *m = malloc(sizeof(*m) + copy);
+        if (m == NULL) {
+            st = loom_err_set(tp->err, LOOM_ERR_NO_MEMORY, "harness: no memory for a message");
+            goto out;
+        }
+        m->next = NULL;
+        m->match = req->match;
+        m->len = req->len;
+        m->sreq = w->rendezvous ? req : NULL;
+        if (copy > 0)
+            memcpy(m->data, req->buf, copy);
+        hmsg_t **qp = &w->queue[tp->rank * w->n + req->peer];
+        while (*qp != NULL)
+            qp = &(*qp)->next;
+        *qp = m;
+        if (w->rendezvous)
+            goto out;   /* the receiver completes it */
+    }
+    /* The bytes are copied: the send is complete. */
+    req->off = req->len;
+    req->status = LOOM_SUCCESS;
+    req->done = 1;
+out:
+    pthread_mutex_unlock(&w->lock);
+    return st;
+}
+
+static loom_status_t h_irecv(loom_tp_t *tp, loom_tp_req_t *req)
+{
+    world_t *w = tp->w;
+    loom_status_t st = LOOM_SUCCESS;
+
+    pthread_mutex_lock(&w->lock);
+    if (w->failed != LOOM_SUCCESS) {
+        st = w->failed;
+        goto out;
+    }
+    hmsg_t **qp = &w->queue[req->peer * w->n + tp->rank];
+    while (*qp != NULL && (*qp)->match.tag != req->match.tag)
+        qp = &(*qp)->next;
+    if (*qp != NULL) {
+        hmsg_t *m = *qp;
+        *qp = m->next;
+        if (m->sreq != NULL) {
+            pair(w, req, m->sreq, tp->rank);
+        } else {
+            deliver(req, &m->match, m->data, m->len);
+            complete(tp, req);
+        }
+        free(m);
+    } else {
+        req->next = NULL;
+        loom_tp_req_t **pp = &w->posted[tp->rank * w->n + req->peer];
+        while (*pp != NULL)
+            pp = &(*pp)->next;
+        *pp = req;
+        w->nposted++;
+    }
+out:
+    pthread_mutex_unlock(&w->lock);
+    return st;
+}
+
+static loom_status_t h_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
+{
+    world_t *w = tp->w;
+    struct timespec until;
+    loom_status_t st;
+
+    if (timeout_ms > 0) {
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+    }
+    *moved_p = 0;
+    pthread_mutex_lock(&w->lock);
+    for (;;) {
+        if (tp->matched != NULL) {
+            while (tp->matched != NULL) {
+                loom_tp_req_t *r = tp->matched;
+                tp->matched = r->next;
+                w->nmatched--;
+                if (r->off == PAIRED)
+                    finish_pair(w, tp, r);
+                complete(tp, r);
+            }
+            *moved_p = 1;
+            break;
+        }
+        if (w->failed != LOOM_SUCCESS || timeout_ms == 0)
+            break;
+        if (timeout_ms < 0)
+            pthread_cond_wait(&w->cond, &w->lock);
+        else if (pthread_cond_timedwait(&w->cond, &w->lock, &until) == ETIMEDOUT)
+            timeout_ms = 0;   /* one last look, then leave */
+    }
+    st = w->failed;
+    pthread_mutex_unlock(&w->lock);
+    return st;
+}
+
+static void h_abort(loom_tp_t *tp, loom_status_t why)
+{
+    world_t *w = tp->w;
+    pthread_mutex_lock(&w->lock);
+    if (w->failed == LOOM_SUCCESS)
+        w->failed = why;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+}
+
+/* The world owns everything; loom_harness_run frees it after the threads end. */
+static void h_destroy(loom_tp_t *tp, double timeout_s)
+{
+}
+
+const loom_transport_ops_t loom_harness_transport = {
+    .size = sizeof(loom_transport_ops_t),
+    .name = "harness",
+    .create = NULL,
+    .connect = NULL,
+    .isend = h_isend,
+    .irecv = h_irecv,
+    .progress = h_progress,
+    .mem_register = NULL,
+    .mem_deregister = NULL,
+    .abort = h_abort,
+    .destroy = h_destroy,
+};
+
+typedef struct rank_thread {
+    pthread_t tid;
+    loom_ctx_t ctx;
+    loom_err_t err;
+    void (*fn)(loom_ctx_t *ctx, void *arg);
+    void *arg;
+} rank_thread_t;
+
+static void *rank_main(void *p)
+{
+    rank_thread_t *t = p;
+    t->fn(&t->ctx, t->arg);
+    return NULL;
+}
+
+int loom_harness_run(int nranks, void (*fn)(loom_ctx_t *ctx, void *arg), void *arg)
+{
+    return loom_harness_run_ex(nranks, 0, fn, arg);
+}
+
+int loom_harness_run_ex(int nranks, int flags, void (*fn)(loom_ctx_t *ctx, void *arg), void *arg)
+{
+    world_t w;
+    rank_thread_t *threads = NULL;
+    int started = 0, ret = -1;
+
+    if (nranks < 1 || nranks > LOOM_HARNESS_MAX_RANKS)
+        return -1;
+    memset(&w, 0, sizeof(w));
+    w.n = nranks;
+    w.rendezvous = (flags & LOOM_HARNESS_RENDEZVOUS) != 0;
+    w.queue = calloc((size_t)nranks * (size_t)nranks, sizeof(*w.queue));
+    w.posted = calloc((size_t)nranks * (size_t)nranks, sizeof(*w.posted));
+    w.tps = calloc((size_t)nranks, sizeof(*w.tps));
+    threads = calloc((size_t)nranks, sizeof(*threads));
+    if (w.queue == NULL || w.posted == NULL || w.tps == NULL || threads == NULL)
+        goto free_world;
+    pthread_mutex_init(&w.lock, NULL);
+    pthread_cond_init(&w.cond, NULL);
+
+    for (int r = 0; r < nranks; r++) {
+        rank_thread_t *t = &threads[r];
+        loom_err_clear(&t->err);
+        w.tps[r].w = &w;
+        w.tps[r].rank = r;
+        w.tps[r].err = &t->err;
+        t->ctx.rank = r;
+        t->ctx.size = nranks;
+        t->ctx.tp_ops = &loom_harness_transport;
+        t->ctx.tp = &w.tps[r];
+        t->ctx.timeout_s = 10.0;
+        t->ctx.spin_us = 0;
+        t->ctx.err = &t->err;
+        t->ctx.segment_bytes = 4096;
+        t->fn = fn;
+        t->arg = arg;
+    }
+    ret = 0;
+    for (; started < nranks; started++) {
+        if (pthread_create(&threads[started].tid, NULL, rank_main, &threads[started]) != 0) {
+            /* Let the ranks already running fail fast instead of timing out. */
+            h_abort(&w.tps[0], LOOM_ERR_INTERNAL);
+            ret = -1;
+            break;
+        }
+    }
+    for (int r = 0; r < started; r++)
+        pthread_join(threads[r].tid, NULL);
+
+    /* Whatever is left was sent to nobody, waited for in vain or never waited
+     * for. Pending requests lived on stacks that are gone: count them, never
+     * follow them. */
+    if (ret >= 0)
+        ret += w.nposted + w.nmatched;
+    for (int i = 0; i < nranks * nranks; i++) {
+        while (w.queue[i] != NULL) {
+            hmsg_t *m = w.queue[i];
+            w.queue[i] = m->next;
+            free(m);
+            if (ret >= 0)
+                ret++;
+        }
+    }
+    for (int r = 0; r < nranks; r++)
+        free(threads[r].ctx.scratch);
+    pthread_cond_destroy(&w.cond);
+    pthread_mutex_destroy(&w.lock);
+free_world:
+    free(threads);
+    free(w.tps);
+    free(w.posted);
+    free(w.queue);
+    return ret;
+}

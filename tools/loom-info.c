@@ -1,0 +1,75 @@
+/* loom-info: what this build of Loom has and which settings are in force,
+ * like ucx_info / fi_info. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "settings.h"
+#include "algorithms.h"
+#include "loom.h"
+#include "reduce.h"
+
+static void usage(void)
+{
+    printf("usage: loom-info [-h]\n"
+           "Prints the build (version, transports, CPU reduction code), the network\n"
+           "interfaces Loom may use, the algorithms, and every LOOM_* setting with its\n"
+           "value in this environment.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1) {
+        usage();
+        return strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ? 0 : 2;
+    }
+    printf("# Loom %s\n", loom_version());
+    printf("#   transports:      tcp\n");
+    printf("#   CPU reductions:  %s\n", loom_reduce_isa());
+    printf("#   CUDA:            not built\n");
+    printf("#   verbs:           not built\n");
+
+    printf("#\n# Network interfaces\n");
+    struct ifaddrs *ifs;
+    if (getifaddrs(&ifs) == 0) {
+        for (struct ifaddrs *ifa = ifs; ifa; ifa = ifa->ifa_next) {
+            if (!ifa->ifa_addr ||
+                (ifa->ifa_addr->sa_family != AF_INET && ifa->ifa_addr->sa_family != AF_INET6))
+                continue;
+            char host[INET6_ADDRSTRLEN];
+            const void *a = ifa->ifa_addr->sa_family == AF_INET
+                                ? (const void *)&((struct sockaddr_in *)ifa->ifa_addr)->sin_addr
+                                : (const void *)&((struct sockaddr_in6 *)ifa->ifa_addr)->sin6_addr;
+            inet_ntop(ifa->ifa_addr->sa_family, a, host, sizeof(host));
+            printf("#   %-12s %-40s %s%s\n", ifa->ifa_name, host,
+                   (ifa->ifa_flags & IFF_UP) ? "up" : "down",
+                   (ifa->ifa_flags & IFF_LOOPBACK) ? " loopback" : "");
+        }
+        freeifaddrs(ifs);
+    }
+
+    printf("#\n# Algorithms (LOOM_ALGO=collective=name,...)\n");
+    for (int coll = 0; coll < LOOM_COLL_COUNT; coll++) {
+        printf("#   %-15s", loom_coll_name((loom_coll_t)coll));
+        for (size_t i = 0; i < loom_num_algorithms; i++)
+            if ((int)loom_algorithms[i].coll == coll)
+                printf(" %s", loom_algorithms[i].name);
+        printf("\n");
+    }
+
+    printf("#\n# Settings (value in this environment, default, meaning)\n");
+    for (size_t i = 0; i < loom_num_setting_docs; i++) {
+        const loom_setting_doc_t *d = &loom_setting_docs[i];
+        const char *v = getenv(d->name);
+        printf("%-22s %-16s default %-10s %s\n", d->name, v ? v : "(unset)",
+               d->default_value ? d->default_value : "-", d->help);
+    }
+    return 0;
+}

@@ -1,0 +1,1080 @@
+/*
+ * tcp.c - the TCP transport: one non-blocking socket per peer, an epoll loop
+ * driven by whoever waits (no progress thread), a versioned handshake, and
+ * frames whose headers are checked before a byte lands in a user buffer.
+ *
+ * Receive path: bytes are read into a per-peer staging buffer so that many
+ * small frames cost one recv(); a large payload bypasses it and is read
+ * straight into the posted buffer. A frame nobody has posted for yet is kept
+ * as an "unexpected" message in a buffer of its own until its receive comes.
+ *
+ * Failure: any error (a peer vanishing, a protocol violation, a mismatch) is
+ * sticky for the instance: every later call returns it, and the requests that
+ * were pending are never touched again (their memory may already be gone).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "transport.h"
+#include "wire.h"
+
+#define STAGE_BYTES (64 * 1024)
+/* Payload remainders at least this big are read straight into the user buffer. */
+#define DIRECT_READ_MIN (16 * 1024)
+#define MAX_EVENTS 64
+
+typedef struct tcp_unexp {
+    struct tcp_unexp *next;
+    loom_frame_t frame;
+    size_t got;
+    int complete;
+    uint8_t *data;
+} tcp_unexp_t;
+
+typedef struct tcp_peer {
+    int fd;
+    int rank;
+    int epollout;       /* EPOLLOUT registered: a send is waiting for room */
+    int said_bye;       /* the peer destroyed its communicator on purpose */
+    /* send side */
+    loom_tp_req_t *sq_head, *sq_tail;
+    uint8_t shdr[LOOM_FRAME_BYTES];
+    int shdr_ready;
+    size_t shdr_off;
+    /* receive side */
+    uint8_t *stage;
+    size_t stage_beg, stage_end;
+    int in_frame;
+    loom_frame_t cur;
+    size_t cur_off;
+    loom_tp_req_t *cur_req;
+    tcp_unexp_t *cur_unexp;
+    loom_tp_req_t *rq_head, *rq_tail;
+    tcp_unexp_t *uq_head, *uq_tail;
+} tcp_peer_t;
+
+struct loom_tp {
+    int rank, size;
+    uint64_t job_hash, comm_hash;
+    int sockbuf;
+    loom_err_t *err;
+    int listen_fd, epfd, wake_fd;
+    tcp_peer_t *peers;
+    loom_status_t failed;          /* touched only by the progressing thread */
+    _Atomic int abort_why;         /* set by loom_comm_abort from any thread */
+};
+
+static double monotonic_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static loom_status_t tp_fail(loom_tp_t *tp, loom_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static loom_status_t tp_fail(loom_tp_t *tp, loom_status_t st, const char *fmt, ...)
+{
+    if (tp->failed == LOOM_SUCCESS) {
+        char msg[LOOM_ERRMSG_MAX];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        loom_err_set(tp->err, st, "%s", msg);
+        LOOM_INFO("tcp", "rank %d: %s", tp->rank, msg);
+        tp->failed = st;
+    }
+    return tp->failed;
+}
+
+static void set_sock_opts(int fd, int sockbuf)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (sockbuf > 0) {
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof(sockbuf));
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sockbuf, sizeof(sockbuf));
+    }
+}
+
+/* ---- addresses ------------------------------------------------------------ */
+
+static int format_addr(const struct sockaddr *sa, char *out, size_t outlen)
+{
+    char host[INET6_ADDRSTRLEN];
+    int port;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+        port = ntohs(in->sin_port);
+        return snprintf(out, outlen, "%s:%d", host, port) < (int)outlen ? 0 : -1;
+    }
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    port = ntohs(in6->sin6_port);
+    if (in6->sin6_scope_id) {
+        char ifname[IF_NAMESIZE] = "";
+        if_indextoname(in6->sin6_scope_id, ifname);
+        return snprintf(out, outlen, "[%s%%%s]:%d", host, ifname, port) < (int)outlen ? 0 : -1;
+    }
+    return snprintf(out, outlen, "[%s]:%d", host, port) < (int)outlen ? 0 : -1;
+}
+
+/* "1.2.3.4:5" or "[::1]:5" (an IPv6 scope may follow '%') into a sockaddr. */
+static int parse_addr(const char *text, struct sockaddr_storage *ss, socklen_t *len)
+{
+    char host[256];
+    const char *port;
+    if (text[0] == '[') {
+        const char *close = strchr(text, ']');
+        if (!close || close[1] != ':' || (size_t)(close - text - 1) >= sizeof(host))
+            return -1;
+        memcpy(host, text + 1, (size_t)(close - text - 1));
+        host[close - text - 1] = '\0';
+        port = close + 2;
+    } else {
+        const char *colon = strrchr(text, ':');
+        if (!colon || (size_t)(colon - text) >= sizeof(host))
+            return -1;
+        memcpy(host, text, (size_t)(colon - text));
+        host[colon - text] = '\0';
+        port = colon + 1;
+    }
+    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV,
+                             .ai_socktype = SOCK_STREAM}, *res;
+    if (getaddrinfo(host, port, &hints, &res) != 0)
+        return -1;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *len = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+/* The numeric host to listen on: the named interface, else the address that
+ * reaches the store, else the first interface that is up and not loopback. */
+static loom_status_t choose_host(const loom_tp_params_t *p, char *host, size_t hostlen)
+{
+    if (p->ifname && *p->ifname) {
+        struct ifaddrs *ifs, *ifa;
+        if (getifaddrs(&ifs) != 0)
+            return loom_err_set(p->err, LOOM_ERR_TRANSPORT, "getifaddrs: %s", strerror(errno));
+        const struct sockaddr *v4 = NULL, *v6 = NULL;
+        for (ifa = ifs; ifa; ifa = ifa->ifa_next) {
+            if (!ifa->ifa_addr || strcmp(ifa->ifa_name, p->ifname) != 0)
+                continue;
+            if (ifa->ifa_addr->sa_family == AF_INET && !v4)
+                v4 = ifa->ifa_addr;
+            if (ifa->ifa_addr->sa_family == AF_INET6 && !v6)
+                v6 = ifa->ifa_addr;
+        }
+        const struct sockaddr *pick = v4 ? v4 : v6;
+        int rc = -1;
+        if (pick) {
+            char buf[INET6_ADDRSTRLEN + 32];
+            struct sockaddr_storage ss;
+            memcpy(&ss, pick, pick->sa_family == AF_INET ? sizeof(struct sockaddr_in)
+                                                         : sizeof(struct sockaddr_in6));
+            ((struct sockaddr_in *)&ss)->sin_port = 0;
+            rc = format_addr((struct sockaddr *)&ss, buf, sizeof(buf));
+            /* Keep only the host part: strip ":0" and IPv6 brackets. */
+            char *colon = strrchr(buf, ':');
+            if (colon)
+                *colon = '\0';
+            const char *h = buf[0] == '[' ? buf + 1 : buf;
+            size_t hl = strlen(h);
+            if (buf[0] == '[' && hl > 0)
+                hl--;
+            if (hl < hostlen) {
+                memcpy(host, h, hl);
+                host[hl] = '\0';
+            } else {
+                rc = -1;
+            }
+        }
+        freeifaddrs(ifs);
+        if (rc != 0)
+            return loom_err_set(p->err, LOOM_ERR_INVALID_ARG,
+                                "LOOM_SOCKET_IFNAME=%s: no such interface with an IPv4 or IPv6 "
+                                "address", p->ifname);
+        return LOOM_SUCCESS;
+    }
+    if (p->bind_host && *p->bind_host) {
+        snprintf(host, hostlen, "%s", p->bind_host);
+        return LOOM_SUCCESS;
+    }
+    snprintf(host, hostlen, "127.0.0.1");
+    struct ifaddrs *ifs, *ifa;
+    if (getifaddrs(&ifs) == 0) {
+        for (ifa = ifs; ifa; ifa = ifa->ifa_next) {
+            if (ifa->ifa_addr && ifa->ifa_addr->sa_family == AF_INET &&
+                (ifa->ifa_flags & IFF_UP) && !(ifa->ifa_flags & IFF_LOOPBACK)) {
+                inet_ntop(AF_INET, &((struct sockaddr_in *)ifa->ifa_addr)->sin_addr, host,
+                          (socklen_t)hostlen);
+                break;
+            }
+        }
+        freeifaddrs(ifs);
+    }
+    return LOOM_SUCCESS;
+}
+
+/* ---- create --------------------------------------------------------------- */
+
+static loom_status_t tcp_create(const loom_tp_params_t *p, char *addr, size_t addrlen,
+                                loom_tp_t **tp_p)
+{
+    loom_status_t st;
+    loom_tp_t *tp = calloc(1, sizeof(*tp));
+    if (!tp)
+        return loom_err_set(p->err, LOOM_ERR_NO_MEMORY, "out of memory");
+    tp->rank = p->rank;
+    tp->size = p->size;
+    tp->job_hash = p->job_hash;
+    tp->comm_hash = p->comm_hash;
+    tp->sockbuf = p->sockbuf;
+    tp->err = p->err;
+    tp->listen_fd = tp->epfd = tp->wake_fd = -1;
+    tp->peers = calloc((size_t)p->size, sizeof(tcp_peer_t));
+    if (!tp->peers) {
+        st = loom_err_set(p->err, LOOM_ERR_NO_MEMORY, "out of memory");
+        goto err_free_tp;
+    }
+    for (int i = 0; i < p->size; i++) {
+        tp->peers[i].fd = -1;
+        tp->peers[i].rank = i;
+    }
+
+    char host[INET6_ADDRSTRLEN + IF_NAMESIZE + 2];
+    if ((st = choose_host(p, host, sizeof(host))) != LOOM_SUCCESS)
+        goto err_free_peers;
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    char hostport[sizeof(host) + 16];
+    snprintf(hostport, sizeof(hostport), strchr(host, ':') ? "[%s]:0" : "%s:0", host);
+    if (parse_addr(hostport, &ss, &sslen) != 0) {
+        st = loom_err_set(p->err, LOOM_ERR_INVALID_ARG, "cannot listen on \"%s\"", host);
+        goto err_free_peers;
+    }
+    tp->listen_fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (tp->listen_fd < 0) {
+        st = loom_err_set(p->err, LOOM_ERR_TRANSPORT, "socket: %s", strerror(errno));
+        goto err_free_peers;
+    }
+    /* Accepted sockets inherit the buffer sizes, which must be set before the
+     * handshake for the window scale to be negotiated. */
+    set_sock_opts(tp->listen_fd, tp->sockbuf);
+    if (bind(tp->listen_fd, (struct sockaddr *)&ss, sslen) != 0 ||
+        listen(tp->listen_fd, SOMAXCONN) != 0) {
+        st = loom_err_set(p->err, LOOM_ERR_TRANSPORT, "cannot listen on %s: %s", host,
+                          strerror(errno));
+        goto err_close_listen;
+    }
+    sslen = sizeof(ss);
+    getsockname(tp->listen_fd, (struct sockaddr *)&ss, &sslen);
+    if (format_addr((struct sockaddr *)&ss, addr, addrlen) != 0) {
+        st = loom_err_set(p->err, LOOM_ERR_INTERNAL, "address buffer too small");
+        goto err_close_listen;
+    }
+    tp->epfd = epoll_create1(EPOLL_CLOEXEC);
+    tp->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (tp->epfd < 0 || tp->wake_fd < 0) {
+        st = loom_err_set(p->err, LOOM_ERR_TRANSPORT, "epoll/eventfd: %s", strerror(errno));
+        goto err_close_ep;
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    epoll_ctl(tp->epfd, EPOLL_CTL_ADD, tp->wake_fd, &ev);
+    LOOM_INFO("tcp", "rank %d listens on %s", tp->rank, addr);
+    *tp_p = tp;
+    return LOOM_SUCCESS;
+
+err_close_ep:
+    if (tp->epfd >= 0)
+        close(tp->epfd);
+    if (tp->wake_fd >= 0)
+        close(tp->wake_fd);
+err_close_listen:
+    close(tp->listen_fd);
+err_free_peers:
+    free(tp->peers);
+err_free_tp:
+    free(tp);
+    return st;
+}
+
+/* ---- connect: every pair at once, one state machine per socket ------------ */
+
+typedef enum { HS_CONNECTING, HS_SEND_HELLO, HS_WAIT_ACK, HS_WAIT_HELLO, HS_DONE, HS_DEAD } hs_state_t;
+
+typedef struct hs_conn {
+    int fd;
+    int peer;            /* known for outgoing; from the hello for incoming */
+    hs_state_t state;
+    uint8_t buf[LOOM_HELLO_BYTES];
+    size_t have;
+    double retry_at;     /* outgoing: when to try again after a refusal */
+} hs_conn_t;
+
+static int start_connect(loom_tp_t *tp, hs_conn_t *c, const struct sockaddr_storage *ss,
+                         socklen_t sslen)
+{
+    c->fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (c->fd < 0)
+        return -1;
+    set_sock_opts(c->fd, tp->sockbuf);
+    c->have = 0;
+    if (connect(c->fd, (const struct sockaddr *)ss, sslen) == 0)
+        c->state = HS_SEND_HELLO;
+    else if (errno == EINPROGRESS)
+        c->state = HS_CONNECTING;
+    else
+        return -1;
+    return 0;
+}
+
+static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeout_s)
+{
+    /* Rank r dials every lower rank and accepts every higher one. */
+    int nout = tp->rank, nin = tp->size - 1 - tp->rank;
+    int maxconn = nout + nin + 64;   /* room for strangers that connect too */
+    hs_conn_t *conns = calloc((size_t)maxconn, sizeof(*conns));
+    struct sockaddr_storage *peer_ss = calloc((size_t)(nout ? nout : 1), sizeof(*peer_ss));
+    socklen_t *peer_sslen = calloc((size_t)(nout ? nout : 1), sizeof(socklen_t));
+    struct pollfd *pfds = calloc((size_t)maxconn + 1, sizeof(*pfds));
+    loom_status_t st = LOOM_SUCCESS;
+    int nconn = 0, established = 0;
+    double deadline = monotonic_s() + timeout_s;
+    if (!conns || !peer_ss || !peer_sslen || !pfds) {
+        st = loom_err_set(tp->err, LOOM_ERR_NO_MEMORY, "out of memory");
+        goto out;
+    }
+    for (int j = 0; j < nout; j++) {
+        if (parse_addr(addrs[j], &peer_ss[j], &peer_sslen[j]) != 0) {
+            st = loom_err_set(tp->err, LOOM_ERR_INVALID_ARG, "rank %d published a bad address "
+                              "\"%s\"", j, addrs[j]);
+            goto out;
+        }
+        conns[nconn].peer = j;
+        if (start_connect(tp, &conns[nconn], &peer_ss[j], peer_sslen[j]) != 0) {
+            st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT, "cannot connect to rank %d at %s: %s",
+                              j, addrs[j], strerror(errno));
+            goto out;
+        }
+        nconn++;
+    }
+
+    while (established < nout + nin) {
+        double now = monotonic_s();
+        if (now > deadline) {
+            char missing[256] = "";
+            size_t off = 0;
+            for (int j = 0; j < tp->size && off < sizeof(missing) - 16; j++)
+                if (j != tp->rank && tp->peers[j].fd < 0)
+                    off += (size_t)snprintf(missing + off, sizeof(missing) - off, "%s%d",
+                                            off ? "," : "", j);
+            st = loom_err_set(tp->err, LOOM_ERR_TIMEOUT,
+                              "rank %d timed out after %.1f s connecting to rank(s) %s", tp->rank,
+                              timeout_s, missing);
+            goto out;
+        }
+        int npfd = 0;
+        pfds[npfd++] = (struct pollfd){.fd = nin > 0 ? tp->listen_fd : -1, .events = POLLIN};
+        for (int i = 0; i < nconn; i++) {
+            hs_conn_t *c = &conns[i];
+            short events = 0;
+            if (c->state == HS_CONNECTING || c->state == HS_SEND_HELLO)
+                events = POLLOUT;
+            else if (c->state == HS_WAIT_ACK || c->state == HS_WAIT_HELLO)
+                events = POLLIN;
+            if (c->fd >= 0 && c->retry_at > now)
+                events = 0;
+            pfds[npfd++] = (struct pollfd){.fd = events ? c->fd : -1, .events = events};
+        }
+        int wait_ms = (int)((deadline - now) * 1000) + 1;
+        if (wait_ms > 20)
+            wait_ms = 20;  /* refused dials are retried on this tick */
+        if (poll(pfds, (nfds_t)npfd, wait_ms) < 0 && errno != EINTR) {
+            st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT, "poll: %s", strerror(errno));
+            goto out;
+        }
+        now = monotonic_s();
+        for (int i = 0; i < nconn; i++) {
+            hs_conn_t *c = &conns[i];
+            short re = pfds[i + 1].revents;
+            if (c->state == HS_CONNECTING && c->retry_at > 0 && c->retry_at <= now) {
+                c->retry_at = 0;
+                if (start_connect(tp, c, &peer_ss[c->peer], peer_sslen[c->peer]) != 0) {
+                    st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT,
+                                      "cannot connect to rank %d at %s: %s", c->peer,
+                                      addrs[c->peer], strerror(errno));
+                    goto out;
+                }
+                continue;
+            }
+            if (!re)
+                continue;
+            if (c->state == HS_CONNECTING) {
+                int soerr = 0;
+                socklen_t sl = sizeof(soerr);
+                getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+                if (soerr == ECONNREFUSED || soerr == ETIMEDOUT || soerr == EHOSTUNREACH) {
+                    /* The peer's backlog may be full: try again shortly. */
+                    close(c->fd);
+                    c->fd = -1;
+                    c->retry_at = now + 0.01;
+                    continue;
+                }
+                if (soerr != 0) {
+                    st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT,
+                                      "cannot connect to rank %d at %s: %s", c->peer,
+                                      addrs[c->peer], strerror(soerr));
+                    goto out;
+                }
+                c->state = HS_SEND_HELLO;
+            }
+            if (c->state == HS_SEND_HELLO) {
+                loom_hello_t h = {LOOM_WIRE_VERSION, (uint32_t)tp->rank, (uint32_t)tp->size, 0,
+                                  tp->job_hash, tp->comm_hash};
+                uint8_t msg[LOOM_HELLO_BYTES];
+                loom_hello_encode(&h, msg);
+                /* 40 bytes always fit in a fresh socket's buffer. */
+                if (send(c->fd, msg, sizeof(msg), MSG_NOSIGNAL) != (ssize_t)sizeof(msg)) {
+                    st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT, "handshake with rank %d: %s",
+                                      c->peer, strerror(errno));
+                    goto out;
+                }
+                c->state = HS_WAIT_ACK;
+                c->have = 0;
+                continue;
+            }
+            if (c->state == HS_WAIT_ACK) {
+                ssize_t n = recv(c->fd, c->buf + c->have, LOOM_ACK_BYTES - c->have, 0);
+                if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) {
+                    st = loom_err_set(tp->err, LOOM_ERR_PEER_LOST,
+                                      "rank %d closed the connection during the handshake",
+                                      c->peer);
+                    goto out;
+                }
+                if (n > 0)
+                    c->have += (size_t)n;
+                if (c->have < LOOM_ACK_BYTES)
+                    continue;
+                loom_ack_code_t code;
+                uint32_t who;
+                if (loom_ack_decode(c->buf, &code, &who) != 0 || who != (uint32_t)c->peer) {
+                    st = loom_err_set(tp->err, LOOM_ERR_AUTH,
+                                      "the process at %s is not rank %d of this job", addrs[c->peer],
+                                      c->peer);
+                    goto out;
+                }
+                if (code != LOOM_ACK_OK) {
+                    st = loom_err_set(tp->err, LOOM_ERR_AUTH,
+                                      "rank %d refused the connection of rank %d: %s", c->peer,
+                                      tp->rank, loom_ack_reason(code));
+                    goto out;
+                }
+                tp->peers[c->peer].fd = c->fd;
+                c->fd = -1;
+                c->state = HS_DONE;
+                established++;
+                continue;
+            }
+            if (c->state == HS_WAIT_HELLO) {
+                ssize_t n = recv(c->fd, c->buf + c->have, LOOM_HELLO_BYTES - c->have, 0);
+                if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) {
+                    close(c->fd);
+                    c->fd = -1;
+                    c->state = HS_DEAD;
+                    continue;
+                }
+                if (n > 0)
+                    c->have += (size_t)n;
+                if (c->have < LOOM_HELLO_BYTES)
+                    continue;
+                loom_hello_t h;
+                loom_ack_code_t code = loom_hello_decode(c->buf, tp->job_hash, tp->comm_hash,
+                                                         tp->rank, tp->size, &h);
+                if (code == LOOM_ACK_OK && (h.rank < (uint32_t)tp->rank))
+                    code = LOOM_ACK_BAD_RANK;  /* lower ranks are dialled, never accepted */
+                if (code == LOOM_ACK_OK && tp->peers[h.rank].fd >= 0)
+                    code = LOOM_ACK_DUPLICATE;
+                uint8_t ack[LOOM_ACK_BYTES];
+                loom_ack_encode(code, (uint32_t)tp->rank, ack);
+                ssize_t sent = send(c->fd, ack, sizeof(ack), MSG_NOSIGNAL);
+                if (code != LOOM_ACK_OK || sent != (ssize_t)sizeof(ack)) {
+                    /* A stranger or a confused process: refuse it, keep waiting for ours. */
+                    LOOM_WARN("tcp", "rank %d refused a connection: %s", tp->rank,
+                              loom_ack_reason(code));
+                    close(c->fd);
+                    c->fd = -1;
+                    c->state = HS_DEAD;
+                    continue;
+                }
+                tp->peers[h.rank].fd = c->fd;
+                c->fd = -1;
+                c->state = HS_DONE;
+                established++;
+            }
+        }
+        if (pfds[0].revents & POLLIN) {
+            for (;;) {
+                int fd = accept4(tp->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                if (fd < 0)
+                    break;
+                /* Reuse a dead slot so strangers cannot exhaust the table. */
+                int slot = -1;
+                for (int i = nout; i < nconn; i++)
+                    if (conns[i].state == HS_DEAD || conns[i].state == HS_DONE) {
+                        slot = i;
+                        break;
+                    }
+                if (slot < 0 && nconn < maxconn)
+                    slot = nconn++;
+                if (slot < 0) {
+                    close(fd);
+                    continue;
+                }
+                conns[slot] = (hs_conn_t){.fd = fd, .peer = -1, .state = HS_WAIT_HELLO};
+            }
+        }
+    }
+
+    for (int j = 0; j < tp->size; j++) {
+        tcp_peer_t *peer = &tp->peers[j];
+        if (j == tp->rank)
+            continue;
+        set_sock_opts(peer->fd, 0);
+        peer->stage = malloc(STAGE_BYTES);
+        if (!peer->stage) {
+            st = loom_err_set(tp->err, LOOM_ERR_NO_MEMORY, "out of memory");
+            goto out;
+        }
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = peer};
+        if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, peer->fd, &ev) != 0) {
+            st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT, "epoll_ctl: %s", strerror(errno));
+            goto out;
+        }
+    }
+    LOOM_INFO("tcp", "rank %d connected to %d peers", tp->rank, tp->size - 1);
+
+out:
+    if (conns)
+        for (int i = 0; i < nconn; i++)
+            if (conns[i].fd >= 0)
+                close(conns[i].fd);
+    close(tp->listen_fd);
+    tp->listen_fd = -1;
+    free(conns);
+    free(peer_ss);
+    free(peer_sslen);
+    free(pfds);
+    if (st != LOOM_SUCCESS)
+        tp->failed = st;
+    return st;
+}
+
+/* ---- sending -------------------------------------------------------------- */
+
+static void want_out(loom_tp_t *tp, tcp_peer_t *peer, int on)
+{
+    if (peer->epollout == on)
+        return;
+    struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = peer};
+    epoll_ctl(tp->epfd, EPOLL_CTL_MOD, peer->fd, &ev);
+    peer->epollout = on;
+}
+
+/* Write as much of the send queue as the socket takes. */
+static loom_status_t flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
+{
+    while (peer->sq_head) {
+        loom_tp_req_t *req = peer->sq_head;
+        if (!peer->shdr_ready) {
+            loom_frame_t f = {.kind = LOOM_FRAME_DATA, .match = req->match, .len = req->len};
+            loom_frame_encode(&f, peer->shdr);
+            peer->shdr_ready = 1;
+            peer->shdr_off = 0;
+        }
+        struct iovec iov[2];
+        int niov = 0;
+        if (peer->shdr_off < LOOM_FRAME_BYTES)
+            iov[niov++] = (struct iovec){peer->shdr + peer->shdr_off,
+                                         LOOM_FRAME_BYTES - peer->shdr_off};
+        if (req->off < req->len)
+            iov[niov++] = (struct iovec){(uint8_t *)req->buf + req->off, req->len - req->off};
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+        ssize_t n = sendmsg(peer->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                want_out(tp, peer, 1);
+                return LOOM_SUCCESS;
+            }
+            return tp_fail(tp, LOOM_ERR_PEER_LOST, "lost the connection to rank %d: %s",
+                           peer->rank, strerror(errno));
+        }
+        *moved = 1;
+        size_t left = (size_t)n;
+        if (peer->shdr_off < LOOM_FRAME_BYTES) {
+            size_t h = LOOM_FRAME_BYTES - peer->shdr_off;
+            h = h < left ? h : left;
+            peer->shdr_off += h;
+            left -= h;
+        }
+        req->off += left;
+        if (peer->shdr_off == LOOM_FRAME_BYTES && req->off == req->len) {
+            peer->sq_head = req->next;
+            if (!peer->sq_head)
+                peer->sq_tail = NULL;
+            peer->shdr_ready = 0;
+            req->status = LOOM_SUCCESS;
+            req->done = 1;
+        }
+    }
+    want_out(tp, peer, 0);
+    return LOOM_SUCCESS;
+}
+
+static int tag_matches(const loom_tp_req_t *req, const loom_frame_t *f)
+{
+    return req->match.tag == f->match.tag;
+}
+
+static tcp_unexp_t *unexp_new(loom_tp_t *tp, const loom_frame_t *f)
+{
+    tcp_unexp_t *u = calloc(1, sizeof(*u));
+    if (u)
+        u->data = malloc(f->len ? f->len : 1);
+    if (!u || !u->data) {
+        free(u);
+        tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory holding a %llu-byte early message",
+                (unsigned long long)f->len);
+        return NULL;
+    }
+    u->frame = *f;
+    return u;
+}
+
+static void unexp_append(tcp_peer_t *peer, tcp_unexp_t *u)
+{
+    if (peer->uq_tail)
+        peer->uq_tail->next = u;
+    else
+        peer->uq_head = u;
+    peer->uq_tail = u;
+}
+
+static void unexp_remove(tcp_peer_t *peer, tcp_unexp_t *u, tcp_unexp_t *prev)
+{
+    if (prev)
+        prev->next = u->next;
+    else
+        peer->uq_head = u->next;
+    if (peer->uq_tail == u)
+        peer->uq_tail = prev;
+}
+
+static void rq_append(tcp_peer_t *peer, loom_tp_req_t *req)
+{
+    req->next = NULL;
+    if (peer->rq_tail)
+        peer->rq_tail->next = req;
+    else
+        peer->rq_head = req;
+    peer->rq_tail = req;
+}
+
+/* A message to ourselves (user send/recv to self): matched in memory. */
+static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req)
+{
+    tcp_peer_t *self = &tp->peers[tp->rank];
+    loom_frame_t f = {.kind = LOOM_FRAME_DATA, .match = req->match, .len = req->len};
+    loom_tp_req_t *prev = NULL;
+    for (loom_tp_req_t *r = self->rq_head; r; prev = r, r = r->next) {
+        if (!tag_matches(r, &f))
+            continue;
+        loom_status_t st = loom_frame_check(&f, r, tp->rank, tp->err);
+        if (st != LOOM_SUCCESS)
+            return tp_fail(tp, st, "%s", tp->err->msg);
+        if (prev)
+            prev->next = r->next;
+        else
+            self->rq_head = r->next;
+        if (self->rq_tail == r)
+            self->rq_tail = prev;
+        memcpy(r->buf, req->buf, req->len);
+        r->off = r->len;
+        r->done = 1;
+        req->off = req->len;
+        req->done = 1;
+        return LOOM_SUCCESS;
+    }
+    tcp_unexp_t *u = unexp_new(tp, &f);
+    if (!u)
+        return tp->failed;
+    memcpy(u->data, req->buf, req->len);
+    u->got = req->len;
+    u->complete = 1;
+    unexp_append(self, u);
+    req->off = req->len;
+    req->done = 1;
+    return LOOM_SUCCESS;
+}
+
+static loom_status_t tcp_isend(loom_tp_t *tp, loom_tp_req_t *req)
+{
+    if (tp->failed)
+        return tp->failed;
+    req->done = 0;
+    req->off = 0;
+    req->status = LOOM_SUCCESS;
+    req->next = NULL;
+    if (req->peer == tp->rank)
+        return self_send(tp, req);
+    tcp_peer_t *peer = &tp->peers[req->peer];
+    if (peer->said_bye)
+        return tp_fail(tp, LOOM_ERR_PEER_LOST,
+                       "rank %d sends to rank %d, which has destroyed its communicator", tp->rank,
+                       peer->rank);
+    int was_idle = peer->sq_head == NULL;
+    if (peer->sq_tail)
+        peer->sq_tail->next = req;
+    else
+        peer->sq_head = req;
+    peer->sq_tail = req;
+    /* Start writing now: for small messages this is the whole send. */
+    int moved = 0;
+    return was_idle ? flush_sends(tp, peer, &moved) : LOOM_SUCCESS;
+}
+
+/* ---- receiving ------------------------------------------------------------ */
+
+static loom_status_t tcp_irecv(loom_tp_t *tp, loom_tp_req_t *req)
+{
+    if (tp->failed)
+        return tp->failed;
+    req->done = 0;
+    req->off = 0;
+    req->status = LOOM_SUCCESS;
+    req->next = NULL;
+    tcp_peer_t *peer = &tp->peers[req->peer];
+    tcp_unexp_t *prev = NULL;
+    for (tcp_unexp_t *u = peer->uq_head; u; prev = u, u = u->next) {
+        if (!tag_matches(req, &u->frame))
+            continue;
+        loom_status_t st = loom_frame_check(&u->frame, req, tp->rank, tp->err);
+        if (st != LOOM_SUCCESS)
+            return tp_fail(tp, st, "%s", tp->err->msg);
+        memcpy(req->buf, u->data, u->got);
+        req->off = u->got;
+        unexp_remove(peer, u, prev);
+        if (u->complete) {
+            req->done = 1;
+        } else {
+            /* Still arriving: the rest goes straight into the posted buffer. */
+            peer->cur_unexp = NULL;
+            peer->cur_req = req;
+        }
+        free(u->data);
+        free(u);
+        return LOOM_SUCCESS;
+    }
+    if (peer->said_bye)
+        return tp_fail(tp, LOOM_ERR_PEER_LOST,
+                       "rank %d waits for a message from rank %d, which has destroyed its "
+                       "communicator", tp->rank, peer->rank);
+    rq_append(peer, req);
+    return LOOM_SUCCESS;
+}
+
+static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_frame_t *f)
+{
+    if (f->kind == LOOM_FRAME_BYE) {
+        peer->said_bye = 1;
+        if (peer->rq_head)
+            return tp_fail(tp, LOOM_ERR_PEER_LOST,
+                           "rank %d destroyed its communicator while rank %d still waits for a "
+                           "message from it", peer->rank, tp->rank);
+        return LOOM_SUCCESS;
+    }
+    peer->cur = *f;
+    peer->cur_off = 0;
+    peer->cur_req = NULL;
+    peer->cur_unexp = NULL;
+    loom_tp_req_t *prev = NULL;
+    for (loom_tp_req_t *r = peer->rq_head; r; prev = r, r = r->next) {
+        if (!tag_matches(r, f))
+            continue;
+        loom_status_t st = loom_frame_check(f, r, tp->rank, tp->err);
+        if (st != LOOM_SUCCESS)
+            return tp_fail(tp, st, "%s", tp->err->msg);
+        if (prev)
+            prev->next = r->next;
+        else
+            peer->rq_head = r->next;
+        if (peer->rq_tail == r)
+            peer->rq_tail = prev;
+        peer->cur_req = r;
+        break;
+    }
+    if (!peer->cur_req) {
+        peer->cur_unexp = unexp_new(tp, f);
+        if (!peer->cur_unexp)
+            return tp->failed;
+        unexp_append(peer, peer->cur_unexp);
+    }
+    peer->in_frame = 1;
+    return LOOM_SUCCESS;
+}
+
+static void finish_frame(tcp_peer_t *peer)
+{
+    if (peer->cur_req) {
+        peer->cur_req->off = peer->cur.len;
+        peer->cur_req->status = LOOM_SUCCESS;
+        peer->cur_req->done = 1;
+    } else {
+        peer->cur_unexp->got = peer->cur.len;
+        peer->cur_unexp->complete = 1;
+    }
+    peer->cur_req = NULL;
+    peer->cur_unexp = NULL;
+    peer->in_frame = 0;
+}
+
+static loom_status_t peer_eof(loom_tp_t *tp, tcp_peer_t *peer)
+{
+    if (peer->said_bye && !peer->in_frame) {
+        epoll_ctl(tp->epfd, EPOLL_CTL_DEL, peer->fd, NULL);
+        close(peer->fd);
+        peer->fd = -1;
+        return LOOM_SUCCESS;
+    }
+    return tp_fail(tp, LOOM_ERR_PEER_LOST,
+                   "rank %d lost rank %d: the connection closed without a goodbye (the process "
+                   "died or exited without loom_comm_destroy)", tp->rank, peer->rank);
+}
+
+/* recv() into the staging buffer; returns 1 when bytes came, 0 when none are
+ * ready, -1 when the instance failed or the peer is gone. */
+static int fill_stage(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
+{
+    if (peer->stage_beg > 0) {
+        memmove(peer->stage, peer->stage + peer->stage_beg, peer->stage_end - peer->stage_beg);
+        peer->stage_end -= peer->stage_beg;
+        peer->stage_beg = 0;
+    }
+    for (;;) {
+        ssize_t n = recv(peer->fd, peer->stage + peer->stage_end, STAGE_BYTES - peer->stage_end,
+                         MSG_DONTWAIT);
+        if (n > 0) {
+            peer->stage_end += (size_t)n;
+            *moved = 1;
+            return 1;
+        }
+        if (n == 0) {
+            peer_eof(tp, peer);
+            return -1;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        tp_fail(tp, LOOM_ERR_PEER_LOST, "lost the connection to rank %d: %s", peer->rank,
+                strerror(errno));
+        return -1;
+    }
+}
+
+static void handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
+{
+    while (!tp->failed && peer->fd >= 0) {
+        size_t avail = peer->stage_end - peer->stage_beg;
+        if (!peer->in_frame) {
+            if (avail < LOOM_FRAME_BYTES) {
+                if (fill_stage(tp, peer, moved) <= 0)
+                    return;
+                continue;
+            }
+            loom_frame_t f;
+            if (loom_frame_decode(peer->stage + peer->stage_beg, peer->rank, &f, tp->err) !=
+                LOOM_SUCCESS) {
+                tp_fail(tp, LOOM_ERR_TRANSPORT, "%s", tp->err->msg);
+                return;
+            }
+            peer->stage_beg += LOOM_FRAME_BYTES;
+            if (start_frame(tp, peer, &f) != LOOM_SUCCESS)
+                return;
+            if (peer->in_frame && f.len == 0)
+                finish_frame(peer);
+            continue;
+        }
+        uint8_t *dst = peer->cur_req ? (uint8_t *)peer->cur_req->buf : peer->cur_unexp->data;
+        size_t remaining = peer->cur.len - peer->cur_off;
+        if (avail > 0) {
+            size_t k = avail < remaining ? avail : remaining;
+            memcpy(dst + peer->cur_off, peer->stage + peer->stage_beg, k);
+            peer->stage_beg += k;
+            peer->cur_off += k;
+        } else if (remaining >= DIRECT_READ_MIN) {
+            ssize_t n = recv(peer->fd, dst + peer->cur_off, remaining, MSG_DONTWAIT);
+            if (n > 0) {
+                peer->cur_off += (size_t)n;
+                *moved = 1;
+            } else if (n == 0) {
+                peer_eof(tp, peer);
+                return;
+            } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                return;
+            } else if (errno != EINTR) {
+                tp_fail(tp, LOOM_ERR_PEER_LOST, "lost the connection to rank %d: %s",
+                        peer->rank, strerror(errno));
+                return;
+            }
+        } else if (fill_stage(tp, peer, moved) <= 0) {
+            return;
+        }
+        if (peer->cur_req)
+            peer->cur_req->off = peer->cur_off;
+        else
+            peer->cur_unexp->got = peer->cur_off;
+        if (peer->cur_off == peer->cur.len)
+            finish_frame(peer);
+    }
+}
+
+static loom_status_t tcp_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
+{
+    int moved = 0;
+    if (!tp->failed) {
+        int why = atomic_load(&tp->abort_why);
+        if (why)
+            tp_fail(tp, (loom_status_t)why, "the communicator was aborted");
+    }
+    if (tp->failed) {
+        *moved_p = 0;
+        return tp->failed;
+    }
+    struct epoll_event evs[MAX_EVENTS];
+    int n = epoll_wait(tp->epfd, evs, MAX_EVENTS, timeout_ms);
+    for (int i = 0; i < n && !tp->failed; i++) {
+        tcp_peer_t *peer = evs[i].data.ptr;
+        if (!peer) {
+            uint64_t v;
+            if (read(tp->wake_fd, &v, sizeof(v)) < 0) { /* nothing to drain */ }
+            int why = atomic_load(&tp->abort_why);
+            if (why)
+                tp_fail(tp, (loom_status_t)why, "the communicator was aborted");
+            continue;
+        }
+        if (peer->fd < 0)
+            continue;
+        if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
+            handle_read(tp, peer, &moved);
+        if (!tp->failed && peer->fd >= 0 && (evs[i].events & EPOLLOUT))
+            flush_sends(tp, peer, &moved);
+    }
+    *moved_p = moved;
+    return tp->failed;
+}
+
+static void tcp_abort(loom_tp_t *tp, loom_status_t why)
+{
+    int expected = 0;
+    atomic_compare_exchange_strong(&tp->abort_why, &expected, (int)why);
+    uint64_t one = 1;
+    if (write(tp->wake_fd, &one, sizeof(one)) < 0) { /* already signalled */ }
+}
+
+/* Write all of buf within the deadline (used for the farewell only). */
+static int send_all(int fd, const void *buf, size_t len, double deadline)
+{
+    size_t off = 0;
+    while (off < len) {
+        ssize_t n = send(fd, (const uint8_t *)buf + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno != EAGAIN && errno != EINTR)
+            return -1;
+        int ms = (int)((deadline - monotonic_s()) * 1000);
+        if (ms <= 0)
+            return -1;
+        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+        poll(&pfd, 1, ms);
+    }
+    return 0;
+}
+
+static void tcp_destroy(loom_tp_t *tp, double timeout_s)
+{
+    double deadline = monotonic_s() + (timeout_s < 5 ? timeout_s : 5);
+    for (int j = 0; j < tp->size; j++) {
+        tcp_peer_t *peer = &tp->peers[j];
+        if (peer->fd < 0)
+            continue;
+        if (!tp->failed && !peer->sq_head) {
+            /* Say goodbye, so the peer can tell a finished rank from a dead one. */
+            uint8_t bye[LOOM_FRAME_BYTES];
+            loom_frame_t f = {.kind = LOOM_FRAME_BYE};
+            loom_frame_encode(&f, bye);
+            send_all(peer->fd, bye, sizeof(bye), deadline);
+        }
+        shutdown(peer->fd, SHUT_WR);
+        close(peer->fd);
+    }
+    for (int j = 0; j < tp->size; j++) {
+        tcp_peer_t *peer = &tp->peers[j];
+        for (tcp_unexp_t *u = peer->uq_head, *next; u; u = next) {
+            next = u->next;
+            free(u->data);
+            free(u);
+        }
+        free(peer->stage);
+    }
+    if (tp->listen_fd >= 0)
+        close(tp->listen_fd);
+    close(tp->epfd);
+    close(tp->wake_fd);
+    free(tp->peers);
+    free(tp);
+}
+
+const loom_transport_ops_t loom_tcp_transport = {
+    .size = sizeof(loom_transport_ops_t),
+    .name = "tcp",
+    .create = tcp_create,
+    .connect = tcp_connect,
+    .isend = tcp_isend,
+    .irecv = tcp_irecv,
+    .progress = tcp_progress,
+    .mem_register = NULL,
+    .mem_deregister = NULL,
+    .abort = tcp_abort,
+    .destroy = tcp_destroy,
+};

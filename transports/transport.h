@@ -1,0 +1,82 @@
+/*
+ * transport.h - the one interface every transport implements.
+ *
+ * A transport instance (loom_tp_t) belongs to one communicator. It publishes an
+ * address (swapped through the store by the core), connects to every peer, and
+ * moves tagged messages: isend/irecv post requests, progress moves bytes and
+ * completes them. A transport never knows which collective it serves; it only
+ * checks that what arrives is what the receiver posted (tag, length, and the
+ * descriptor of the collective).
+ */
+#ifndef LOOM_TRANSPORT_H
+#define LOOM_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "loom.h"
+#include "error.h"
+
+typedef struct loom_tp loom_tp_t;
+
+/* What a receiver matches and validates besides the length. */
+typedef struct loom_tp_match {
+    uint64_t tag;    /* collective: (1<<63) | seq<<24 | step; user p2p: the user tag */
+    uint32_t desc;   /* collective id, dtype and op packed; must equal the sender's */
+    uint64_t total;  /* element count of the whole call; must equal the sender's */
+} loom_tp_match_t;
+
+/* A posted send or receive. The poster fills the first block; the transport
+ * owns the rest until done is set. Requests are caller-allocated (usually on
+ * the algorithm's stack) and must stay put until done. */
+typedef struct loom_tp_req {
+    int peer;
+    void *buf;            /* const for sends */
+    size_t len;           /* bytes */
+    loom_tp_match_t match;
+    /* transport-owned */
+    volatile int done;
+    loom_status_t status;
+    size_t off;           /* bytes moved so far */
+    struct loom_tp_req *next;
+    uintptr_t tp_private[2];
+} loom_tp_req_t;
+
+typedef struct loom_tp_params {
+    int rank, size;
+    uint64_t job_hash;       /* checked in the handshake: a stranger's job is refused */
+    uint64_t comm_hash;      /* which communicator of the job this instance serves */
+    const char *ifname;      /* LOOM_SOCKET_IFNAME, NULL: choose */
+    const char *bind_host;   /* numeric host to listen on (from the store connection), or NULL */
+    int sockbuf;             /* SO_SNDBUF/SO_RCVBUF, 0: kernel autotuning */
+    int spin_us;             /* how long progress may busy-poll before sleeping */
+    loom_err_t *err;         /* where failures are described (the communicator's) */
+} loom_tp_params_t;
+
+typedef struct loom_transport_ops {
+    size_t size;             /* sizeof(loom_transport_ops_t) of the implementation */
+    const char *name;
+    /* Open whatever accepts peers and describe it in addr (printable, NUL-terminated). */
+    loom_status_t (*create)(const loom_tp_params_t *p, char *addr, size_t addrlen,
+                            loom_tp_t **tp_p);
+    /* Connect to every other rank, given all ranks' addresses (addrs[rank] is ours).
+     * All connections are set up in parallel and bounded by timeout_s. */
+    loom_status_t (*connect)(loom_tp_t *tp, char *const *addrs, double timeout_s);
+    loom_status_t (*isend)(loom_tp_t *tp, loom_tp_req_t *req);
+    loom_status_t (*irecv)(loom_tp_t *tp, loom_tp_req_t *req);
+    /* Move bytes. Waits at most timeout_ms (0: never blocks, <0: blocks) for
+     * something to happen. *moved_p tells whether any byte moved or request
+     * completed. Returns the failure state of the instance: once a peer is lost
+     * every pending and later request fails with that status. */
+    loom_status_t (*progress)(loom_tp_t *tp, int timeout_ms, int *moved_p);
+    /* Optional (may be NULL): pin/register memory for zero-copy transports. */
+    loom_status_t (*mem_register)(loom_tp_t *tp, void *buf, size_t len, void **handle_p);
+    void (*mem_deregister)(loom_tp_t *tp, void *handle);
+    /* Thread-safe: fail everything with why and wake a blocked progress call. */
+    void (*abort)(loom_tp_t *tp, loom_status_t why);
+    /* Tell peers we leave on purpose, flush, close. Never blocks past timeout_s. */
+    void (*destroy)(loom_tp_t *tp, double timeout_s);
+} loom_transport_ops_t;
+
+extern const loom_transport_ops_t loom_tcp_transport;
+
+#endif
