@@ -61,6 +61,28 @@ file_vars() { echo "export PMI_RANK=$1 PMI_SIZE=4 LOOM_STORE=file://$tmp/store L
 run4 file_vars
 result $? "PMI variables with a file:// store"
 
+if python3 -c 'import socket; s=socket.socket(socket.AF_INET6); s.bind(("::1",0))' 2>/dev/null; then
+    port=$(python3 -c 'import socket; s=socket.socket(socket.AF_INET6); s.bind(("::1",0)); print(s.getsockname()[1])')
+    v6_vars() { echo "export LOOM_RANK=$1 LOOM_SIZE=4 LOOM_STORE=tcp://[::1]:$port"; }
+    run4 v6_vars
+    result $? "IPv6: store and ranks on [::1]"
+else
+    echo "SKIP IPv6: no ::1 on this machine"
+fi
+
+port=$(free_port)
+ifname_vars() { echo "export LOOM_RANK=$1 LOOM_SIZE=4 LOOM_STORE=tcp://127.0.0.1:$port LOOM_SOCKET_IFNAME=lo"; }
+run4 ifname_vars
+result $? "LOOM_SOCKET_IFNAME=lo"
+
+out=$(LOOM_RANK=0 LOOM_SIZE=1 LOOM_SOCKET_IFNAME=nosuch0 "$prog" 2>&1)
+echo "$out" | grep -q "LOOM_SOCKET_IFNAME=nosuch0: no such interface"
+result $? "LOOM_SOCKET_IFNAME naming a missing interface: a clear error"
+
+out=$(LOOM_RANK=0 LOOM_SIZE=1 LOOM_TIMEOUT=soon "$prog" 2>&1)
+echo "$out" | grep -q 'LOOM_TIMEOUT="soon"'
+result $? "a malformed LOOM_TIMEOUT: a clear error"
+
 # Only 3 of 4 ranks start: they must fail within LOOM_TIMEOUT + 5 s, naming rank 3's key.
 port=$(free_port)
 start=$(date +%s)
