@@ -48,6 +48,18 @@ static int coll_has_op(loom_coll_t coll)
            coll == LOOM_COLL_REDUCE_SCATTER;
 }
 
+/* A failed operation leaves messages in flight: the streams are no longer in
+ * step with the peers', so nothing more can run on this communicator. */
+static void mark_broken(loom_comm_t c, loom_status_t st)
+{
+    if (c->broken)
+        return;
+    c->broken = st;
+    snprintf(c->broken_msg, sizeof(c->broken_msg), "%s",
+             c->work_err.msg[0] ? c->work_err.msg : loom_strerror(st));
+    c->tp_ops->abort(c->tp, st);
+}
+
 static loom_status_t run_collective(loom_comm_t c, const loom_coll_args_t *a)
 {
     char forced[64];
@@ -73,12 +85,8 @@ static loom_status_t run_collective(loom_comm_t c, const loom_coll_args_t *a)
     LOOM_TRACE("coll", "rank %d: %s %s count %zu seq %llu", c->rank, cname, algo->name,
                a->count, (unsigned long long)c->ctx.seq);
     loom_status_t st = algo->run(&c->ctx, a);
-    if (st != LOOM_SUCCESS) {
-        /* Messages of this call may still be in flight: the stream is no longer
-         * in step with the peers', so nothing more can run on it. */
-        c->broken = st;
-        c->tp_ops->abort(c->tp, st);
-    }
+    if (st != LOOM_SUCCESS)
+        mark_broken(c, st);
     return st;
 }
 
@@ -90,17 +98,15 @@ loom_status_t loom_comm_execute(loom_comm_t c, struct loom_request *op, int wait
     if (c->broken)
         return loom_err_set(&c->work_err, c->broken,
                             "the communicator failed earlier (%s) and can no longer be used: %s",
-                            loom_strerror(c->broken), c->last_error);
+                            loom_strerror(c->broken), c->broken_msg);
     if (op->kind == LOOM_OP_COLL)
         return run_collective(c, &op->args);
     loom_status_t st = op->kind == LOOM_OP_SEND ? c->tp_ops->isend(c->tp, &op->tp_req)
                                                 : c->tp_ops->irecv(c->tp, &op->tp_req);
     if (st == LOOM_SUCCESS && wait)
         st = loom_p2p_wait(&c->ctx, &op->tp_req);
-    if (st != LOOM_SUCCESS) {
-        c->broken = st;
-        c->tp_ops->abort(c->tp, st);
-    }
+    if (st != LOOM_SUCCESS)
+        mark_broken(c, st);
     return st;
 }
 
@@ -169,10 +175,9 @@ static void *worker_main(void *arg)
                 st = loom_err_set(&c->work_err, LOOM_ERR_TIMEOUT,
                                   "timed out: a non-blocking send/recv of rank %d made no "
                                   "progress for %.1f s (LOOM_TIMEOUT)", c->rank, c->ctx.timeout_s);
-                c->tp_ops->abort(c->tp, st);
             }
-            if (st != LOOM_SUCCESS && !c->broken)
-                c->broken = st;
+            if (st != LOOM_SUCCESS)
+                mark_broken(c, st);
             pthread_mutex_lock(&c->qlock);
             reap_active(c, st);
             continue;

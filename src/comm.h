@@ -52,6 +52,7 @@ struct loom_comm {
     pthread_mutex_t err_lock;
     char last_error[LOOM_ERRMSG_MAX];
     loom_status_t broken;         /* sticky: a failed collective leaves the comm unusable */
+    char broken_msg[LOOM_ERRMSG_MAX];   /* why, as first reported */
 
     /* Non-blocking operations, run in submission order by the worker. */
     pthread_mutex_t qlock;

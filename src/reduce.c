@@ -8,7 +8,6 @@
  * picked on first use, so one binary runs everywhere and still streams at memory
  * bandwidth on recent machines.
  */
-#include <assert.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -411,9 +410,8 @@ static int loom_reduce_args_valid(loom_dtype_t dt, loom_op_t op)
 void loom_reduce_local3(void *out, const void *a, const void *b, size_t count,
                         loom_dtype_t dt, loom_op_t op)
 {
-    /* The public entry points validate dtype and op; reaching here with bad ones is
-     * a bug in Loom itself. */
-    assert(loom_reduce_args_valid(dt, op));
+    /* The public entry points validate dtype and op; bad ones here would be a
+     * bug in Loom itself, which must still not take the process down. */
     if (count == 0 || !loom_reduce_args_valid(dt, op))
         return;
 
@@ -432,7 +430,6 @@ void loom_reduce_local(void *inout, const void *in, size_t count, loom_dtype_t d
 void loom_reduce_avg_finalize(void *buf, size_t count, loom_dtype_t dt, int nranks)
 {
     /* A communicator has at least one rank; anything else is a bug in Loom itself. */
-    assert(nranks > 0 && (unsigned)dt < LOOM_NUM_DTYPES);
     if (count == 0 || nranks <= 1 || (unsigned)dt >= LOOM_NUM_DTYPES)
         return;
     loom_reduce_impl()->avg[dt](buf, count, nranks);

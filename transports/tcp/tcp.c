@@ -44,6 +44,10 @@
 /* Payload remainders at least this big are read straight into the user buffer. */
 #define DIRECT_READ_MIN (16 * 1024)
 #define MAX_EVENTS 64
+/* Early messages at least this big borrow from a small cache of buffers: a
+ * fresh malloc that large is an mmap whose page faults cost more than the copy. */
+#define POOL_MIN_BYTES (64 * 1024)
+#define POOL_SLOTS 8
 
 typedef struct tcp_unexp {
     struct tcp_unexp *next;
@@ -51,6 +55,7 @@ typedef struct tcp_unexp {
     size_t got;
     int complete;
     uint8_t *data;
+    size_t cap;
 } tcp_unexp_t;
 
 typedef struct tcp_peer {
@@ -83,6 +88,8 @@ struct loom_tp {
     int listen_fd, epfd, wake_fd;
     tcp_peer_t *peers;
     loom_status_t failed;          /* touched only by the progressing thread */
+    uint64_t nframes, nunexpected, unexpected_bytes;   /* for LOOM_DEBUG=INFO */
+    struct { uint8_t *buf; size_t cap; } pool[POOL_SLOTS];
     _Atomic int abort_why;         /* set by loom_comm_abort from any thread */
 };
 
@@ -664,11 +671,52 @@ static int tag_matches(const loom_tp_req_t *req, const loom_frame_t *f)
     return req->match.tag == f->match.tag;
 }
 
+static uint8_t *buf_get(loom_tp_t *tp, size_t len, size_t *cap_p)
+{
+    int best = -1;
+    if (len >= POOL_MIN_BYTES)
+        for (int i = 0; i < POOL_SLOTS; i++)
+            if (tp->pool[i].buf && tp->pool[i].cap >= len &&
+                (best < 0 || tp->pool[i].cap < tp->pool[best].cap))
+                best = i;
+    if (best >= 0) {
+        uint8_t *b = tp->pool[best].buf;
+        *cap_p = tp->pool[best].cap;
+        tp->pool[best].buf = NULL;
+        return b;
+    }
+    *cap_p = len ? len : 1;
+    return malloc(*cap_p);
+}
+
+static void buf_put(loom_tp_t *tp, uint8_t *buf, size_t cap)
+{
+    if (cap >= POOL_MIN_BYTES) {
+        /* Keep it in a free slot, or in place of the smallest cached one. */
+        int slot = 0;
+        for (int i = 0; i < POOL_SLOTS; i++) {
+            if (!tp->pool[i].buf) {
+                slot = i;
+                break;
+            }
+            if (tp->pool[i].cap < tp->pool[slot].cap)
+                slot = i;
+        }
+        if (!tp->pool[slot].buf || tp->pool[slot].cap < cap) {
+            free(tp->pool[slot].buf);
+            tp->pool[slot].buf = buf;
+            tp->pool[slot].cap = cap;
+            return;
+        }
+    }
+    free(buf);
+}
+
 static tcp_unexp_t *unexp_new(loom_tp_t *tp, const loom_frame_t *f)
 {
     tcp_unexp_t *u = calloc(1, sizeof(*u));
     if (u)
-        u->data = malloc(f->len ? f->len : 1);
+        u->data = buf_get(tp, f->len, &u->cap);
     if (!u || !u->data) {
         free(u);
         tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory holding a %llu-byte early message",
@@ -726,7 +774,8 @@ static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req)
             self->rq_head = r->next;
         if (self->rq_tail == r)
             self->rq_tail = prev;
-        memcpy(r->buf, req->buf, req->len);
+        if (req->len)
+            memcpy(r->buf, req->buf, req->len);
         r->off = r->len;
         r->done = 1;
         req->off = req->len;
@@ -736,7 +785,8 @@ static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req)
     tcp_unexp_t *u = unexp_new(tp, &f);
     if (!u)
         return tp->failed;
-    memcpy(u->data, req->buf, req->len);
+    if (req->len)
+        memcpy(u->data, req->buf, req->len);
     u->got = req->len;
     u->complete = 1;
     unexp_append(self, u);
@@ -789,7 +839,8 @@ static loom_status_t tcp_irecv(loom_tp_t *tp, loom_tp_req_t *req)
         loom_status_t st = loom_frame_check(&u->frame, req, tp->rank, tp->err);
         if (st != LOOM_SUCCESS)
             return tp_fail(tp, st, "%s", tp->err->msg);
-        memcpy(req->buf, u->data, u->got);
+        if (u->got)
+            memcpy(req->buf, u->data, u->got);
         req->off = u->got;
         unexp_remove(peer, u, prev);
         if (u->complete) {
@@ -799,7 +850,7 @@ static loom_status_t tcp_irecv(loom_tp_t *tp, loom_tp_req_t *req)
             peer->cur_unexp = NULL;
             peer->cur_req = req;
         }
-        free(u->data);
+        buf_put(tp, u->data, u->cap);
         free(u);
         return LOOM_SUCCESS;
     }
@@ -841,7 +892,10 @@ static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_fra
         peer->cur_req = r;
         break;
     }
+    tp->nframes++;
     if (!peer->cur_req) {
+        tp->nunexpected++;
+        tp->unexpected_bytes += f->len;
         peer->cur_unexp = unexp_new(tp, f);
         if (!peer->cur_unexp)
             return tp->failed;
@@ -1033,6 +1087,9 @@ static int send_all(int fd, const void *buf, size_t len, double deadline)
 
 static void tcp_destroy(loom_tp_t *tp, double timeout_s)
 {
+    LOOM_INFO("tcp", "rank %d received %llu frames, %llu before their receive was posted "
+              "(%llu bytes copied once more)", tp->rank, (unsigned long long)tp->nframes,
+              (unsigned long long)tp->nunexpected, (unsigned long long)tp->unexpected_bytes);
     double deadline = monotonic_s() + (timeout_s < 5 ? timeout_s : 5);
     for (int j = 0; j < tp->size; j++) {
         tcp_peer_t *peer = &tp->peers[j];
@@ -1057,6 +1114,8 @@ static void tcp_destroy(loom_tp_t *tp, double timeout_s)
         }
         free(peer->stage);
     }
+    for (int i = 0; i < POOL_SLOTS; i++)
+        free(tp->pool[i].buf);
     if (tp->listen_fd >= 0)
         close(tp->listen_fd);
     close(tp->epfd);
