@@ -1611,6 +1611,9 @@ int main(int argc, char **argv)
             (o->plot && write_plot(&b, prows, nprows) != 0))
             rc = EXIT_ERROR;
     }
+    /* Rank 0 has printed and written everything before any rank exits: launchers
+     * end the whole job as soon as one rank exits with an error. */
+    LCHECK(&b, "final barrier", loom_barrier(b.comm));
     st = loom_comm_destroy(b.comm);
     if (st != LOOM_SUCCESS) {
         fprintf(stderr, "loom-perf: rank %d: loom_comm_destroy failed: %s\n", b.rank,
