@@ -48,6 +48,9 @@
  * fresh malloc that large is an mmap whose page faults cost more than the copy. */
 #define POOL_MIN_BYTES (64 * 1024)
 #define POOL_SLOTS 8
+/* Collective frames at least this big wait in the socket for their receive. */
+#define HOLD_MIN_BYTES (32 * 1024)
+#define COLL_TAG_BIT (UINT64_C(1) << 63)
 
 typedef struct tcp_unexp {
     struct tcp_unexp *next;
@@ -63,6 +66,7 @@ typedef struct tcp_peer {
     int rank;
     int epollout;       /* EPOLLOUT registered: a send is waiting for room */
     int said_bye;       /* the peer destroyed its communicator on purpose */
+    int held;           /* a frame waits in the socket for its receive (set_held) */
     /* send side */
     loom_tp_req_t *sq_head, *sq_tail;
     uint8_t shdr[LOOM_FRAME_BYTES];
@@ -605,13 +609,33 @@ out:
 
 /* ---- sending -------------------------------------------------------------- */
 
+static void update_events(loom_tp_t *tp, tcp_peer_t *peer)
+{
+    struct epoll_event ev = {.events = (peer->held ? 0 : EPOLLIN) | (peer->epollout ? EPOLLOUT : 0),
+                             .data.ptr = peer};
+    epoll_ctl(tp->epfd, EPOLL_CTL_MOD, peer->fd, &ev);
+}
+
 static void want_out(loom_tp_t *tp, tcp_peer_t *peer, int on)
 {
     if (peer->epollout == on)
         return;
-    struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = peer};
-    epoll_ctl(tp->epfd, EPOLL_CTL_MOD, peer->fd, &ev);
     peer->epollout = on;
+    update_events(tp, peer);
+}
+
+/* Hold (or release) a large collective frame whose receive is not posted yet:
+ * its bytes stay in the socket until the receive comes, so they land in place
+ * instead of being copied through a buffer of ours, and TCP's window makes the
+ * sender wait. Only collective frames are held: algorithms post a peer's
+ * receives in the order that peer sends, so the held frame is always the next
+ * one needed; user messages may be received in any order and are buffered. */
+static void set_held(loom_tp_t *tp, tcp_peer_t *peer, int held)
+{
+    if (peer->held == held)
+        return;
+    peer->held = held;
+    update_events(tp, peer);
 }
 
 /* Write as much of the send queue as the socket takes. */
@@ -823,6 +847,8 @@ static loom_status_t tcp_isend(loom_tp_t *tp, loom_tp_req_t *req)
 
 /* ---- receiving ------------------------------------------------------------ */
 
+static void handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved);
+
 static loom_status_t tcp_irecv(loom_tp_t *tp, loom_tp_req_t *req)
 {
     if (tp->failed)
@@ -832,6 +858,7 @@ static loom_status_t tcp_irecv(loom_tp_t *tp, loom_tp_req_t *req)
     req->status = LOOM_SUCCESS;
     req->next = NULL;
     tcp_peer_t *peer = &tp->peers[req->peer];
+    /* Early messages arrived before the held one, so they match first. */
     tcp_unexp_t *prev = NULL;
     for (tcp_unexp_t *u = peer->uq_head; u; prev = u, u = u->next) {
         if (!tag_matches(req, &u->frame))
@@ -853,6 +880,17 @@ static loom_status_t tcp_irecv(loom_tp_t *tp, loom_tp_req_t *req)
         buf_put(tp, u->data, u->cap);
         free(u);
         return LOOM_SUCCESS;
+    }
+    if (peer->held && tag_matches(req, &peer->cur)) {
+        loom_status_t st = loom_frame_check(&peer->cur, req, tp->rank, tp->err);
+        if (st != LOOM_SUCCESS)
+            return tp_fail(tp, st, "%s", tp->err->msg);
+        peer->cur_req = req;
+        set_held(tp, peer, 0);
+        /* Bytes of it may already sit in the staging buffer. */
+        int moved = 0;
+        handle_read(tp, peer, &moved);
+        return tp->failed;
     }
     if (peer->said_bye)
         return tp_fail(tp, LOOM_ERR_PEER_LOST,
@@ -893,6 +931,11 @@ static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_fra
         break;
     }
     tp->nframes++;
+    peer->in_frame = 1;
+    if (!peer->cur_req && (f->match.tag & COLL_TAG_BIT) && f->len >= HOLD_MIN_BYTES) {
+        set_held(tp, peer, 1);
+        return LOOM_SUCCESS;
+    }
     if (!peer->cur_req) {
         tp->nunexpected++;
         tp->unexpected_bytes += f->len;
@@ -901,7 +944,6 @@ static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_fra
             return tp->failed;
         unexp_append(peer, peer->cur_unexp);
     }
-    peer->in_frame = 1;
     return LOOM_SUCCESS;
 }
 
@@ -966,7 +1008,7 @@ static int fill_stage(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
 
 static void handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
 {
-    while (!tp->failed && peer->fd >= 0) {
+    while (!tp->failed && peer->fd >= 0 && !peer->held) {
         size_t avail = peer->stage_end - peer->stage_beg;
         if (!peer->in_frame) {
             if (avail < LOOM_FRAME_BYTES) {
@@ -1047,6 +1089,10 @@ static loom_status_t tcp_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
         }
         if (peer->fd < 0)
             continue;
+        if (peer->held && (evs[i].events & (EPOLLHUP | EPOLLERR))) {
+            tp_fail(tp, LOOM_ERR_PEER_LOST, "lost the connection to rank %d", peer->rank);
+            break;
+        }
         if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
             handle_read(tp, peer, &moved);
         if (!tp->failed && peer->fd >= 0 && (evs[i].events & EPOLLOUT))
