@@ -51,6 +51,7 @@ typedef struct loom_ctx {
     uint64_t total;
     double timeout_s;        /* a wait fails after this long without progress */
     int spin_us;             /* busy-poll this long before sleeping in the transport */
+    int spin_yield;          /* yield the core between polls (ranks outnumber cores) */
     loom_err_t *err;
     void *scratch;           /* grown by loom_ctx_scratch, freed with the context */
     size_t scratch_size;

@@ -263,12 +263,7 @@ static void init_ctx(loom_comm_t c)
     c->ctx.tp = c->tp;
     c->ctx.timeout_s = c->cfg.timeout_s;
     c->ctx.spin_us = c->cfg.spin_us;
-    /* Busy-polling ranks that outnumber the cores steal the time of the rank
-     * that has work to do (MPICH falls to milliseconds per call this way):
-     * sleep at once unless the user asked for spinning explicitly. */
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (!getenv("LOOM_SPIN_US") && cores > 0 && c->local_size > cores)
-        c->ctx.spin_us = 0;
+    c->ctx.spin_yield = c->cfg.spin_yield;
     c->ctx.err = &c->work_err;
     c->ctx.segment_bytes = c->cfg.segment_bytes;
 }

@@ -7,6 +7,7 @@
 #endif
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 
 #include "algorithms.h"
@@ -86,6 +87,8 @@ loom_status_t loom_p2p_waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n)
         loom_status_t st = ctx->tp_ops->progress(ctx->tp, timeout_ms, &moved);
         if (st != LOOM_SUCCESS)
             return st;
+        if (!moved && timeout_ms == 0 && ctx->spin_yield)
+            sched_yield();   /* a rank sharing our core may be the one we wait for */
         if (moved) {
             last_moved = monotonic_s();
         } else if (idle_s > ctx->timeout_s) {

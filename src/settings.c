@@ -20,6 +20,7 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_SOCKET_IFNAME", NULL, "network interface for TCP (else the one that reaches the store)"},
     {"LOOM_SOCKET_BUFSIZE", "4194304", "SO_SNDBUF/SO_RCVBUF in bytes; 0 keeps kernel autotuning"},
     {"LOOM_SPIN_US", "200", "microseconds a waiting call busy-polls before sleeping in epoll"},
+    {"LOOM_SPIN_YIELD", "1", "1: yield the core between polls, so ranks sharing cores (or a busy machine) do not starve each other"},
     {"LOOM_SEGMENT_BYTES", "262144", "pipelining unit of ring algorithms"},
     {"LOOM_ALGO", NULL, "force algorithms, e.g. allreduce=ring,allgather=bruck"},
     {"LOOM_HOST_ID", NULL, "host identity for topology (else hostname + boot id)"},
@@ -116,6 +117,9 @@ loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *a
     if ((st = int_setting(get, arg, "LOOM_SPIN_US", 0, 10000000, &v, err)) != LOOM_SUCCESS)
         return st;
     s->spin_us = (int)v;
+    if ((st = int_setting(get, arg, "LOOM_SPIN_YIELD", 0, 1, &v, err)) != LOOM_SUCCESS)
+        return st;
+    s->spin_yield = (int)v;
     if ((st = int_setting(get, arg, "LOOM_SEGMENT_BYTES", 64, 1L << 30, &v, err)) != LOOM_SUCCESS)
         return st;
     s->segment_bytes = (size_t)v;

@@ -25,6 +25,7 @@ typedef struct loom_settings {
     char ifname[64];           /* "" when unset */
     int socket_bufsize;        /* bytes; 0 = kernel autotuning */
     int spin_us;
+    int spin_yield;            /* give the core away between polls */
     size_t segment_bytes;
     char algo[512];            /* "allreduce=ring,broadcast=binomial" */
     char host_id[256];         /* "" when unset: hostname + boot id */

@@ -219,7 +219,7 @@ static int find_op(const char *s)
     return -1;
 }
 
-static void die_usage(const char *fmt, ...)
+__attribute__((format(printf, 1, 2))) _Noreturn static void die_usage(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -248,7 +248,7 @@ static void parse_args(int argc, char **argv, opts_t *o)
         {"csv", required_argument, 0, OPT_CSV},    {"plot", required_argument, 0, OPT_PLOT},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
     int saw_f = 0, saw_i = 0, opt;
-    while ((opt = getopt_long(argc, argv, "b:e:f:i:n:w:c:d:o:r:z:a:t:J:h", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, ":b:e:f:i:n:w:c:d:o:r:z:a:t:J:h", longopts, NULL)) != -1) {
         switch (opt) {
         case 'b':
             if (parse_size(optarg, &o->minbytes))
@@ -331,10 +331,14 @@ static void parse_args(int argc, char **argv, opts_t *o)
         case 'h':
             usage(stdout);
             exit(0);
+        case ':':
+            die_usage("option '%s' needs a value", argv[optind - 1]);
+            break;
         default:
-            /* getopt has said what was wrong. */
-            fprintf(stderr, "Try 'loom-perf --help'.\n");
-            exit(EXIT_ERROR);
+            if (optopt)
+                die_usage("unknown option '-%c'", optopt);
+            die_usage("unknown option '%s'", argv[optind - 1]);
+            break;
         }
     }
     if (saw_f && saw_i)
@@ -501,7 +505,7 @@ static double data_value(int rank, size_t j)
 
 /* ---- the benchmark ------------------------------------------------------------ */
 
-#define MAX_PERIOD 128
+#define MAX_PERIOD 20   /* the longest period of reduce_input in j */
 #define USER_TAG 7
 
 typedef struct {
@@ -540,7 +544,7 @@ typedef struct {
     rankinfo_t *infos;   /* rank 0 only */
 } bench_t;
 
-static void say(const bench_t *b, const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) static void say(const bench_t *b, const char *fmt, ...)
 {
     if (b->rank != 0)
         return;
@@ -571,10 +575,16 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Ranks past this many contribute the op's neutral value, so that sums stay within
+ * int8 and within the integers bfloat16 holds exactly (256) on any rank count. */
+#define EXACT_RANKS 120
+
 /* Input of a reduction: SUM, AVG, MIN and MAX take 1..k, PROD takes 1 or 2, with k
- * and the share of 2s small enough that the result stays exact in int8 and bfloat16. */
+ * and the share of 2s small enough that every result is exact in every type. */
 static int64_t reduce_input(const bench_t *b, int rank, size_t j)
 {
+    if (rank >= EXACT_RANKS)
+        return b->op == LOOM_PROD ? 1 : 0;
     if (b->op == LOOM_PROD)
         return ((size_t)rank + j) % (size_t)b->prod_m == 0 ? 2 : 1;
     return 1 + (int64_t)(((size_t)rank + j) % (size_t)b->red_k);
@@ -583,12 +593,11 @@ static int64_t reduce_input(const bench_t *b, int rank, size_t j)
 /* The expected result at j depends on j modulo the period only: one table per test. */
 static void compute_expected(bench_t *b)
 {
-    int n = b->n;
-    b->red_k = 120 / n < 1 ? 1 : 120 / n > 7 ? 7 : 120 / n;
-    b->prod_m = (n + 5) / 6 < 2 ? 2 : (n + 5) / 6;
+    int n = b->n, active = n < EXACT_RANKS ? n : EXACT_RANKS;
+    /* At most EXACT_RANKS in a sum, at most 6 factors of 2 (int8 holds 64). */
+    b->red_k = EXACT_RANKS / active > 7 ? 7 : EXACT_RANKS / active;
+    b->prod_m = (active + 5) / 6 < 2 ? 2 : (active + 5) / 6;
     b->period = b->op == LOOM_PROD ? b->prod_m : b->red_k;
-    if (b->period > MAX_PERIOD)
-        b->period = MAX_PERIOD;   /* only with > 700 ranks: the check then gets looser */
     for (int q = 0; q < b->period; q++) {
         int64_t sum = 0, prod = 1, lo = INT64_MAX, hi = INT64_MIN;
         for (int r = 0; r < n; r++) {
@@ -598,13 +607,21 @@ static void compute_expected(bench_t *b)
             lo = v < lo ? v : lo;
             hi = v > hi ? v : hi;
         }
-        double e;
         int integer = is_integer_type(b->dt);
+        double e;
         switch (b->op) {
-        case LOOM_SUM: e = integer ? (double)wrap_int(sum, b->dt) : round_float((double)sum, b->dt); break;
-        case LOOM_PROD: e = integer ? (double)wrap_int(prod, b->dt) : round_float((double)prod, b->dt); break;
-        case LOOM_MIN: e = (double)lo; break;
-        case LOOM_MAX: e = (double)hi; break;
+        case LOOM_SUM:
+            e = integer ? (double)wrap_int(sum, b->dt) : round_float((double)sum, b->dt);
+            break;
+        case LOOM_PROD:
+            e = integer ? (double)wrap_int(prod, b->dt) : round_float((double)prod, b->dt);
+            break;
+        case LOOM_MIN:
+            e = (double)lo;
+            break;
+        case LOOM_MAX:
+            e = (double)hi;
+            break;
         default:   /* AVG: sum, then divide (integers truncate toward zero) */
             e = integer ? (double)(wrap_int(sum, b->dt) / n)
                         : round_float((double)sum / n, b->dt);
@@ -839,7 +856,8 @@ static void combine(bench_t *b, double *t, int64_t *wrong)
     if (b->o.average <= 1) {
         if (b->o.average == 0 && b->rank != 0)
             v[0] = 0;
-        LCHECK(b, "allreduce of the timings", loom_allreduce(LOOM_IN_PLACE, v, 2, LOOM_FLOAT64, LOOM_SUM, b->comm));
+        LCHECK(b, "allreduce of the timings",
+               loom_allreduce(LOOM_IN_PLACE, v, 2, LOOM_FLOAT64, LOOM_SUM, b->comm));
         if (b->o.average == 1)
             v[0] /= b->n;
     } else {
@@ -1043,7 +1061,8 @@ static void run_p2p(bench_t *b, p2p_row_t **rows_out, size_t *nrows_out)
             bw = (double)size * P2P_WINDOW * (double)windows / t / 1e6;
         }
         double v[3] = {b->rank == 0 ? lat : 0, b->rank == 0 ? bw : 0, (double)wrong};
-        LCHECK(b, "allreduce of the results", loom_allreduce(LOOM_IN_PLACE, v, 3, LOOM_FLOAT64, LOOM_SUM, comm));
+        LCHECK(b, "allreduce of the results",
+               loom_allreduce(LOOM_IN_PLACE, v, 3, LOOM_FLOAT64, LOOM_SUM, comm));
         if (v[2] > 0)
             b->failed_tests++;
         say(b, "%12zu  %12.2f  %16.2f\n", size, v[0], v[1]);
@@ -1153,7 +1172,8 @@ static int write_json(const bench_t *b, const p2p_row_t *prows, size_t nprows)
             json_str(f, w->op < 0 ? "none" : ops[w->op].name);
             fprintf(f, ", \"root\": %d", w->root);
             for (int m = 0; m < 2; m++) {
-                fprintf(f, ", \"%s\": {\"time\": %.6g, \"alg_bw\": %.6g, \"bus_bw\": %.6g, \"nwrong\": ",
+                fprintf(f, ", \"%s\": {\"time\": %.6g, \"alg_bw\": %.6g, \"bus_bw\": %.6g, "
+                           "\"nwrong\": ",
                         m ? "in_place" : "out_of_place", w->time[m], w->algbw[m], w->busbw[m]);
                 if (w->reported[m])
                     fprintf(f, "%" PRId64 "}", w->wrong[m]);
@@ -1222,10 +1242,10 @@ static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"
 #define PLOT_BOTTOM 390
 #define PLOT_LEFT 75
 #define PLOT_RIGHT 475
-#define LEGEND_TOP 445
+#define LEGEND_TOP 462
 #define LEGEND_ROW 18
 #define LEGEND_COLS 3
-#define LEGEND_MAX 45
+#define LEGEND_MAX 48
 
 static void size_label(char *out, size_t len, double v)
 {
@@ -1333,9 +1353,11 @@ static void draw_panel(FILE *f, axes_t *a, const series_t *s, size_t ns, int use
     }
     fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#000\"/>\n",
             L + PLOT_LEFT, PLOT_TOP, PLOT_RIGHT - PLOT_LEFT, PLOT_BOTTOM - PLOT_TOP);
-    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">message size (bytes, log scale)</text>\n",
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">"
+               "message size (bytes, log scale)</text>\n",
             L + (PLOT_LEFT + PLOT_RIGHT) / 2, PLOT_BOTTOM + 38);
-    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" transform=\"rotate(-90 %d %d)\">%s</text>\n",
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" "
+               "transform=\"rotate(-90 %d %d)\">%s</text>\n",
             L + 18, (PLOT_TOP + PLOT_BOTTOM) / 2, L + 18, (PLOT_TOP + PLOT_BOTTOM) / 2, ylabel);
     if (empty) {
         fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">no data</text>\n",
@@ -1433,9 +1455,13 @@ static int write_plot(const bench_t *b, const p2p_row_t *prows, size_t nprows)
         free(pool);
         return -1;
     }
+    /* The legend fills column by column, an even number of rows for collectives so
+     * that a series' out-of-place and in-place lines stay side by side. */
     size_t nleg = ns < LEGEND_MAX ? ns : LEGEND_MAX;
-    int height = LEGEND_TOP + (int)((nleg + LEGEND_COLS - 1) / LEGEND_COLS) * LEGEND_ROW +
-                 (ns > nleg ? LEGEND_ROW : 0) + 10;
+    size_t legend_rows = (nleg + LEGEND_COLS - 1) / LEGEND_COLS;
+    if (o->coll != C_P2P)
+        legend_rows += legend_rows & 1;
+    int height = LEGEND_TOP + (int)legend_rows * LEGEND_ROW + (ns > nleg ? LEGEND_ROW : 0) + 10;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\">\n",
             2 * PANEL_W, height, 2 * PANEL_W, height);
@@ -1452,16 +1478,17 @@ static int write_plot(const bench_t *b, const p2p_row_t *prows, size_t nprows)
         draw_panel(f, &right, s, ns, 1, "time per operation", "time (us, log scale)");
     }
     for (size_t k = 0; k < nleg; k++) {
-        int X = 40 + (int)(k % LEGEND_COLS) * 320;
-        int Y = LEGEND_TOP + (int)(k / LEGEND_COLS) * LEGEND_ROW;
-        fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2\"%s/>\n",
+        int X = 40 + (int)(k / legend_rows) * 320;
+        int Y = LEGEND_TOP + (int)(k % legend_rows) * LEGEND_ROW;
+        fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" "
+                   "stroke-width=\"2\"%s/>\n",
                 X, Y - 4, X + 30, Y - 4, palette[s[k].color % NCOLORS],
                 s[k].dashed ? " stroke-dasharray=\"6 3\"" : "");
         fprintf(f, "<text x=\"%d\" y=\"%d\">%s</text>\n", X + 38, Y, s[k].label);
     }
     if (ns > nleg)
         fprintf(f, "<text x=\"40\" y=\"%d\">... and %zu more series</text>\n",
-                LEGEND_TOP + (int)((nleg + LEGEND_COLS - 1) / LEGEND_COLS) * LEGEND_ROW,
+                LEGEND_TOP + (int)legend_rows * LEGEND_ROW,
                 ns - nleg);
     fprintf(f, "</svg>\n");
     free(s);
@@ -1558,7 +1585,7 @@ int main(int argc, char **argv)
         return EXIT_ERROR;
     }
 
-    b.buf_bytes = o->maxbytes < 64 ? 64 : o->maxbytes;
+    b.buf_bytes = o->maxbytes < 64 || o->coll == C_BARRIER ? 64 : o->maxbytes;
     if (posix_memalign((void **)&b.sbuf, 4096, b.buf_bytes) != 0 ||
         posix_memalign((void **)&b.rbuf, 4096, b.buf_bytes) != 0 ||
         !(b.reqs = calloc(2 * (size_t)o->iters + P2P_WINDOW + 2 * (size_t)o->warmup + 4,
