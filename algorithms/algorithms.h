@@ -41,6 +41,8 @@ typedef struct loom_coll_args {
     const size_t *scounts, *sdispls;
 } loom_coll_args_t;
 
+struct loom_timeline;
+
 /* The algorithm's view of a communicator. */
 typedef struct loom_ctx {
     int rank, size;
@@ -56,6 +58,8 @@ typedef struct loom_ctx {
     void *scratch;           /* grown by loom_ctx_scratch, freed with the context */
     size_t scratch_size;
     size_t segment_bytes;    /* pipelining unit for ring algorithms (LOOM_SEGMENT_BYTES) */
+    struct loom_timeline *timeline;   /* LOOM_TIMELINE, or NULL */
+    int timeline_tid;        /* the row of this communicator in the trace */
 } loom_ctx_t;
 
 /* ---- p2p (src/p2p.c): tagged messages inside the running collective. -----
@@ -71,6 +75,9 @@ loom_status_t loom_p2p_waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n);
 /* Send to dst and receive from src at once (either may be skipped with -1). */
 loom_status_t loom_p2p_sendrecv(loom_ctx_t *ctx, int dst, const void *sbuf, size_t sbytes,
                                 int src, void *rbuf, size_t rbytes, uint32_t step);
+/* out = a (op) b through src/reduce.h, shown as a "reduce" span in LOOM_TIMELINE. */
+void loom_ctx_reduce(loom_ctx_t *ctx, void *out, const void *a, const void *b, size_t count,
+                     loom_dtype_t dt, loom_op_t op);
 /* A scratch buffer of at least bytes, reused across calls; NULL when out of memory
  * (the message is set). Valid until the next call of loom_ctx_scratch. */
 void *loom_ctx_scratch(loom_ctx_t *ctx, size_t bytes);

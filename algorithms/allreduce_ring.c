@@ -192,7 +192,7 @@ loom_status_t loom_allreduce_ring(loom_ctx_t *ctx, const loom_coll_args_t *a)
             if (s < r.n - 1) {
                 size_t off = block_offset(&r, b) + rdone.seg * r.seg;
                 size_t len = req->len / es;
-                loom_reduce_local3(out + off * es, in + off * es, req->buf, len, a->dtype, a->op);
+                loom_ctx_reduce(ctx, out + off * es, in + off * es, req->buf, len, a->dtype, a->op);
                 /* Divide once, where the block is complete, so every rank gets the same bits. */
                 if (s == r.n - 2 && a->op == LOOM_AVG)
                     loom_reduce_avg_finalize(out + off * es, len, a->dtype, r.n);

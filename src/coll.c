@@ -16,6 +16,7 @@
 
 #include "comm.h"
 #include "log.h"
+#include "timeline.h"
 #include "reduce.h"
 #include "types.h"
 #include "wire.h"
@@ -84,7 +85,18 @@ static loom_status_t run_collective(loom_comm_t c, const loom_coll_args_t *a)
     c->ctx.total = coll_total(c, a);
     LOOM_TRACE("coll", "rank %d: %s %s count %zu seq %llu", c->rank, cname, algo->name,
                a->count, (unsigned long long)c->ctx.seq);
+    double t0 = c->ctx.timeline ? loom_timeline_now_us() : 0;
     loom_status_t st = algo->run(&c->ctx, a);
+    if (c->ctx.timeline) {
+        char args[256];
+        snprintf(args, sizeof(args),
+                 "\"algorithm\": \"%s\", \"count\": %zu, \"dtype\": \"%s\", \"op\": \"%s\", "
+                 "\"root\": %d, \"seq\": %llu, \"status\": \"%s\"",
+                 algo->name, a->count, loom_dtype_name(a->dtype), loom_op_name(a->op), a->root,
+                 (unsigned long long)c->ctx.seq, loom_strerror(st));
+        loom_timeline_span(c->ctx.timeline, cname, "collective", t0, loom_timeline_now_us(),
+                           c->ctx.timeline_tid, args);
+    }
     if (st != LOOM_SUCCESS)
         mark_broken(c, st);
     return st;

@@ -15,6 +15,7 @@
 
 #include "comm.h"
 #include "log.h"
+#include "timeline.h"
 
 static __thread char global_error[LOOM_ERRMSG_MAX];
 
@@ -131,6 +132,7 @@ static loom_comm_t comm_alloc(void)
 
 static void comm_free(loom_comm_t c)
 {
+    loom_timeline_release(c->ctx.timeline);
     free(c->ctx.scratch);
     pthread_mutex_destroy(&c->err_lock);
     pthread_mutex_destroy(&c->qlock);
@@ -281,6 +283,7 @@ static loom_status_t comm_finish(loom_comm_t c)
         return st;
     }
     init_ctx(c);
+    c->ctx.timeline = loom_timeline_acquire(c->cfg.timeline, c->rank);
     return LOOM_SUCCESS;
 }
 
@@ -430,7 +433,9 @@ LOOM_API loom_status_t loom_comm_split(loom_comm_t c, int color, int key, loom_c
         child->store = c->store;
         atomic_fetch_add(&child->store->refs, 1);
     }
-    if ((st = comm_finish(child)) != LOOM_SUCCESS) {
+    st = comm_finish(child);
+    child->ctx.timeline_tid = (int)(c->ctx.timeline_tid * 16 + (int)split_id + 1);
+    if (st != LOOM_SUCCESS) {
         loom_comm_fail(c, st, "loom_comm_split: %s", child->work_err.msg);
         store_unref(child->store);
         comm_free(child);

@@ -5,12 +5,15 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
 #include <time.h>
 
 #include "algorithms.h"
+#include "reduce.h"
+#include "timeline.h"
 
 static double monotonic_s(void)
 {
@@ -70,7 +73,41 @@ loom_status_t loom_p2p_irecv(loom_ctx_t *ctx, int peer, uint32_t step, void *buf
     return ctx->tp_ops->irecv(ctx->tp, req);
 }
 
+static loom_status_t waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n);
+
 loom_status_t loom_p2p_waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n)
+{
+    if (!ctx->timeline)
+        return waitall(ctx, reqs, n);
+    int pending = 0;
+    for (int i = 0; i < n && !pending; i++)
+        pending = !reqs[i].done;
+    if (!pending)
+        return waitall(ctx, reqs, n);
+    double t0 = loom_timeline_now_us();
+    loom_status_t st = waitall(ctx, reqs, n);
+    char args[96];
+    snprintf(args, sizeof(args), "\"peer\": %d, \"bytes\": %zu, \"requests\": %d", reqs[0].peer,
+             reqs[0].len, n);
+    loom_timeline_span(ctx->timeline, "wait", "wait", t0, loom_timeline_now_us(),
+                       ctx->timeline_tid, args);
+    return st;
+}
+
+void loom_ctx_reduce(loom_ctx_t *ctx, void *out, const void *a, const void *b, size_t count,
+                     loom_dtype_t dt, loom_op_t op)
+{
+    double t0 = ctx->timeline ? loom_timeline_now_us() : 0;
+    loom_reduce_local3(out, a, b, count, dt, op);
+    if (ctx->timeline) {
+        char args[48];
+        snprintf(args, sizeof(args), "\"elements\": %zu", count);
+        loom_timeline_span(ctx->timeline, "reduce", "reduce", t0, loom_timeline_now_us(),
+                           ctx->timeline_tid, args);
+    }
+}
+
+static loom_status_t waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n)
 {
     double last_moved = monotonic_s();
     int first_pending = 0;

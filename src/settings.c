@@ -24,6 +24,7 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_SEGMENT_BYTES", "262144", "pipelining unit of ring algorithms"},
     {"LOOM_ALGO", NULL, "force algorithms, e.g. allreduce=ring,allgather=bruck"},
     {"LOOM_HOST_ID", NULL, "host identity for topology (else hostname + boot id)"},
+    {"LOOM_TIMELINE", NULL, "write a Chrome trace of every operation per rank to this file (%r: rank)"},
     {"LOOM_DEBUG", NULL, "WARN|INFO|TRACE log level (stderr)"},
     {"LOOM_DEBUG_SUBSYS", NULL, "comma list of subsystems to log: init,tcp,store,coll"},
     {"LOOM_DEBUG_FILE", NULL, "log to this file instead of stderr (%h host, %p pid)"},
@@ -129,7 +130,9 @@ loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *a
         (st = copy_setting(s->algo, sizeof(s->algo), "LOOM_ALGO", lookup(get, arg, "LOOM_ALGO"),
                            err)) != LOOM_SUCCESS ||
         (st = copy_setting(s->host_id, sizeof(s->host_id), "LOOM_HOST_ID",
-                           lookup(get, arg, "LOOM_HOST_ID"), err)) != LOOM_SUCCESS)
+                           lookup(get, arg, "LOOM_HOST_ID"), err)) != LOOM_SUCCESS ||
+        (st = copy_setting(s->timeline, sizeof(s->timeline), "LOOM_TIMELINE",
+                           lookup(get, arg, "LOOM_TIMELINE"), err)) != LOOM_SUCCESS)
         return st;
 
     /* The job id keeps jobs sharing a store (or a stale file:// directory) apart. */

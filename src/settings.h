@@ -30,6 +30,7 @@ typedef struct loom_settings {
     char algo[512];            /* "allreduce=ring,broadcast=binomial" */
     char host_id[256];         /* "" when unset: hostname + boot id */
     char job_id[128];
+    char timeline[512];        /* LOOM_TIMELINE file pattern, "" when off */
 } loom_settings_t;
 
 /* Fill s from the variables, validating each; a malformed value is an

@@ -83,6 +83,17 @@ out=$(LOOM_RANK=0 LOOM_SIZE=1 LOOM_TIMEOUT=soon "$prog" 2>&1)
 echo "$out" | grep -q 'LOOM_TIMEOUT="soon"'
 result $? "a malformed LOOM_TIMEOUT: a clear error"
 
+# LOOM_TIMELINE: one Chrome trace per rank, merged into one by loom-timeline-merge.
+LOOM_TIMELINE="$tmp/trace.json" "$loomrun" -np 2 "$prog" > /dev/null 2>&1
+merge="${top_srcdir:-$(dirname "$0")/..}/tools/loom-timeline-merge"
+python3 "$merge" "$tmp/trace.0.json" "$tmp/trace.1.json" 2>/dev/null | python3 -c '
+import json, sys
+ev = json.load(sys.stdin)["traceEvents"]
+ar = [e for e in ev if e["name"] == "allreduce" and e["ph"] == "X"]
+assert {e["pid"] for e in ar} == {0, 1} and all(e["dur"] >= 0 and "algorithm" in e["args"] for e in ar)
+' 2>/dev/null
+result $? "LOOM_TIMELINE writes a Chrome trace per rank that loom-timeline-merge joins"
+
 # Only 3 of 4 ranks start: they must fail within LOOM_TIMEOUT + 5 s, naming rank 3's key.
 port=$(free_port)
 start=$(date +%s)
