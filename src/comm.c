@@ -141,6 +141,27 @@ static void comm_free(loom_comm_t c)
     free(c);
 }
 
+/* Say which ranks never published their address, in rank terms. */
+static void missing_ranks_error(loom_comm_t c, const char *const *keys, const char *store_msg)
+{
+    char list[200] = "";
+    size_t off = 0;
+    int nmissing = 0;
+    for (int r = 0; r < c->size; r++) {
+        loom_err_t probe = {0};
+        if (loom_store_wait(c->store->store, &keys[r], 1, 0.0, &probe) == LOOM_SUCCESS)
+            continue;
+        if (nmissing++ < 16 && off < sizeof(list))
+            off += (size_t)snprintf(list + off, sizeof(list) - off, "%s%d", off ? "," : "", r);
+    }
+    if (nmissing > 16 && off < sizeof(list))
+        snprintf(list + off, sizeof(list) - off, ",... (%d in all)", nmissing);
+    loom_err_set(&c->work_err, LOOM_ERR_TIMEOUT,
+                 "rank %d waited %.1f s (LOOM_TIMEOUT) for rank(s) %s of %d to join; are they "
+                 "started, with the same LOOM_STORE and LOOM_JOB_ID? (%s)",
+                 c->rank, c->cfg.timeout_s, nmissing ? list : "?", c->size, store_msg);
+}
+
 /* Publish our address, read everyone's, derive the topology, connect. The
  * communicator already has rank, size, cfg, store, prefix and hashes. */
 static loom_status_t rendezvous(loom_comm_t c)
@@ -188,7 +209,12 @@ static loom_status_t rendezvous(loom_comm_t c)
             snprintf(keys[r], sizeof(keys[r]), "%s/addr/%d", c->prefix, r);
             keyp[r] = keys[r];
         }
-        st = loom_store_wait(c->store->store, keyp, (size_t)c->size, c->cfg.timeout_s, err);
+        loom_err_t wait_err = {0};
+        st = loom_store_wait(c->store->store, keyp, (size_t)c->size, c->cfg.timeout_s, &wait_err);
+        if (st == LOOM_ERR_TIMEOUT)
+            missing_ranks_error(c, keyp, wait_err.msg);
+        else if (st != LOOM_SUCCESS)
+            loom_err_set(err, st, "%s", wait_err.msg);
         for (int r = 0; r < c->size && st == LOOM_SUCCESS; r++) {
             size_t vlen;
             st = loom_store_get(c->store->store, keys[r], (void **)&values[r], &vlen,

@@ -105,7 +105,7 @@ done
 rc=0
 for p in $pids; do if wait "$p"; then rc=1; fi; done
 elapsed=$(( $(date +%s) - start ))
-grep -q "addr/3" "$tmp/miss.1" || { rc=1; cat "$tmp"/miss.*; }
+grep -qE "rank\(s\) 3 of 4|addr/3" "$tmp/miss.1" || { rc=1; cat "$tmp"/miss.*; }
 [ "$elapsed" -le 9 ] || rc=1
 result $rc "a missing rank: the others fail within LOOM_TIMEOUT + 5 s ($elapsed s) naming it"
 
