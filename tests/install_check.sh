@@ -8,6 +8,12 @@ srcdir=$(cd "${1:-$(dirname "$0")/..}" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 prefix="$work/prefix"
+# A source tree configured in place cannot host another build: take a clean
+# copy of the distributed files from it.
+if [ -f "$srcdir/Makefile" ]; then
+    make -s -C "$srcdir" distdir distdir="$work/src" > /dev/null
+    srcdir="$work/src"
+fi
 mkdir "$work/build"
 cd "$work/build"
 "$srcdir/configure" -q --prefix="$prefix"

@@ -1574,14 +1574,19 @@ int main(int argc, char **argv)
     b.rank = loom_comm_rank(b.comm);
     b.n = loom_comm_size(b.comm);
     /* The same arguments everywhere, so every rank takes these exits together. */
+    /* Rank 0 says why before anyone leaves: a launcher that sees the first rank
+     * exit stops the others, which could cut the message off. */
     if (o->root >= b.n && coll_rooted(o->coll)) {
         if (b.rank == 0)
             fprintf(stderr, "loom-perf: root %d is not a rank (%d ranks)\n", o->root, b.n);
+        loom_barrier(b.comm);
+        loom_comm_destroy(b.comm);
         return EXIT_ERROR;
     }
     if (o->coll == C_P2P && b.n < 2) {
         if (b.rank == 0)
             fprintf(stderr, "loom-perf: p2p needs at least 2 ranks (ranks 0 and 1 measure)\n");
+        loom_comm_destroy(b.comm);
         return EXIT_ERROR;
     }
 
