@@ -70,7 +70,7 @@ loom_status_t loom_bootstrap_from_env(loom_getenv_fn get, void *arg, loom_bootst
             return loom_err_set(err, LOOM_ERR_INVALID_ARG, "MASTER_ADDR is too long");
     } else if (n > 1) {
         return loom_err_set(err, LOOM_ERR_INVALID_ARG,
-                            "no rendezvous store: set LOOM_STORE (tcp://host:port or "
+                            "no rendezvous store: set LOOM_STORE (tcp://host:port, redis://host:port or "
                             "file:///shared/dir) or MASTER_ADDR and MASTER_PORT");
     }
 

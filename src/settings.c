@@ -13,7 +13,7 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_RANK", NULL, "rank of this process (else RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK)"},
     {"LOOM_SIZE", NULL, "number of ranks (else WORLD_SIZE, SLURM_NTASKS, OMPI_COMM_WORLD_SIZE, PMI_SIZE)"},
     {"LOOM_LOCAL_RANK", NULL, "rank within the node, as the launcher numbers it"},
-    {"LOOM_STORE", NULL, "rendezvous store: tcp://host:port or file:///dir (else MASTER_ADDR:MASTER_PORT)"},
+    {"LOOM_STORE", NULL, "rendezvous store: tcp://host:port, file:///dir or redis://host:port/prefix (else MASTER_ADDR:MASTER_PORT)"},
     {"LOOM_JOB_ID", NULL, "names the job in the store and the handshake (else TORCHELASTIC_RUN_ID, SLURM_JOB_ID)"},
     {"LOOM_TIMEOUT", "300", "seconds a call may wait without progress before LOOM_ERR_TIMEOUT"},
     {"LOOM_TRANSPORT", "auto", "auto|tcp"},

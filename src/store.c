@@ -1,6 +1,7 @@
 /* store.c - the generic half of the rendezvous store: URI parsing, backend
  * selection, argument checks, deadlines and the messages users read when a key
- * never shows up. The backends (store_tcp.c, store_file.c) only move bytes. */
+ * never shows up. The backends (store_tcp.c, store_file.c, store_redis.c) only
+ * move bytes. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -31,7 +32,16 @@ struct loom_store {
 static const loom_store_ops_t *const store_backends[] = {
     &loom_store_tcp_ops,
     &loom_store_file_ops,
+#ifdef HAVE_HIREDIS
+    &loom_store_redis_ops,
+#endif
 };
+
+#ifdef HAVE_HIREDIS
+#define STORE_SCHEMES "tcp://, file:// and redis://"
+#else
+#define STORE_SCHEMES "tcp:// and file://"
+#endif
 
 double loom_store_now(void)
 {
@@ -181,7 +191,8 @@ loom_status_t loom_store_open(const char *uri, int rank, double timeout_s, loom_
     const char *sep = strstr(uri, "://");
     if (sep == NULL || sep == uri)
         return loom_err_set(err, LOOM_ERR_INVALID_ARG,
-                            "bad store URI '%s': expected tcp://host:port or file:///dir", uri);
+                            "bad store URI '%s': expected tcp://host:port, file:///dir or "
+                            "redis://host:port[/prefix]", uri);
     size_t slen = (size_t)(sep - uri);
     const loom_store_ops_t *ops = NULL;
     for (size_t i = 0; i < sizeof(store_backends) / sizeof(store_backends[0]); i++) {
@@ -189,10 +200,16 @@ loom_status_t loom_store_open(const char *uri, int rank, double timeout_s, loom_
         if (strlen(name) == slen && strncmp(name, uri, slen) == 0)
             ops = store_backends[i];
     }
+#ifndef HAVE_HIREDIS
+    if (ops == NULL && slen == 5 && strncmp(uri, "redis", 5) == 0)
+        return loom_err_set(err, LOOM_ERR_UNSUPPORTED,
+                            "store URI '%s': this build of Loom has no redis:// store: install "
+                            "libhiredis-dev and re-run configure", uri);
+#endif
     if (ops == NULL)
         return loom_err_set(err, LOOM_ERR_INVALID_ARG,
-                            "unknown store scheme '%.*s' in '%s' (this build knows tcp:// "
-                            "and file://)", (int)slen, uri, uri);
+                            "unknown store scheme '%.*s' in '%s' (this build knows "
+                            STORE_SCHEMES ")", (int)slen, uri, uri);
     if (!(timeout_s > 0))
         timeout_s = STORE_DEFAULT_TIMEOUT_S;
 

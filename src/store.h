@@ -1,7 +1,8 @@
 /* store.h - the rendezvous key-value store: set, get, wait, add, compare-and-set,
- * delete. Backends: tcp:// (store_tcp.c, served by rank 0, loomrun or loom-store)
- * and file:// (store_file.c, a shared directory). All calls are thread-safe and
- * bounded in time; a timeout message names the keys that never appeared. Calls on
+ * delete. Backends: tcp:// (store_tcp.c, served by rank 0, loomrun or loom-store),
+ * file:// (store_file.c, a shared directory) and redis:// (store_redis.c, a
+ * redis server). All calls are thread-safe and bounded in time; a timeout
+ * message names the keys that never appeared. Calls on
  * one handle are serialised (a wait holds up the other calls on that handle), so
  * threads that must not wait for each other use separate handles. */
 #ifndef LOOM_STORE_H
@@ -57,10 +58,10 @@ loom_status_t loom_store_server_start(const char *host, int port, loom_err_t *er
 int loom_store_server_port(const loom_store_server_t *srv);
 void loom_store_server_stop(loom_store_server_t *srv);
 
-/* ---- Backend ops table (store_tcp.c, store_file.c). ---------------------- */
+/* ---- Backend ops table (store_tcp.c, store_file.c, store_redis.c). -------- */
 typedef struct loom_store_ops {
     size_t size;
-    const char *scheme;  /* "tcp", "file" */
+    const char *scheme;  /* "tcp", "file", "redis" */
     loom_status_t (*open)(const char *rest, int rank, double timeout_s, loom_err_t *err,
                           void **impl_p);
     void (*close)(void *impl);
@@ -81,6 +82,8 @@ typedef struct loom_store_ops {
 
 extern const loom_store_ops_t loom_store_tcp_ops;
 extern const loom_store_ops_t loom_store_file_ops;
+/* redis://host:port[/prefix] (store_redis.c), built when configure found hiredis. */
+extern const loom_store_ops_t loom_store_redis_ops;
 
 /* ---- Helpers shared by store.c and the backends (internal). --------------- */
 #define LOOM_STORE_KEY_MAX   1024u         /* bytes, without the NUL */

@@ -32,6 +32,11 @@ int main(int argc, char **argv)
     }
     printf("# Loom %s\n", loom_version());
     printf("#   transports:      tcp\n");
+#ifdef HAVE_HIREDIS
+    printf("#   stores:          tcp file redis\n");
+#else
+    printf("#   stores:          tcp file\n");
+#endif
     printf("#   CPU reductions:  %s\n", loom_reduce_isa());
     printf("#   CUDA:            not built\n");
     printf("#   verbs:           not built\n");

@@ -1,13 +1,21 @@
 /*
- * loomrun - start N ranks of a program on this host.
+ * loomrun - start the ranks of a job: forked here, over ssh on other hosts,
+ * or through srun inside a Slurm allocation.
  *
- *   loomrun -np N [-x VAR[=value]]... [--timeout S] prog args...
+ *   loomrun [-np N] [-H h1:4,h2:4 | --hostfile F] [-x VAR[=value]]... prog args...
  *
- * loomrun serves the rendezvous store itself (so no rank has to), forks the
+ * loomrun serves the rendezvous store itself (so no rank has to), starts the
  * ranks with LOOM_RANK/LOOM_SIZE/LOOM_LOCAL_RANK/LOOM_LOCAL_SIZE/LOOM_STORE/
- * LOOM_JOB_ID set, tags every line they print with "[R]<stdout>: " or
- * "[R]<stderr>: ", forwards SIGINT/SIGTERM/SIGHUP, and when one rank fails
- * ends the others and exits with the failing rank's code.
+ * LOOM_JOB_ID (and LOOM_HOST_ID when hosts are named) set, tags every line
+ * they print with "[R]<stdout>: " or "[R]<stderr>: ", forwards SIGINT/SIGTERM/
+ * SIGHUP, and when one rank fails ends the others and exits with the failing
+ * rank's code.
+ *
+ * A remote rank is an ssh client here running a small sh script there (see
+ * remote_script): the script says when the program starts, so an ssh failure
+ * before it ("cannot reach host") is told apart from the program failing, and
+ * a watcher in it reads ssh's stdin, so loomrun can forward signals by writing
+ * their names there and the remote program dies when the connection does.
  *
  * Everything runs in one thread around poll(): the ranks' pipes plus a
  * self-pipe that the signal handlers write to, so signals and child exits are
@@ -17,15 +25,23 @@
 #define _GNU_SOURCE
 #endif
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -49,13 +65,31 @@ extern char **environ;
 #define READ_CHUNK 65536
 /* Reads of a dead rank's pipe: 16 MiB, more than any pipe buffer holds. */
 #define DRAIN_MAX_READS 256
+/* What a remote rank may print on stderr before its program starts (ssh's
+ * complaints, a login banner) is held back this far, to be shown only if it
+ * matters. */
+#define HOLD_CAP ((size_t)64 << 10)
+/* Seconds a host gets to answer when neither --timeout nor LOOM_TIMEOUT says. */
+#define DEFAULT_ANSWER_S 60.0
+/* The remote script prints this on stdout just before it runs the program. */
+#define MARKER "@@loomrun: rank started@@"
 
 /* Exit codes of loomrun itself, apart from propagated rank codes. */
 #define EXIT_USAGE 2
+#define EXIT_UNREACHABLE 255   /* ssh's own code for "could not connect" */
+
+typedef struct strbuf {
+    char *p;
+    size_t len, cap;
+} strbuf_t;
+
+typedef enum { RANK_LOCAL, RANK_SSH, RANK_SRUN } rank_kind_t;
 
 typedef struct stream {
     int fd;              /* read end of the rank's pipe; -1 once closed */
     int dest;            /* STDOUT_FILENO or STDERR_FILENO */
+    int rank;            /* whose stream */
+    int file;            /* --output-filename copy; -1 when none */
     char prefix[40];     /* "[R]<stdout>: " */
     size_t prefix_len;
     char *line;          /* partial line not yet ended by '\n' */
@@ -65,13 +99,30 @@ typedef struct stream {
 typedef struct rank {
     pid_t pid;           /* also its process group id; 0 once reaped */
     int running;         /* not exited yet */
+    rank_kind_t kind;
+    int host;            /* index into g_hosts */
+    int started;         /* ssh: the remote script reached the program */
+    int ctl;             /* ssh: write end of ssh's stdin (the remote watcher); -1 */
+    long long answer_by; /* ssh: deadline for starting; -1 once it does not matter */
+    strbuf_t held;       /* ssh: stderr lines from before the start */
     stream_t out, err;
 } rank_t;
+
+typedef struct host {
+    char *name;          /* as given: ssh destination, LOOM_HOST_ID, messages */
+    int slots;
+    int local;           /* this machine: fork, no ssh */
+    int nranks;          /* ranks placed on it */
+    char *store;         /* LOOM_STORE for its ranks; NULL: the remote script takes
+                          * this machine's address from $SSH_CLIENT */
+} host_t;
 
 /* The job, global so the fatal path can still end the ranks. */
 static rank_t *g_ranks;
 static int g_np;
 static int g_nrunning;
+static host_t *g_hosts;
+static int g_nhosts;
 
 static int g_sigpipe[2] = { -1, -1 };
 static const int g_fwd_signals[] = { SIGINT, SIGTERM, SIGHUP };
@@ -89,30 +140,12 @@ static int g_dest_dead[3];
 
 static char *g_out;      /* assembly buffer for one batch of tagged lines */
 static size_t g_out_cap;
+static strbuf_t g_fbuf;  /* the same batch, untagged, for --output-filename */
 
 /* ---- small helpers --------------------------------------------------------- */
 
-/* Signal the process group of every rank, exited ones included: an exited
- * rank stays an unreaped zombie until loomrun ends, which keeps its pid, and
- * so its group id, from being reused, while its background children may still
- * be in the group. */
-static void kill_all(int sig)
-{
-    for (int r = 0; r < g_np; r++)
-        if (g_ranks[r].pid > 0)
-            kill(-g_ranks[r].pid, sig);
-}
-
-static void reap_all(void)
-{
-    for (int r = 0; r < g_np; r++) {
-        if (g_ranks[r].pid <= 0)
-            continue;
-        while (waitpid(g_ranks[r].pid, NULL, 0) < 0 && errno == EINTR)
-            ;
-        g_ranks[r].pid = 0;
-    }
-}
+static void kill_all(int sig);
+static void reap_all(void);
 
 /* Out of memory and the like: take the ranks down with us rather than leave
  * them running unobserved. */
@@ -144,6 +177,46 @@ static char *xstrdup(const char *s)
 {
     size_t n = strlen(s) + 1;
     return memcpy(xrealloc(NULL, n), s, n);
+}
+
+static void sb_add(strbuf_t *b, const char *s, size_t n)
+{
+    if (n == 0)
+        return;   /* s may be NULL then */
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        b->p = xrealloc(b->p, cap);
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void sb_str(strbuf_t *b, const char *s)
+{
+    sb_add(b, s, strlen(s));
+}
+
+/* s as one word of a POSIX shell: in single quotes, each ' as '\''. */
+static void sb_quote(strbuf_t *b, const char *s)
+{
+    sb_add(b, "'", 1);
+    for (const char *q; (q = strchr(s, '\'')) != NULL; s = q + 1) {
+        sb_add(b, s, (size_t)(q - s));
+        sb_add(b, "'\\''", 4);
+    }
+    sb_str(b, s);
+    sb_add(b, "'", 1);
+}
+
+static void sb_free(strbuf_t *b)
+{
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
 }
 
 static long long now_ms(void)
@@ -179,11 +252,9 @@ static const char *signal_name(int sig)
 }
 
 /* Write all of buf to fd, waiting out a non-blocking descriptor we may have
- * inherited. */
-static void write_all(int fd, const char *buf, size_t len)
+ * inherited. Returns 0, or -1 when the descriptor is unusable for good. */
+static int write_fd(int fd, const char *buf, size_t len)
 {
-    if (g_dest_dead[fd])
-        return;
     while (len > 0) {
         ssize_t n = write(fd, buf, len);
         if (n > 0) {
@@ -195,10 +266,16 @@ static void write_all(int fd, const char *buf, size_t len)
             struct pollfd p = { .fd = fd, .events = POLLOUT };
             poll(&p, 1, -1);
         } else {
-            g_dest_dead[fd] = 1;
-            return;
+            return -1;
         }
     }
+    return 0;
+}
+
+static void write_all(int fd, const char *buf, size_t len)
+{
+    if (!g_dest_dead[fd] && write_fd(fd, buf, len) < 0)
+        g_dest_dead[fd] = 1;
 }
 
 static void out_reserve(size_t need)
@@ -212,11 +289,122 @@ static void out_reserve(size_t need)
     g_out_cap = cap;
 }
 
+/* ---- ending ranks -------------------------------------------------------------- */
+
+/* Deliver sig to one rank. A started remote rank gets the signal's name on
+ * its control pipe, which its watcher turns into the signal there; SIGKILL
+ * (and anything for a rank still connecting) ends the ssh client instead, and
+ * the remote side follows when the connection closes. */
+static void signal_rank(rank_t *rk, int sig)
+{
+    if (rk->pid <= 0)
+        return;
+    if (rk->kind == RANK_SSH && rk->started && rk->running && rk->ctl >= 0 && sig != SIGKILL &&
+        strncmp(signal_name(sig), "SIG", 3) == 0) {
+        char line[16];
+        int n = snprintf(line, sizeof(line), "%s\n", signal_name(sig) + 3);
+        if (write(rk->ctl, line, (size_t)n) == n)
+            return;
+    }
+    /* srun takes a lone SIGINT as a request for the job's status. */
+    if (rk->kind == RANK_SRUN && sig == SIGINT)
+        sig = SIGTERM;
+    kill(-rk->pid, sig);
+}
+
+/* Signal the process group of every rank, exited ones included: an exited
+ * rank stays an unreaped zombie until loomrun ends, which keeps its pid, and
+ * so its group id, from being reused, while its background children may still
+ * be in the group. */
+static void kill_all(int sig)
+{
+    for (int r = 0; r < g_np; r++)
+        signal_rank(&g_ranks[r], sig);
+}
+
+static void reap_all(void)
+{
+    for (int r = 0; r < g_np; r++) {
+        if (g_ranks[r].pid <= 0)
+            continue;
+        while (waitpid(g_ranks[r].pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+        g_ranks[r].pid = 0;
+    }
+}
+
 /* ---- output tagging -------------------------------------------------------- */
 
-/* Append "prefix + partial line + text[0..n) + '\n'" to the batch at *olen. */
-static void emit_line(stream_t *s, size_t *olen, const char *text, size_t n)
+static int is_marker(const stream_t *s, const char *text, size_t n)
 {
+    size_t m = sizeof(MARKER) - 1;
+    return s->len + n == m && (s->len == 0 || memcmp(s->line, MARKER, s->len) == 0) &&
+           memcmp(text, MARKER + s->len, n) == 0;
+}
+
+/* Print the stderr lines a remote rank wrote before its program started, now
+ * that they are the program's business (or explain its failure). */
+static void flush_held(rank_t *rk)
+{
+    strbuf_t b = { 0 };
+    const char *p = rk->held.p, *end = rk->held.p + rk->held.len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        sb_add(&b, rk->err.prefix, rk->err.prefix_len);
+        sb_add(&b, p, n);
+        sb_add(&b, "\n", 1);
+        p += n + 1;
+    }
+    if (b.len > 0)
+        write_all(STDERR_FILENO, b.p, b.len);
+    sb_free(&b);
+    sb_free(&rk->held);
+}
+
+/* The last non-empty line held back: ssh's reason for failing. */
+static const char *last_held_line(rank_t *rk)
+{
+    char *p = rk->held.p;
+    if (p == NULL)
+        return NULL;
+    size_t n = rk->held.len;
+    while (n > 0 && (p[n - 1] == '\n' || p[n - 1] == '\r' || p[n - 1] == ' '))
+        p[--n] = '\0';
+    if (n == 0)
+        return NULL;
+    char *nl = memrchr(p, '\n', n);
+    return nl ? nl + 1 : p;
+}
+
+/* One line of s is complete: s->line[0..len) then text[0..n), ended by a
+ * newline in the output when ended (else cut at LINE_CAP or at the end).
+ * Append it, tagged, to the batch at *olen, and untagged to g_fbuf. */
+static void line_done(stream_t *s, size_t *olen, const char *text, size_t n, int ended)
+{
+    rank_t *rk = &g_ranks[s->rank];
+    if (rk->kind == RANK_SSH && !rk->started && s->dest == STDOUT_FILENO && ended &&
+        is_marker(s, text, n)) {
+        s->len = 0;
+        rk->started = 1;
+        rk->answer_by = -1;
+        flush_held(rk);
+        return;
+    }
+    if (s->file >= 0) {
+        sb_add(&g_fbuf, s->line, s->len);
+        sb_add(&g_fbuf, text, n);
+        if (ended)
+            sb_add(&g_fbuf, "\n", 1);
+    }
+    if (rk->kind == RANK_SSH && !rk->started && s->dest == STDERR_FILENO &&
+        rk->held.len < HOLD_CAP) {
+        sb_add(&rk->held, s->line, s->len);
+        sb_add(&rk->held, text, n);
+        sb_add(&rk->held, "\n", 1);
+        s->len = 0;
+        return;
+    }
     out_reserve(*olen + s->prefix_len + s->len + n + 1);
     memcpy(g_out + *olen, s->prefix, s->prefix_len);
     *olen += s->prefix_len;
@@ -229,6 +417,20 @@ static void emit_line(stream_t *s, size_t *olen, const char *text, size_t n)
     s->len = 0;
 }
 
+/* Write out a batch: tagged to the console, untagged to the rank's file. */
+static void flush_batch(stream_t *s, size_t olen)
+{
+    if (olen > 0)
+        write_all(s->dest, g_out, olen);
+    if (g_fbuf.len > 0 && s->file >= 0 && write_fd(s->file, g_fbuf.p, g_fbuf.len) < 0) {
+        fprintf(stderr, "loomrun: rank %d: writing its %s file: %s; no longer written\n",
+                s->rank, s->dest == STDOUT_FILENO ? "stdout" : "stderr", strerror(errno));
+        close(s->file);
+        s->file = -1;
+    }
+    g_fbuf.len = 0;
+}
+
 /* Tag the complete lines in data; keep the unfinished tail for later. One
  * write per batch keeps a rank's lines whole and cuts syscalls. */
 static void feed(stream_t *s, const char *data, size_t n)
@@ -238,7 +440,7 @@ static void feed(stream_t *s, const char *data, size_t n)
     while (p < end) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         if (nl != NULL) {
-            emit_line(s, &olen, p, (size_t)(nl - p));
+            line_done(s, &olen, p, (size_t)(nl - p), 1);
             p = nl + 1;
             continue;
         }
@@ -253,11 +455,10 @@ static void feed(stream_t *s, const char *data, size_t n)
         memcpy(s->line + s->len, p, tail);
         s->len += tail;
         if (s->len >= LINE_CAP)
-            emit_line(s, &olen, "", 0);
+            line_done(s, &olen, "", 0, 0);
         break;
     }
-    if (olen > 0)
-        write_all(s->dest, g_out, olen);
+    flush_batch(s, olen);
 }
 
 /* The rank closed the stream or exited: an unfinished last line still gets
@@ -266,12 +467,15 @@ static void close_stream(stream_t *s)
 {
     if (s->len > 0) {
         size_t olen = 0;
-        emit_line(s, &olen, "", 0);
-        write_all(s->dest, g_out, olen);
+        line_done(s, &olen, "", 0, 0);
+        flush_batch(s, olen);
     }
     if (s->fd >= 0)
         close(s->fd);
     s->fd = -1;
+    if (s->file >= 0)
+        close(s->file);
+    s->file = -1;
     free(s->line);
     s->line = NULL;
     s->len = s->cap = 0;
@@ -309,20 +513,8 @@ typedef struct envv {
     size_t n, cap;
 } envv_t;
 
-static void env_set(envv_t *e, const char *name, const char *value)
+static void env_push(envv_t *e, char *kv)
 {
-    size_t nlen = strlen(name), vlen = strlen(value);
-    char *kv = xrealloc(NULL, nlen + vlen + 2);
-    memcpy(kv, name, nlen);
-    kv[nlen] = '=';
-    memcpy(kv + nlen + 1, value, vlen + 1);
-    for (size_t i = 0; i < e->n; i++) {
-        if (strncmp(e->v[i], name, nlen) == 0 && e->v[i][nlen] == '=') {
-            free(e->v[i]);
-            e->v[i] = kv;
-            return;
-        }
-    }
     if (e->n + 2 > e->cap) {
         e->cap = e->cap ? e->cap * 2 : 64;
         e->v = xrealloc(e->v, e->cap * sizeof(char *));
@@ -331,19 +523,48 @@ static void env_set(envv_t *e, const char *name, const char *value)
     e->v[e->n] = NULL;
 }
 
-static void env_init(envv_t *e)
+static int env_find(const envv_t *e, const char *name)
+{
+    size_t nlen = strlen(name);
+    for (size_t i = 0; i < e->n; i++)
+        if (strncmp(e->v[i], name, nlen) == 0 && e->v[i][nlen] == '=')
+            return (int)i;
+    return -1;
+}
+
+static void env_set(envv_t *e, const char *name, const char *value)
+{
+    size_t nlen = strlen(name), vlen = strlen(value);
+    char *kv = xrealloc(NULL, nlen + vlen + 2);
+    memcpy(kv, name, nlen);
+    kv[nlen] = '=';
+    memcpy(kv + nlen + 1, value, vlen + 1);
+    int i = env_find(e, name);
+    if (i >= 0) {
+        free(e->v[i]);
+        e->v[i] = kv;
+    } else {
+        env_push(e, kv);
+    }
+}
+
+static void env_unset(envv_t *e, const char *name)
+{
+    int i = env_find(e, name);
+    if (i < 0)
+        return;
+    free(e->v[i]);
+    memmove(&e->v[i], &e->v[i + 1], (e->n - (size_t)i) * sizeof(char *));   /* with the NULL */
+    e->n--;
+}
+
+static void env_init(envv_t *e, int from_environ)
 {
     e->v = xrealloc(NULL, sizeof(char *));
     e->v[0] = NULL;
     e->n = e->cap = 0;
-    for (char **p = environ; p != NULL && *p != NULL; p++) {
-        if (e->n + 2 > e->cap) {
-            e->cap = e->cap ? e->cap * 2 : 64;
-            e->v = xrealloc(e->v, e->cap * sizeof(char *));
-        }
-        e->v[e->n++] = xstrdup(*p);
-        e->v[e->n] = NULL;
-    }
+    for (char **p = environ; from_environ && p != NULL && *p != NULL; p++)
+        env_push(e, xstrdup(*p));
 }
 
 static void env_free(envv_t *e)
@@ -351,6 +572,20 @@ static void env_free(envv_t *e)
     for (size_t i = 0; i < e->n; i++)
         free(e->v[i]);
     free(e->v);
+}
+
+/* The variables loomrun sets for every rank itself. */
+static int loomrun_sets(const char *kv)
+{
+    static const char *const names[] = { "LOOM_RANK", "LOOM_SIZE", "LOOM_LOCAL_RANK",
+                                         "LOOM_LOCAL_SIZE", "LOOM_STORE", "LOOM_JOB_ID",
+                                         "LOOM_HOST_ID" };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        size_t n = strlen(names[i]);
+        if (strncmp(kv, names[i], n) == 0 && kv[n] == '=')
+            return 1;
+    }
+    return 0;
 }
 
 /* ---- signals ----------------------------------------------------------------- */
@@ -389,19 +624,176 @@ static void install_handlers(void)
     sigaction(SIGPIPE, &ign, &g_orig_pipe);
 }
 
+/* ---- hosts ------------------------------------------------------------------- */
+
+static void add_host(host_t **hosts, int *nhosts, const char *name, size_t len, int slots)
+{
+    /* The same name twice is the same host: its slots add up. */
+    for (int i = 0; i < *nhosts; i++) {
+        if (strlen((*hosts)[i].name) == len && strncmp((*hosts)[i].name, name, len) == 0) {
+            (*hosts)[i].slots = (*hosts)[i].slots > INT_MAX / 2 - slots ? INT_MAX / 2
+                                                                        : (*hosts)[i].slots + slots;
+            return;
+        }
+    }
+    *hosts = xrealloc(*hosts, (size_t)(*nhosts + 1) * sizeof(host_t));
+    host_t *h = &(*hosts)[(*nhosts)++];
+    memset(h, 0, sizeof(*h));
+    h->name = xrealloc(NULL, len + 1);
+    memcpy(h->name, name, len);
+    h->name[len] = '\0';
+    h->slots = slots;
+}
+
+/* A slot count: an integer >= 1. Returns it, or -1. */
+static int parse_slots(const char *s, size_t len)
+{
+    if (len == 0 || len > 9)
+        return -1;
+    int v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (!isdigit((unsigned char)s[i]))
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v >= 1 ? v : -1;
+}
+
+static int is_local_host(const char *name)
+{
+    if (strchr(name, '@') != NULL)
+        return 0;   /* a user to log in as: the user wants ssh */
+    if (strcasecmp(name, "localhost") == 0 || strcasecmp(name, "localhost.localdomain") == 0)
+        return 1;
+    char me[256] = "";
+    if (gethostname(me, sizeof(me) - 1) == 0 && me[0] != '\0') {
+        size_t mshort = strcspn(me, "."), nshort = strcspn(name, ".");
+        if (strcasecmp(name, me) == 0)
+            return 1;
+        /* "node1" given on node1.cluster, or "node1.cluster" on node1 */
+        if ((name[nshort] == '\0' || me[mshort] == '\0') && mshort == nshort &&
+            strncasecmp(name, me, mshort) == 0)
+            return 1;
+    }
+    /* An address: loopback, or one of this machine's interfaces. */
+    unsigned char a[16];
+    int family = inet_pton(AF_INET, name, a) == 1 ? AF_INET
+                 : inet_pton(AF_INET6, name, a) == 1 ? AF_INET6 : 0;
+    if (family == 0)
+        return 0;
+    if ((family == AF_INET && a[0] == 127) ||
+        (family == AF_INET6 && IN6_IS_ADDR_LOOPBACK((struct in6_addr *)a)))
+        return 1;
+    struct ifaddrs *ifs;
+    if (getifaddrs(&ifs) != 0)
+        return 0;
+    int found = 0;
+    for (struct ifaddrs *i = ifs; i != NULL && !found; i = i->ifa_next) {
+        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != family)
+            continue;
+        if (family == AF_INET)
+            found = memcmp(&((struct sockaddr_in *)i->ifa_addr)->sin_addr, a, 4) == 0;
+        else
+            found = memcmp(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr, a, 16) == 0;
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+/* The address of this machine that routes to host: connecting a UDP socket
+ * sends nothing but makes the kernel choose the source address. */
+static int route_addr(const char *host, char *out, size_t outlen)
+{
+    const char *at = strrchr(host, '@');
+    if (at != NULL)
+        host = at + 1;
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_DGRAM,
+                              .ai_flags = AI_NUMERICSERV };
+    struct addrinfo *res;
+    if (getaddrinfo(host, "22", &hints, &res) != 0)
+        return -1;
+    int ok = -1;
+    for (struct addrinfo *ai = res; ai != NULL && ok != 0; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+            getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 &&
+            getnameinfo((struct sockaddr *)&ss, sl, out, (socklen_t)outlen, NULL, 0,
+                        NI_NUMERICHOST) == 0)
+            ok = 0;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return ok;
+}
+
+/* A non-loopback address this machine's name resolves to. */
+static int own_addr(char *out, size_t outlen)
+{
+    char me[256] = "";
+    if (gethostname(me, sizeof(me) - 1) != 0 || me[0] == '\0')
+        return -1;
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+    struct addrinfo *res;
+    if (getaddrinfo(me, NULL, &hints, &res) != 0)
+        return -1;
+    int ok = -1;
+    for (struct addrinfo *ai = res; ai != NULL && ok != 0; ai = ai->ai_next) {
+        if ((ai->ai_family == AF_INET &&
+             ((const unsigned char *)&((struct sockaddr_in *)ai->ai_addr)->sin_addr)[0] == 127) ||
+            (ai->ai_family == AF_INET6 &&
+             IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr)))
+            continue;
+        if (getnameinfo(ai->ai_addr, ai->ai_addrlen, out, (socklen_t)outlen, NULL, 0,
+                        NI_NUMERICHOST) == 0)
+            ok = 0;
+    }
+    freeaddrinfo(res);
+    return ok;
+}
+
+static char *store_uri(const char *addr, int port)
+{
+    char buf[NI_MAXHOST + 32];
+    snprintf(buf, sizeof(buf), strchr(addr, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d", addr, port);
+    return xstrdup(buf);
+}
+
+/* The first node of a Slurm node list: "gpu[03-08,11],cpu1" -> "gpu03". */
+static void first_slurm_node(const char *list, char *out, size_t outlen)
+{
+    size_t n = strcspn(list, ",[");
+    size_t k = 0;
+    if (list[n] == '[')
+        k = strcspn(list + n + 1, "-,]");
+    if (n + k >= outlen) {
+        out[0] = '\0';
+        return;
+    }
+    memcpy(out, list, n);
+    memcpy(out + n, list + n + 1, k);   /* nothing copied when k == 0 */
+    out[n + k] = '\0';
+}
+
 /* ---- starting ranks ---------------------------------------------------------- */
 
 /* Runs in the forked child. The store server thread of the parent may have
- * held any lock at fork, so nothing here allocates: the environment was
- * built before the fork, and the error text is written piece by piece. */
-static void exec_rank(int rank, int out_w, int err_w, char *const argv[], char *const envp[],
-                      pid_t parent)
+ * held any lock at fork, so nothing here allocates: argv and the environment
+ * were built before the fork, and the error text is written piece by piece.
+ * in_fd >= 0 becomes stdin; else stdin stays loomrun's if keep_stdin (and it
+ * is not a terminal), /dev/null otherwise. out_w/err_w < 0 keep loomrun's. */
+static void exec_child(int in_fd, int keep_stdin, int out_w, int err_w, const char *dir,
+                       char *const argv[], char *const envp[], pid_t parent)
 {
     /* Own process group: the terminal's Ctrl-C reaches loomrun only, which
      * forwards it once, and kill(-pgid) also reaches the rank's children. */
     setpgid(0, 0);
 #ifdef __linux__
-    /* If loomrun is killed outright (SIGKILL), do not leave the rank running. */
+    /* If loomrun is killed outright (SIGKILL), do not leave the rank running;
+     * for an ssh client, its end takes the remote rank with it. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent)
         _exit(1);
@@ -413,16 +805,28 @@ static void exec_rank(int rank, int out_w, int err_w, char *const argv[], char *
     sigaction(SIGCHLD, &g_orig_chld, NULL);
     sigaction(SIGPIPE, &g_orig_pipe, NULL);   /* SIG_IGN would survive exec */
 
-    if (dup2(out_w, STDOUT_FILENO) < 0 || dup2(err_w, STDERR_FILENO) < 0)
+    if ((out_w >= 0 && dup2(out_w, STDOUT_FILENO) < 0) ||
+        (err_w >= 0 && dup2(err_w, STDERR_FILENO) < 0))
         _exit(127);
-    /* Rank 0 may read loomrun's stdin (`cat data | loomrun ...`), but not a
-     * terminal: from its own process group a read would stop it with SIGTTIN. */
-    if (rank != 0 || isatty(STDIN_FILENO)) {
+    if (in_fd >= 0) {
+        if (dup2(in_fd, STDIN_FILENO) < 0)
+            _exit(127);
+    } else if (!keep_stdin || isatty(STDIN_FILENO)) {
+        /* Rank 0 may read loomrun's stdin (`cat data | loomrun ...`), but not
+         * a terminal: from its own process group a read would stop it with
+         * SIGTTIN. */
         int nul = open("/dev/null", O_RDONLY);
         if (nul >= 0 && nul != STDIN_FILENO) {
             dup2(nul, STDIN_FILENO);
             close(nul);
         }
+    }
+    const char *what = "execute ", *name = argv[0];
+    int e = 0;
+    if (dir != NULL && chdir(dir) != 0) {
+        e = errno;
+        what = "change to directory ";
+        name = dir;
     }
 #if defined(__linux__) && defined(CLOSE_RANGE_CLOEXEC)
     /* Every fd of ours is O_CLOEXEC already; this also covers any the library
@@ -431,10 +835,11 @@ static void exec_rank(int rank, int out_w, int err_w, char *const argv[], char *
 #endif
     sigprocmask(SIG_SETMASK, &g_orig_mask, NULL);
 
-    execvpe(argv[0], argv, envp);
-
-    int e = errno;
-    const char *parts[] = { "loomrun: cannot execute ", argv[0], ": ", strerror(e), "\n" };
+    if (e == 0) {
+        execvpe(argv[0], argv, envp);
+        e = errno;
+    }
+    const char *parts[] = { "loomrun: cannot ", what, name, ": ", strerror(e), "\n" };
     for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
         ssize_t r = write(STDERR_FILENO, parts[i], strlen(parts[i]));
         (void)r;
@@ -453,6 +858,7 @@ static int open_stream(stream_t *s, int rank, int dest, int *write_end)
     fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
     s->fd = p[0];
     s->dest = dest;
+    s->rank = rank;
     snprintf(s->prefix, sizeof(s->prefix), "[%d]<%s>: ", rank,
              dest == STDOUT_FILENO ? "stdout" : "stderr");
     s->prefix_len = strlen(s->prefix);
@@ -462,31 +868,48 @@ static int open_stream(stream_t *s, int rank, int dest, int *write_end)
     return 0;
 }
 
-static int start_rank(int rank, char *const argv[], envv_t *env)
+/* Fork rank r running argv. Its output is tagged unless it is srun (whose
+ * output is the job's, already labelled as the user asked srun to). */
+static int start_rank(int r, char *const argv[], char *const envp[], const char *dir)
 {
-    rank_t *rk = &g_ranks[rank];
-    int out_w = -1, err_w = -1;
-    char buf[32];
+    rank_t *rk = &g_ranks[r];
+    int out_w = -1, err_w = -1, ctl[2] = { -1, -1 };
 
-    snprintf(buf, sizeof(buf), "%d", rank);
-    env_set(env, "LOOM_RANK", buf);
-    env_set(env, "LOOM_LOCAL_RANK", buf);
-
-    if (open_stream(&rk->out, rank, STDOUT_FILENO, &out_w) < 0)
-        return -1;
-    if (open_stream(&rk->err, rank, STDERR_FILENO, &err_w) < 0) {
-        close(out_w);
-        close_stream(&rk->out);
-        return -1;
+    if (rk->kind != RANK_SRUN) {
+        if (open_stream(&rk->out, r, STDOUT_FILENO, &out_w) < 0)
+            return -1;
+        if (open_stream(&rk->err, r, STDERR_FILENO, &err_w) < 0) {
+            close(out_w);
+            close_stream(&rk->out);
+            return -1;
+        }
+    }
+    if (rk->kind == RANK_SSH) {
+        if (pipe2(ctl, O_CLOEXEC) < 0) {
+            close(out_w);
+            close(err_w);
+            close_stream(&rk->out);
+            close_stream(&rk->err);
+            return -1;
+        }
+        /* A wedged ssh must never block loomrun's loop. */
+        fcntl(ctl[1], F_SETFL, fcntl(ctl[1], F_GETFL) | O_NONBLOCK);
     }
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0)
-        exec_rank(rank, out_w, err_w, argv, env->v, parent);
+        exec_child(ctl[0], r == 0 || rk->kind == RANK_SRUN, out_w, err_w, dir, argv, envp,
+                   parent);
     int saved = errno;
-    close(out_w);
-    close(err_w);
+    if (out_w >= 0)
+        close(out_w);
+    if (err_w >= 0)
+        close(err_w);
+    if (ctl[0] >= 0)
+        close(ctl[0]);
     if (pid < 0) {
+        if (ctl[1] >= 0)
+            close(ctl[1]);
         close_stream(&rk->out);
         close_stream(&rk->err);
         errno = saved;
@@ -496,9 +919,56 @@ static int start_rank(int rank, char *const argv[], envv_t *env)
      * group exists before loomrun may signal it. */
     setpgid(pid, pid);
     rk->pid = pid;
+    rk->ctl = ctl[1];
     rk->running = 1;
     g_nrunning++;
     return 0;
+}
+
+/* The command a remote rank's ssh runs there, in the login shell (sh syntax):
+ *
+ *  - fd 3 keeps ssh's stdin for the watcher; the program gets /dev/null.
+ *  - The watcher, in the background, turns each line loomrun writes ("TERM")
+ *    into that signal for the whole process group (sshd made the shell a
+ *    session and group leader, so the group is the rank and its children),
+ *    and at EOF, that is when loomrun or its ssh client went away, sends
+ *    SIGTERM and, if the rank is still there after the grace time, SIGKILL.
+ *  - The shell traps those signals (a trap, unlike ignoring, is undone for
+ *    the program by exec) so that it outlives the program and passes on its
+ *    status: 128+N for a death by signal N. ssh itself would report 255 for
+ *    a shell killed by a signal, the same as for a failed connection.
+ *  - The shell's own stderr goes to /dev/null once the program is set up,
+ *    so "Terminated" from bash for the program it waited for does not read
+ *    as the rank's output.
+ *  - MARKER tells loomrun that the host answered and the program starts. */
+static void remote_script(strbuf_t *b, const char *wdir, int store_port, const host_t *h)
+{
+    char line[160];
+    sb_str(b, "cd -- ");
+    sb_quote(b, wdir);
+    sb_str(b, " || exit 127\n"
+              "exec 3<&0 </dev/null\n"
+              "trap : INT TERM HUP\n"
+              "{ trap '' INT TERM HUP\n"
+              "  while read -r s <&3; do kill -s \"$s\" 0; done\n"
+              "  kill -s TERM 0\n");
+    snprintf(line, sizeof(line), "  if kill -0 $$; then sleep %d; kill -s KILL 0; fi\n",
+             GRACE_MS / 1000);
+    sb_str(b, line);
+    sb_str(b, "} >/dev/null 2>&1 &\n"
+              "exec 3<&- 4>&2 2>/dev/null\n");
+    if (h->store == NULL) {
+        /* No route from here to the host's name (an ssh alias?): the address
+         * the host sees this machine's connection come from will do. */
+        sb_str(b, "a=${SSH_CLIENT%% *}\n"
+                  "case $a in *:*) a=\"[$a]\";; esac\n");
+    }
+    sb_str(b, "echo '" MARKER "'\n");
+    sb_str(b, "env");
+    if (h->store == NULL) {
+        snprintf(line, sizeof(line), " \"LOOM_STORE=tcp://$a:%d\"", store_port);
+        sb_str(b, line);
+    }
 }
 
 /* ---- command line ------------------------------------------------------------ */
@@ -506,27 +976,53 @@ static int start_rank(int rank, char *const argv[], envv_t *env)
 static void usage(FILE *f)
 {
     fprintf(f,
-        "Usage: loomrun -np N [-x VAR[=value]]... [--timeout S] prog [args...]\n"
+        "Usage: loomrun [-np N] [-H HOSTS | --hostfile FILE] [options] prog [args...]\n"
         "\n"
-        "Start N ranks of prog on this host, serve their rendezvous store and tag\n"
-        "their output with the rank.\n"
+        "Start N ranks of prog: forked on this machine, through ssh on other hosts,\n"
+        "or through srun inside a Slurm allocation. loomrun serves the ranks'\n"
+        "rendezvous store and tags their output with the rank.\n"
+        "\n"
+        "Where the ranks run:\n"
+        "  -np N, -n N       number of ranks (default: the hosts' slots, or SLURM_NTASKS)\n"
+        "  -H, --host HOSTS  host1:slots,host2:slots (slots default to 1); ranks fill\n"
+        "                    the hosts in order. localhost, 127.0.0.1, this machine's\n"
+        "                    name and addresses fork here, other hosts go through ssh\n"
+        "  --hostfile FILE   one host per line as \"host slots=N\"; # starts a comment\n"
+        "  --ssh-port P      port of the remote hosts' sshd\n"
+        "  --ssh-identity-file FILE  private key for ssh (ssh -i)\n"
+        "  --wdir DIR        directory the ranks run in (default: the current one,\n"
+        "                    on remote hosts too)\n"
+        "Without -H and --hostfile, inside a Slurm allocation (SLURM_JOB_ID set) the\n"
+        "job is `srun --ntasks=N --kill-on-bad-exit=1 prog args`, elsewhere N local\n"
+        "ranks (-H localhost:N forces that inside an allocation too).\n"
         "\n"
         "Options:\n"
-        "  -np N, -n N       number of ranks (required, at least 1)\n"
         "  -x VAR=value      set VAR in the ranks' environment\n"
-        "  -x VAR            pass loomrun's own value of VAR to the ranks\n"
-        "  --timeout S       seconds a Loom call may wait (LOOM_TIMEOUT for the ranks)\n"
+        "  -x VAR            pass loomrun's value of VAR (local ranks inherit loomrun's\n"
+        "                    whole environment; remote ones get -x variables and LOOM_*)\n"
+        "  --timeout S       seconds a Loom call may wait (LOOM_TIMEOUT for the ranks);\n"
+        "                    also the time a host has to answer (default: LOOM_TIMEOUT,\n"
+        "                    else %.0f)\n"
+        "  --output-filename DIR  also write rank N's stdout and stderr to\n"
+        "                    DIR/rank.N/stdout and DIR/rank.N/stderr (under srun,\n"
+        "                    srun writes them instead of the console)\n"
         "  -h, --help        show this help and exit\n"
         "  --version         show the version and exit\n"
         "  --                end of options (for a program whose name starts with '-')\n"
         "\n"
-        "Each rank gets LOOM_RANK, LOOM_SIZE, LOOM_LOCAL_RANK, LOOM_LOCAL_SIZE,\n"
-        "LOOM_STORE (tcp://127.0.0.1:PORT, served by loomrun) and LOOM_JOB_ID.\n"
+        "Each rank gets LOOM_RANK, LOOM_SIZE, LOOM_LOCAL_RANK, LOOM_LOCAL_SIZE (its\n"
+        "place among the ranks on its host), LOOM_STORE (tcp://ADDR:PORT, served by\n"
+        "loomrun on 127.0.0.1, or on all interfaces when a host is remote) and\n"
+        "LOOM_JOB_ID; with -H or --hostfile also LOOM_HOST_ID=the host as given, so\n"
+        "-H localhost:2,127.0.0.1:2 acts out two nodes on this machine. Under srun,\n"
+        "srun numbers the ranks (SLURM_PROCID...).\n"
         "Every output line is prefixed with \"[R]<stdout>: \" or \"[R]<stderr>: \".\n"
-        "SIGINT, SIGTERM and SIGHUP are forwarded to all ranks. When a rank exits\n"
+        "SIGINT, SIGTERM and SIGHUP are forwarded to all ranks, remote ones included;\n"
+        "a remote rank also ends when its ssh connection does. When a rank exits\n"
         "non-zero or is killed, the others get SIGTERM and %d s later SIGKILL, and\n"
-        "loomrun exits with that rank's code (128+N for signal N).\n",
-        GRACE_MS / 1000);
+        "loomrun names the rank and its host and exits with that rank's code (128+N\n"
+        "for signal N). A host ssh cannot reach ends the job with code 255.\n",
+        DEFAULT_ANSWER_S, GRACE_MS / 1000);
 }
 
 static void usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -543,10 +1039,19 @@ static void usage_error(const char *fmt, ...)
 
 typedef struct options {
     int np;
-    const char *timeout;
-    const char **xvars;  /* "VAR" or "VAR=value", as given */
+    const char *timeout;       /* as given */
+    double timeout_s;          /* 0: not given */
+    const char **xvars;        /* "VAR" or "VAR=value", as given */
     int nx;
-    char **argv;         /* the program and its arguments */
+    const char *hostlist;      /* -H, as given (several are joined) */
+    const char *hostfile;
+    const char *ssh_port;
+    const char *ssh_identity;
+    const char *wdir;
+    const char *output_dir;
+    host_t *hosts;
+    int nhosts;
+    char **argv;               /* the program and its arguments */
 } options_t;
 
 /* The value of an option: "--opt=value" or the next argument. */
@@ -559,10 +1064,96 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name, co
     return argv[++*i];
 }
 
+static void parse_hostlist(options_t *o, const char *list)
+{
+    const char *p = list;
+    for (;;) {
+        size_t n = strcspn(p, ",");
+        const char *name = p, *slots = NULL;
+        size_t nlen = n;
+        if (n > 0 && p[0] == '[') {
+            /* [IPv6]:slots */
+            const char *close = memchr(p, ']', n);
+            if (close == NULL)
+                usage_error("-H: '%.*s' has '[' without ']'", (int)n, p);
+            name = p + 1;
+            nlen = (size_t)(close - name);
+            if (close + 1 < p + n) {
+                if (close[1] != ':')
+                    usage_error("-H: '%.*s' is not [address]:slots", (int)n, p);
+                slots = close + 2;
+            }
+        } else {
+            const char *colon = memchr(p, ':', n);
+            /* Two colons without brackets: a bare IPv6 address, one slot. */
+            if (colon != NULL && memchr(colon + 1, ':', (size_t)(p + n - colon - 1)) == NULL) {
+                nlen = (size_t)(colon - p);
+                slots = colon + 1;
+            }
+        }
+        int s = 1;
+        if (slots != NULL && (s = parse_slots(slots, (size_t)(p + n - slots))) < 0)
+            usage_error("-H: '%.*s': the slots are not an integer >= 1", (int)n, p);
+        if (nlen == 0)
+            usage_error("-H: '%s' has an empty host name", list);
+        add_host(&o->hosts, &o->nhosts, name, nlen, s);
+        if (p[n] == '\0')
+            break;
+        p += n + 1;
+    }
+}
+
+/* Open MPI's and Horovod's format: "host [slots=N] [max_slots=M]" per line;
+ * '#' starts a comment. max_slots is accepted and ignored (we never
+ * oversubscribe). */
+static void parse_hostfile(options_t *o, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        usage_error("--hostfile %s: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    int lineno = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        lineno++;
+        line[strcspn(line, "#\r\n")] = '\0';
+        char *save = NULL, *host = strtok_r(line, " \t", &save);
+        if (host == NULL)
+            continue;
+        int slots = 1;
+        for (char *tok; (tok = strtok_r(NULL, " \t", &save)) != NULL;) {
+            if (strncmp(tok, "slots=", 6) == 0) {
+                if ((slots = parse_slots(tok + 6, strlen(tok + 6))) < 0)
+                    usage_error("%s:%d: '%s': the slots are not an integer >= 1", path, lineno,
+                                tok);
+            } else if (strncmp(tok, "max_slots=", 10) != 0 && strncmp(tok, "max-slots=", 10) != 0) {
+                usage_error("%s:%d: unexpected '%s' (the format is \"host slots=N\")", path,
+                            lineno, tok);
+            }
+        }
+        add_host(&o->hosts, &o->nhosts, host, strlen(host), slots);
+    }
+    free(line);
+    fclose(f);
+    if (o->nhosts == 0)
+        usage_error("--hostfile %s names no host", path);
+}
+
+static int is_var_name(const char *s, size_t n)
+{
+    if (n == 0 || isdigit((unsigned char)s[0]))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '_')
+            return 0;
+    return 1;
+}
+
 static void parse_args(int argc, char **argv, options_t *o)
 {
     memset(o, 0, sizeof(*o));
     o->xvars = xrealloc(NULL, (size_t)argc * sizeof(char *));
+    strbuf_t hostlist = { 0 };
     int i;
     for (i = 1; i < argc; i++) {
         char *a = argv[i];
@@ -575,6 +1166,7 @@ static void parse_args(int argc, char **argv, options_t *o)
         /* Long options accept "--opt=value" too. */
         const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
         size_t nlen = eq != NULL ? (size_t)(eq - a) : strlen(a);
+#define IS_LONG(s) (nlen == sizeof(s) - 1 && strncmp(a, s, nlen) == 0)
 
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
@@ -583,8 +1175,7 @@ static void parse_args(int argc, char **argv, options_t *o)
             printf("loomrun (Loom) %d.%d.%d\n", LOOM_VERSION_MAJOR, LOOM_VERSION_MINOR,
                    LOOM_VERSION_PATCH);
             exit(0);
-        } else if (strcmp(a, "-np") == 0 || strcmp(a, "-n") == 0 ||
-                   (nlen == 4 && strncmp(a, "--np", 4) == 0)) {
+        } else if (strcmp(a, "-np") == 0 || strcmp(a, "-n") == 0 || IS_LONG("--np")) {
             const char *v = opt_value(argc, argv, &i, "-np", eq);
             char *end;
             errno = 0;
@@ -592,27 +1183,96 @@ static void parse_args(int argc, char **argv, options_t *o)
             if (end == v || *end != '\0' || errno != 0 || n < 1 || n > INT_MAX / 2)
                 usage_error("-np: '%s' is not a rank count (an integer >= 1)", v);
             o->np = (int)n;
+        } else if (strcmp(a, "-H") == 0 || IS_LONG("--host") || IS_LONG("--hosts")) {
+            const char *v = opt_value(argc, argv, &i, "-H", eq);
+            if (v[0] == '\0')
+                usage_error("-H: no hosts given");
+            if (hostlist.len > 0)
+                sb_add(&hostlist, ",", 1);
+            sb_str(&hostlist, v);
+        } else if (IS_LONG("--hostfile")) {
+            o->hostfile = opt_value(argc, argv, &i, "--hostfile", eq);
+        } else if (IS_LONG("--ssh-port")) {
+            const char *v = opt_value(argc, argv, &i, "--ssh-port", eq);
+            int p = parse_slots(v, strlen(v));
+            if (p < 1 || p > 65535)
+                usage_error("--ssh-port: '%s' is not a port (1-65535)", v);
+            o->ssh_port = v;
+        } else if (IS_LONG("--ssh-identity-file")) {
+            o->ssh_identity = opt_value(argc, argv, &i, "--ssh-identity-file", eq);
+            if (o->ssh_identity[0] == '\0')
+                usage_error("--ssh-identity-file: empty file name");
+        } else if (IS_LONG("--wdir") || strcmp(a, "-wdir") == 0) {
+            o->wdir = opt_value(argc, argv, &i, "--wdir", eq);
+            if (o->wdir[0] == '\0')
+                usage_error("--wdir: empty directory name");
+        } else if (IS_LONG("--output-filename")) {
+            o->output_dir = opt_value(argc, argv, &i, "--output-filename", eq);
+            if (o->output_dir[0] == '\0')
+                usage_error("--output-filename: empty directory name");
         } else if (strcmp(a, "-x") == 0) {
             const char *v = opt_value(argc, argv, &i, "-x", NULL);
-            if (v[0] == '\0' || v[0] == '=')
+            if (!is_var_name(v, strcspn(v, "=")))
                 usage_error("-x: '%s' does not start with a variable name", v);
             o->xvars[o->nx++] = v;
-        } else if (nlen == 9 && strncmp(a, "--timeout", 9) == 0) {
+        } else if (IS_LONG("--timeout")) {
             const char *v = opt_value(argc, argv, &i, "--timeout", eq);
             char *end;
             double t = strtod(v, &end);
-            if (end == v || *end != '\0' || !(t > 0))
+            if (end == v || *end != '\0' || !(t > 0) || t > 1e7)
                 usage_error("--timeout: '%s' is not a positive number of seconds", v);
             o->timeout = v;
+            o->timeout_s = t;
         } else {
             usage_error("unknown option '%s'", a);
         }
+#undef IS_LONG
     }
     if (i >= argc)
         usage_error("no program to run");
-    if (o->np == 0)
-        usage_error("-np N is required");
+    if (hostlist.len > 0 && o->hostfile != NULL)
+        usage_error("-H and --hostfile: give the hosts one way");
+    if (hostlist.len > 0)
+        parse_hostlist(o, hostlist.p);
+    else if (o->hostfile != NULL)
+        parse_hostfile(o, o->hostfile);
+    sb_free(&hostlist);
     o->argv = argv + i;
+}
+
+/* mkdir -p, for --output-filename. */
+static int make_dirs(const char *path)
+{
+    char *p = xstrdup(path);
+    int rc = 0;
+    for (char *s = p + 1; rc == 0; s++) {
+        if (*s != '/' && *s != '\0')
+            continue;
+        char c = *s;
+        *s = '\0';
+        if (mkdir(p, 0777) != 0 && errno != EEXIST)
+            rc = -1;
+        *s = c;
+        if (c == '\0')
+            break;
+    }
+    free(p);
+    return rc;
+}
+
+static int open_output_file(const char *dir, int rank, const char *which)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/rank.%d", dir, rank);
+    if (make_dirs(path) != 0)
+        fatal("--output-filename: cannot create %s: %s", path, strerror(errno));
+    if (which == NULL)
+        return -1;
+    snprintf(path, sizeof(path), "%s/rank.%d/%s", dir, rank, which);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0)
+        fatal("--output-filename: cannot create %s: %s", path, strerror(errno));
+    return fd;
 }
 
 /* ---- the job ----------------------------------------------------------------- */
@@ -629,19 +1289,148 @@ static int rank_exited(int r, siginfo_t *si)
     return si->si_pid == g_ranks[r].pid;
 }
 
-static void report(int rank, const siginfo_t *si)
+/* Say how rank r failed, in one line, and return loomrun's exit code for it. */
+static int report(int r, const siginfo_t *si)
 {
-    if (si->si_code == CLD_EXITED)
-        fprintf(stderr, "loomrun: rank %d exited with code %d\n", rank, si->si_status);
+    rank_t *rk = &g_ranks[r];
+    const char *host = g_hosts[rk->host].name;
+    int code = si->si_code == CLD_EXITED ? si->si_status : 128 + si->si_status;
+
+    if (rk->kind == RANK_SRUN) {
+        if (si->si_code == CLD_EXITED)
+            fprintf(stderr, "loomrun: srun exited with code %d\n", code);
+        else
+            fprintf(stderr, "loomrun: srun was killed by signal %s (%d)\n",
+                    signal_name(si->si_status), si->si_status);
+        return code;
+    }
+    if (si->si_code != CLD_EXITED) {
+        if (rk->kind == RANK_SSH)
+            fprintf(stderr, "loomrun: rank %d on host %s: its ssh client was killed by signal "
+                    "%s (%d)\n", r, host, signal_name(si->si_status), si->si_status);
+        else
+            fprintf(stderr, "loomrun: rank %d on host %s was killed by signal %s (%d)\n", r,
+                    host, signal_name(si->si_status), si->si_status);
+        return code;
+    }
+    if (rk->kind == RANK_SSH && !rk->started) {
+        if (code == EXIT_UNREACHABLE) {
+            const char *why = last_held_line(rk);
+            fprintf(stderr, "loomrun: cannot reach host %s: %s\n", host,
+                    why != NULL ? why : "ssh exited with code 255");
+            return code;
+        }
+        flush_held(rk);   /* the remote shell's complaint, e.g. about --wdir */
+    }
+    /* A remote shell reports a death by signal N as 128+N, like any shell;
+     * a program that exits with such a code on purpose reads the same. */
+    if (rk->kind == RANK_SSH && rk->started && code > 128 && code < 128 + 32 &&
+        strcmp(signal_name(code - 128), "unknown signal") != 0)
+        fprintf(stderr, "loomrun: rank %d on host %s was killed by signal %s (%d)\n", r, host,
+                signal_name(code - 128), code - 128);
+    else if (rk->kind == RANK_SSH && code == EXIT_UNREACHABLE)
+        fprintf(stderr, "loomrun: rank %d on host %s exited with code 255 (or its ssh "
+                "connection failed)\n", r, host);
     else
-        fprintf(stderr, "loomrun: rank %d was killed by signal %s (%d)\n", rank,
-                signal_name(si->si_status), si->si_status);
+        fprintf(stderr, "loomrun: rank %d on host %s exited with code %d\n", r, host, code);
+    return code;
+}
+
+static char *format_int(int v)
+{
+    char buf[24];
+    snprintf(buf, sizeof(buf), "%d", v);
+    return xstrdup(buf);
 }
 
 int main(int argc, char **argv)
 {
     options_t opt;
     parse_args(argc, argv, &opt);
+
+    /* Where the ranks go. */
+    const char *slurm_job = getenv("SLURM_JOB_ID");
+    int slurm = opt.nhosts == 0 && slurm_job != NULL && slurm_job[0] != '\0';
+    int named_hosts = opt.nhosts > 0;
+    char me[256] = "localhost";
+    if (gethostname(me, sizeof(me) - 1) != 0 || me[0] == '\0')
+        strcpy(me, "localhost");
+    if (slurm && opt.np == 0) {
+        const char *n = getenv("SLURM_NTASKS");
+        if (n == NULL || n[0] == '\0')
+            n = getenv("SLURM_NPROCS");
+        if (n == NULL || (opt.np = parse_slots(n, strlen(n))) < 0)
+            usage_error("-np N is required (SLURM_NTASKS is not set)");
+    }
+    if (!named_hosts) {
+        if (opt.np == 0)
+            usage_error("-np N is required (or -H/--hostfile)");
+        add_host(&opt.hosts, &opt.nhosts, me, strlen(me), opt.np);
+    }
+    long total = 0;
+    for (int h = 0; h < opt.nhosts; h++)
+        total += opt.hosts[h].slots;
+    if (opt.np == 0)
+        opt.np = total > INT_MAX / 2 ? INT_MAX / 2 : (int)total;
+    if (!slurm && opt.np > total)
+        usage_error("-np %d is more than the %ld slots of the hosts", opt.np, total);
+    int any_remote = 0;
+    for (int h = 0; h < opt.nhosts; h++) {
+        opt.hosts[h].local = !named_hosts || is_local_host(opt.hosts[h].name);
+        any_remote |= !opt.hosts[h].local;
+    }
+    g_hosts = opt.hosts;
+    g_nhosts = opt.nhosts;
+    g_np = slurm ? 1 : opt.np;
+    g_ranks = xrealloc(NULL, (size_t)g_np * sizeof(rank_t));
+    memset(g_ranks, 0, (size_t)g_np * sizeof(rank_t));
+    for (int r = 0, h = 0; r < g_np; r++) {
+        rank_t *rk = &g_ranks[r];
+        while (!slurm && g_hosts[h].nranks == g_hosts[h].slots)
+            h++;
+        rk->host = h;
+        g_hosts[h].nranks++;
+        rk->kind = slurm ? RANK_SRUN : g_hosts[h].local ? RANK_LOCAL : RANK_SSH;
+        rk->out.fd = rk->err.fd = rk->out.file = rk->err.file = rk->ctl = -1;
+        rk->answer_by = -1;
+    }
+
+    /* The remote working directory defaults to ours; --output-filename and
+     * --wdir are taken relative to where loomrun runs. */
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof(cwd)) == NULL)
+        fatal("getcwd: %s", strerror(errno));
+    /* A relative --wdir means the same directory everywhere (a shared file
+     * system), not one under each remote home. */
+    strbuf_t remote_wdir = { 0 };
+    if (opt.wdir != NULL && opt.wdir[0] == '/') {
+        sb_str(&remote_wdir, opt.wdir);
+    } else {
+        sb_str(&remote_wdir, cwd);
+        if (opt.wdir != NULL) {
+            sb_str(&remote_wdir, "/");
+            sb_str(&remote_wdir, opt.wdir);
+        }
+    }
+    char *outdir = NULL;
+    if (opt.output_dir != NULL) {
+        if (make_dirs(opt.output_dir) != 0)
+            fatal("--output-filename: cannot create %s: %s", opt.output_dir, strerror(errno));
+        outdir = realpath(opt.output_dir, NULL);
+        if (outdir == NULL)
+            fatal("--output-filename: %s: %s", opt.output_dir, strerror(errno));
+    }
+
+    /* How long a host may take to answer: ssh's ConnectTimeout and our own
+     * deadline for the remote script to start the program. */
+    double answer_s = opt.timeout_s;
+    if (answer_s <= 0) {
+        const char *t = getenv("LOOM_TIMEOUT");
+        char *end;
+        answer_s = t != NULL ? strtod(t, &end) : 0;
+        if (t == NULL || end == t || *end != '\0' || !(answer_s > 0) || answer_s > 1e7)
+            answer_s = DEFAULT_ANSWER_S;
+    }
 
     /* Signals stay blocked until the ranks are started: the store server
      * thread inherits the mask (so the handlers run on this thread), and a
@@ -656,14 +1445,84 @@ int main(int argc, char **argv)
     sigprocmask(SIG_BLOCK, &block, &g_orig_mask);
     install_handlers();
 
+    /* Remote ranks (and srun's, on other nodes) reach the store over the
+     * network; local-only jobs keep it on loopback. */
     loom_err_t err;
     loom_err_clear(&err);
     loom_store_server_t *srv = NULL;
-    if (loom_store_server_start("127.0.0.1", 0, &err, &srv) != LOOM_SUCCESS)
+    if (loom_store_server_start(any_remote || slurm ? NULL : "127.0.0.1", 0, &err, &srv) !=
+        LOOM_SUCCESS)
         fatal("cannot start the rendezvous store: %s", err.msg);
+    int port = loom_store_server_port(srv);
 
-    envv_t env;
-    env_init(&env);
+    /* Each host gets the store at the address of ours that routes to it. Local
+     * ranks listen on the interface of their store connection, so with remote
+     * hosts they need an address those hosts reach, not 127.0.0.1. */
+    char addr[NI_MAXHOST];
+    char *local_store = NULL;
+    for (int h = 0; h < g_nhosts; h++) {
+        if (g_hosts[h].local || g_hosts[h].nranks == 0)
+            continue;
+        if (route_addr(g_hosts[h].name, addr, sizeof(addr)) == 0) {
+            g_hosts[h].store = store_uri(addr, port);
+            if (local_store == NULL)
+                local_store = xstrdup(g_hosts[h].store);
+        }
+    }
+    if (slurm) {
+        const char *nodes = getenv("SLURM_JOB_NODELIST");
+        if (nodes == NULL || nodes[0] == '\0')
+            nodes = getenv("SLURM_NODELIST");
+        char node[256] = "";
+        if (nodes != NULL)
+            first_slurm_node(nodes, node, sizeof(node));
+        if ((node[0] != '\0' && route_addr(node, addr, sizeof(addr)) == 0) ||
+            own_addr(addr, sizeof(addr)) == 0)
+            local_store = store_uri(addr, port);
+        else
+            local_store = store_uri(me, port);
+    } else if (any_remote && local_store == NULL) {
+        if (own_addr(addr, sizeof(addr)) == 0) {
+            local_store = store_uri(addr, port);
+        } else {
+            local_store = store_uri("127.0.0.1", port);
+            for (int r = 0; r < g_np; r++) {
+                if (g_ranks[r].kind == RANK_LOCAL) {
+                    fprintf(stderr, "loomrun: warning: no address of this machine found that "
+                            "the remote hosts reach; local ranks use 127.0.0.1 (set "
+                            "LOOM_SOCKET_IFNAME)\n");
+                    break;
+                }
+            }
+        }
+    } else if (local_store == NULL) {
+        local_store = store_uri("127.0.0.1", port);
+    }
+    for (int h = 0; h < g_nhosts; h++)
+        if (g_hosts[h].local)
+            g_hosts[h].store = xstrdup(local_store);
+
+    /* Unique per run, so ranks of an earlier job still connecting to a reused
+     * port are refused by the handshake. */
+    char jobid[64];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(jobid, sizeof(jobid), "%llx%06x",
+             (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec,
+             (unsigned)getpid() & 0xffffffu);
+    char *size_s = format_int(opt.np);
+
+    /* The environment of local ranks (and srun): ours, -x on top, loomrun's
+     * own variables last so -x cannot break the rendezvous. Remote ranks get
+     * only what is passed on their command line: LOOM_* settings of ours, -x,
+     * and loomrun's variables. (Values on a command line can be seen in ps
+     * there; pass secrets such as LOOM_AUTH_KEY_FILE as a file name.) */
+    envv_t env, xenv;
+    env_init(&env, 1);
+    env_init(&xenv, 0);
+    for (char **p = environ; p != NULL && *p != NULL; p++)
+        if (strncmp(*p, "LOOM_", 5) == 0 && !loomrun_sets(*p))
+            env_push(&xenv, xstrdup(*p));
     for (int i = 0; i < opt.nx; i++) {
         const char *x = opt.xvars[i];
         const char *eq = strchr(x, '=');
@@ -671,41 +1530,160 @@ int main(int argc, char **argv)
             char *name = xstrdup(x);
             name[eq - x] = '\0';
             env_set(&env, name, eq + 1);
+            env_set(&xenv, name, eq + 1);
             free(name);
         } else if (getenv(x) != NULL) {
             env_set(&env, x, getenv(x));
+            env_set(&xenv, x, getenv(x));
         } else {
             fprintf(stderr, "loomrun: warning: -x %s: %s is not set, not passed\n", x, x);
         }
     }
-    /* loomrun's own variables come last: -x cannot break the rendezvous. */
-    char buf[64];
-    snprintf(buf, sizeof(buf), "%d", opt.np);
-    env_set(&env, "LOOM_SIZE", buf);
-    env_set(&env, "LOOM_LOCAL_SIZE", buf);
-    snprintf(buf, sizeof(buf), "tcp://127.0.0.1:%d", loom_store_server_port(srv));
-    env_set(&env, "LOOM_STORE", buf);
-    /* Unique per run, so ranks of an earlier job still connecting to a reused
-     * port are refused by the handshake. */
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    snprintf(buf, sizeof(buf), "%llx%06x",
-             (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec,
-             (unsigned)getpid() & 0xffffffu);
-    env_set(&env, "LOOM_JOB_ID", buf);
-    if (opt.timeout != NULL)
+    if (opt.timeout != NULL) {
         env_set(&env, "LOOM_TIMEOUT", opt.timeout);
+        env_set(&xenv, "LOOM_TIMEOUT", opt.timeout);
+    }
+    env_set(&env, "LOOM_JOB_ID", jobid);
+    env_set(&xenv, "LOOM_JOB_ID", jobid);
 
-    g_np = opt.np;
-    g_ranks = xrealloc(NULL, (size_t)g_np * sizeof(rank_t));
-    memset(g_ranks, 0, (size_t)g_np * sizeof(rank_t));
-    for (int r = 0; r < g_np; r++) {
-        g_ranks[r].out.fd = g_ranks[r].err.fd = -1;
-        if (start_rank(r, opt.argv, &env) < 0)
-            fatal("cannot start rank %d: %s", r, strerror(errno));
+    if (slurm) {
+        /* srun numbers the tasks; variables of an enclosing launcher would
+         * take precedence over SLURM_PROCID in loom_init. */
+        static const char *const stale[] = { "LOOM_RANK", "LOOM_SIZE", "LOOM_LOCAL_RANK",
+                                             "LOOM_LOCAL_SIZE", "RANK", "WORLD_SIZE",
+                                             "LOCAL_RANK", "LOCAL_WORLD_SIZE" };
+        for (size_t i = 0; i < sizeof(stale) / sizeof(stale[0]); i++)
+            env_unset(&env, stale[i]);
+        env_set(&env, "LOOM_STORE", local_store);
+        strbuf_t ntasks = { 0 }, so = { 0 }, se = { 0 }, chdir_opt = { 0 };
+        char *sargv[16 + 1];
+        int k = 0;
+        sargv[k++] = "srun";
+        sb_str(&ntasks, "--ntasks=");
+        sb_str(&ntasks, size_s);
+        sargv[k++] = ntasks.p;
+        sargv[k++] = "--kill-on-bad-exit=1";
+        if (opt.wdir != NULL) {
+            sb_str(&chdir_opt, "--chdir=");
+            sb_str(&chdir_opt, opt.wdir);
+            sargv[k++] = chdir_opt.p;
+        }
+        if (outdir != NULL) {
+            /* srun writes the files itself (%t: the task's rank); its console
+             * output then holds only what srun says. */
+            for (int r = 0; r < opt.np; r++)
+                open_output_file(outdir, r, NULL);
+            sb_str(&so, "--output=");
+            sb_str(&so, outdir);
+            sb_str(&so, "/rank.%t/stdout");
+            sb_str(&se, "--error=");
+            sb_str(&se, outdir);
+            sb_str(&se, "/rank.%t/stderr");
+            sargv[k++] = so.p;
+            sargv[k++] = se.p;
+        }
+        int nargs = 0;
+        while (opt.argv[nargs] != NULL)
+            nargs++;
+        char **full = xrealloc(NULL, (size_t)(k + nargs + 1) * sizeof(char *));
+        memcpy(full, sargv, (size_t)k * sizeof(char *));
+        memcpy(full + k, opt.argv, (size_t)(nargs + 1) * sizeof(char *));
+        if (start_rank(0, full, env.v, NULL) < 0)
+            fatal("cannot start srun: %s", strerror(errno));
+        free(full);
+        sb_free(&ntasks);
+        sb_free(&so);
+        sb_free(&se);
+        sb_free(&chdir_opt);
+    } else {
+        env_set(&env, "LOOM_SIZE", size_s);
+        env_set(&xenv, "LOOM_SIZE", size_s);
+        char timeout_opt[64];
+        snprintf(timeout_opt, sizeof(timeout_opt), "ConnectTimeout=%d",
+                 answer_s >= INT_MAX - 1 ? INT_MAX - 1 : (int)answer_s + (answer_s > (int)answer_s));
+        int *placed = xrealloc(NULL, (size_t)g_nhosts * sizeof(int));
+        memset(placed, 0, (size_t)g_nhosts * sizeof(int));
+        for (int r = 0; r < g_np; r++) {
+            rank_t *rk = &g_ranks[r];
+            host_t *h = &g_hosts[rk->host];
+            char *rank_s = format_int(r), *lrank_s = format_int(placed[rk->host]++),
+                 *lsize_s = format_int(h->nranks);
+            if (outdir != NULL) {
+                rk->out.file = open_output_file(outdir, r, "stdout");
+                rk->err.file = open_output_file(outdir, r, "stderr");
+            }
+            int rc;
+            if (rk->kind == RANK_LOCAL) {
+                env_set(&env, "LOOM_RANK", rank_s);
+                env_set(&env, "LOOM_LOCAL_RANK", lrank_s);
+                env_set(&env, "LOOM_LOCAL_SIZE", lsize_s);
+                env_set(&env, "LOOM_STORE", h->store);
+                if (named_hosts)
+                    env_set(&env, "LOOM_HOST_ID", h->name);
+                rc = start_rank(r, opt.argv, env.v, opt.wdir);
+            } else {
+                env_set(&xenv, "LOOM_RANK", rank_s);
+                env_set(&xenv, "LOOM_LOCAL_RANK", lrank_s);
+                env_set(&xenv, "LOOM_LOCAL_SIZE", lsize_s);
+                env_set(&xenv, "LOOM_HOST_ID", h->name);
+                if (h->store != NULL)
+                    env_set(&xenv, "LOOM_STORE", h->store);
+                else
+                    env_unset(&xenv, "LOOM_STORE");
+                strbuf_t script = { 0 };
+                remote_script(&script, remote_wdir.p, port, h);
+                for (size_t i = 0; i < xenv.n; i++) {
+                    sb_add(&script, " ", 1);
+                    sb_quote(&script, xenv.v[i]);
+                }
+                for (char **p = opt.argv; *p != NULL; p++) {
+                    sb_add(&script, " ", 1);
+                    sb_quote(&script, *p);
+                }
+                sb_str(&script, " 2>&4 4>&-\nexit $?\n");
+                char *sargv[24];
+                int k = 0;
+                sargv[k++] = "ssh";
+                sargv[k++] = "-o";
+                sargv[k++] = "BatchMode=yes";
+                sargv[k++] = "-o";
+                sargv[k++] = "StrictHostKeyChecking=accept-new";
+                sargv[k++] = "-o";
+                sargv[k++] = timeout_opt;
+                /* Keeps "Permanently added ... to the list of known hosts" out
+                 * of the ranks' output; errors still show. */
+                sargv[k++] = "-o";
+                sargv[k++] = "LogLevel=ERROR";
+                if (opt.ssh_port != NULL) {
+                    sargv[k++] = "-p";
+                    sargv[k++] = (char *)opt.ssh_port;
+                }
+                if (opt.ssh_identity != NULL) {
+                    sargv[k++] = "-i";
+                    sargv[k++] = (char *)opt.ssh_identity;
+                }
+                sargv[k++] = "--";   /* a host name is never an option */
+                sargv[k++] = h->name;
+                sargv[k++] = script.p;
+                sargv[k] = NULL;
+                rc = start_rank(r, sargv, env.v, NULL);
+                rk->answer_by = now_ms() + (long long)(answer_s * 1000);
+                sb_free(&script);
+            }
+            if (rc < 0)
+                fatal("cannot start rank %d: %s", r, strerror(errno));
+            free(rank_s);
+            free(lrank_s);
+            free(lsize_s);
+        }
+        free(placed);
     }
     env_free(&env);
+    env_free(&xenv);
     free(opt.xvars);
+    free(size_s);
+    free(local_store);
+    sb_free(&remote_wdir);
     sigprocmask(SIG_SETMASK, &g_orig_mask, NULL);
 
     struct pollfd *pfd = xrealloc(NULL, (size_t)(2 * g_np + 1) * sizeof(struct pollfd));
@@ -720,6 +1698,7 @@ int main(int argc, char **argv)
         pfd[n].fd = g_sigpipe[0];
         pfd[n].events = POLLIN;
         pstream[n++] = NULL;
+        long long wake = -1;   /* the next deadline, if any */
         for (int r = 0; r < g_np; r++) {
             stream_t *ss[2] = { &g_ranks[r].out, &g_ranks[r].err };
             for (int k = 0; k < 2; k++) {
@@ -729,11 +1708,16 @@ int main(int argc, char **argv)
                 pfd[n].events = POLLIN;
                 pstream[n++] = ss[k];
             }
+            if (g_ranks[r].running && g_ranks[r].answer_by >= 0 &&
+                (wake < 0 || g_ranks[r].answer_by < wake))
+                wake = g_ranks[r].answer_by;
         }
+        if (kill_at >= 0 && !killed && (wake < 0 || kill_at < wake))
+            wake = kill_at;
         int wait_ms = -1;
-        if (kill_at >= 0 && !killed) {
-            long long left = kill_at - now_ms();
-            wait_ms = left > 0 ? (int)left : 0;
+        if (wake >= 0) {
+            long long left = wake - now_ms();
+            wait_ms = left > 0 ? (left > INT_MAX ? INT_MAX : (int)left) : 0;
         }
         int ready = poll(pfd, (nfds_t)n, wait_ms);
         if (ready < 0 && errno != EINTR)
@@ -766,30 +1750,50 @@ int main(int argc, char **argv)
 
         for (int r = 0; reap && r < g_np; r++) {
             siginfo_t si;
-            if (g_ranks[r].running && rank_exited(r, &si)) {
-                g_ranks[r].running = 0;
+            rank_t *rk = &g_ranks[r];
+            if (rk->running && rank_exited(r, &si)) {
+                rk->running = 0;
                 g_nrunning--;
+                if (rk->ctl >= 0)
+                    close(rk->ctl);
+                rk->ctl = -1;
+                rk->answer_by = -1;
                 /* Everything the rank wrote is in the pipes now; print it
                  * before any verdict. Output of its own background children
                  * after this point is not collected. */
-                pump(&g_ranks[r].out, 1);
-                pump(&g_ranks[r].err, 1);
-                close_stream(&g_ranks[r].out);
-                close_stream(&g_ranks[r].err);
+                pump(&rk->out, 1);
+                pump(&rk->err, 1);
+                close_stream(&rk->out);
+                close_stream(&rk->err);
 
                 int code = si.si_code == CLD_EXITED ? si.si_status : 128 + si.si_status;
                 /* Only the first failure is the cause; ranks ending because
                  * we (or the user, through us) signalled them are not. */
                 if (code != 0 && exit_code == 0 && !got_signal) {
-                    exit_code = code;
-                    report(r, &si);
+                    exit_code = report(r, &si);
                     kill_all(SIGTERM);
                     if (kill_at < 0)
                         kill_at = now_ms() + GRACE_MS;
                 }
+                sb_free(&rk->held);
             }
         }
-        if (kill_at >= 0 && !killed && now_ms() >= kill_at) {
+        long long now = now_ms();
+        for (int r = 0; r < g_np; r++) {
+            rank_t *rk = &g_ranks[r];
+            if (!rk->running || rk->answer_by < 0 || now < rk->answer_by)
+                continue;
+            rk->answer_by = -1;
+            if (exit_code == 0 && !got_signal) {
+                fprintf(stderr, "loomrun: cannot reach host %s: no answer within %g s\n",
+                        g_hosts[rk->host].name, answer_s);
+                exit_code = EXIT_UNREACHABLE;
+                kill_all(SIGTERM);
+                if (kill_at < 0)
+                    kill_at = now + GRACE_MS;
+            }
+        }
+        if (kill_at >= 0 && !killed && now >= kill_at) {
             kill_all(SIGKILL);
             killed = 1;   /* once is enough: SIGKILL cannot be caught */
         }
@@ -809,7 +1813,14 @@ int main(int argc, char **argv)
     free(pstream);
     free(g_ranks);
     free(g_out);
+    sb_free(&g_fbuf);
     g_ranks = NULL;
+    for (int h = 0; h < g_nhosts; h++) {
+        free(g_hosts[h].name);
+        free(g_hosts[h].store);
+    }
+    free(g_hosts);
+    free(outdir);
 
     if (exit_code != 0)
         return exit_code;
