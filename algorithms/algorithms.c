@@ -5,9 +5,10 @@
  * The choice is a small crossover table (bytes, ranks) per collective: the
  * first row whose limits hold and whose algorithm can run wins; collectives
  * without rows, or without a row that fits, get the first algorithm of the
- * table that can run. The numbers are initial guesses from the literature
- * (MPICH's defaults, Thakur et al. 2005) and are meant to be replaced by
- * measurements (loom-perf) on the fabrics we care about.
+ * table that can run. The allreduce rows come from measurements on a 2-core
+ * machine over loopback TCP (below); the allgather rows are still guesses
+ * from the literature (MPICH's defaults, Thakur et al. 2005). Faster fabrics
+ * move the crossovers: LOOM_ALGO overrides them.
  */
 #include <stdint.h>
 #include <string.h>
@@ -77,9 +78,15 @@ typedef struct crossover {
 } crossover_t;
 
 static const crossover_t crossovers[] = {
-    { LOOM_COLL_ALLREDUCE, 1, (size_t)16 << 10, "recdbl" },
-    { LOOM_COLL_ALLREDUCE, 32, (size_t)4 << 20, "rabenseifner" },
-    { LOOM_COLL_ALLREDUCE, 1, (size_t)1 << 20, "rabenseifner" },
+    /* allreduce rows measured over loopback TCP on 2 cores (bench/loom_bench.c,
+     * each algorithm forced, float32 sum, us per call):
+     *            16 KiB: recdbl/rab/ring   64 KiB        1 MiB          4 MiB          16 MiB
+     *   2 ranks  8.6 / 12.5 / 12.1        24 / 22 / 22  449 / 278 / 301  1807/1708/1199  11889/8724/8158
+     *   4 ranks  31 / 37 / 67             91 / 61 / 99  1924 / 760 / 876 9258/5561/6093  47951/28280/27107
+     *   8 ranks  94 / 112 / 215           264/172/243   4982/1948/3558   30689/12709/15934 146858/68634/64834 */
+    { LOOM_COLL_ALLREDUCE, 1, (size_t)32 << 10, "recdbl" },
+    { LOOM_COLL_ALLREDUCE, 3, (size_t)8 << 20, "rabenseifner" },
+    { LOOM_COLL_ALLREDUCE, 1, (size_t)2 << 20, "rabenseifner" },
     { LOOM_COLL_ALLREDUCE, 1, SIZE_MAX, "ring" },
     { LOOM_COLL_ALLGATHER, 1, (size_t)256 << 10, "bruck" },
     { LOOM_COLL_ALLGATHER, 1, SIZE_MAX, "ring" },
