@@ -323,7 +323,11 @@ static loom_status_t create_from(const loom_settings_t *cfg, int rank, int size,
     c->rank = rank;
     c->size = size;
     loom_err_clear(&c->work_err);
-    snprintf(c->prefix, sizeof(c->prefix), "loom/%s/world", cfg->job_id);
+    /* Every rank creates its communicators in the same order, so the count tells
+     * apart the keys of a second world communicator from those of the first. */
+    static _Atomic int ncreated;
+    snprintf(c->prefix, sizeof(c->prefix), "loom/%s/world%d", cfg->job_id,
+             atomic_fetch_add(&ncreated, 1));
     loom_status_t st = LOOM_SUCCESS;
     if (size > 1) {
         c->store = calloc(1, sizeof(*c->store));

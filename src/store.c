@@ -7,10 +7,12 @@
 #endif
 #include <errno.h>
 #include <inttypes.h>
+#include <netdb.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "store.h"
@@ -466,6 +468,22 @@ loom_status_t loom_store_delete(loom_store_t *s, const char *key, int *existed_p
     if (existed_p != NULL)
         *existed_p = existed;
     return LOOM_SUCCESS;
+}
+
+int loom_store_fd_local_host(int fd, char *host, size_t hostlen)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    char buf[NI_MAXHOST];
+
+    if (fd < 0 || getsockname(fd, (struct sockaddr *)&ss, &sl) != 0)
+        return -1;
+    if (getnameinfo((struct sockaddr *)&ss, sl, buf, sizeof(buf), NULL, 0, NI_NUMERICHOST) != 0)
+        return -1;
+    if (strlen(buf) >= hostlen)
+        return -1;
+    strcpy(host, buf);
+    return 0;
 }
 
 int loom_store_local_host(loom_store_t *s, char *host, size_t hostlen)

@@ -48,6 +48,8 @@ loom_status_t loom_store_delete(loom_store_t *s, const char *key, int *existed_p
  * transport can listen on the interface that reaches the other ranks. Returns
  * 0 and fills host, or -1 (file:// store, or unknown). */
 int loom_store_local_host(loom_store_t *s, char *host, size_t hostlen);
+/* The numeric local address of connected socket fd, for backends' local_host. */
+int loom_store_fd_local_host(int fd, char *host, size_t hostlen);
 
 /* ---- The tcp:// server, used by rank 0, loomrun and loom-store. ---------- */
 typedef struct loom_store_server loom_store_server_t;

@@ -675,19 +675,7 @@ static loom_status_t redis_del(void *impl, const char *key, int *existed_p, loom
 static int redis_local_host(void *impl, char *host, size_t hostlen)
 {
     redis_store_t *r = impl;
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
-    char buf[NI_MAXHOST];
-
-    if (r->ctx == NULL || r->ctx->fd < 0 ||
-        getsockname(r->ctx->fd, (struct sockaddr *)&ss, &sl) != 0)
-        return -1;
-    if (getnameinfo((struct sockaddr *)&ss, sl, buf, sizeof(buf), NULL, 0, NI_NUMERICHOST) != 0)
-        return -1;
-    if (strlen(buf) >= hostlen)
-        return -1;
-    strcpy(host, buf);
-    return 0;
+    return r->ctx == NULL ? -1 : loom_store_fd_local_host(r->ctx->fd, host, hostlen);
 }
 
 const loom_store_ops_t loom_store_redis_ops = {

@@ -670,18 +670,7 @@ static loom_status_t tcp_del(void *impl, const char *key, int *existed_p, loom_e
 static int tcp_local_host(void *impl, char *host, size_t hostlen)
 {
     tcp_store_t *t = impl;
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
-    char buf[NI_MAXHOST];
-
-    if (t->fd < 0 || getsockname(t->fd, (struct sockaddr *)&ss, &sl) != 0)
-        return -1;
-    if (getnameinfo((struct sockaddr *)&ss, sl, buf, sizeof(buf), NULL, 0, NI_NUMERICHOST) != 0)
-        return -1;
-    if (strlen(buf) >= hostlen)
-        return -1;
-    strcpy(host, buf);
-    return 0;
+    return loom_store_fd_local_host(t->fd, host, hostlen);
 }
 
 const loom_store_ops_t loom_store_tcp_ops = {

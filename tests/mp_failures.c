@@ -172,11 +172,21 @@ static int stranger_rank(loom_comm_t unused, void *arg)
         loom_store_t *s;
         if (loom_store_open(getenv("LOOM_STORE"), -1, 10, &err, &s) != LOOM_SUCCESS)
             return 1;
+        /* The key names the how-many-th communicator this process creates. */
         char key[256];
-        snprintf(key, sizeof(key), "loom/%s/world/addr/0", getenv("LOOM_JOB_ID"));
-        char *val;
+        char *val = NULL;
         size_t len;
-        if (loom_store_get(s, key, (void **)&val, &len, 10, &err) != LOOM_SUCCESS) {
+        for (double t0 = mp_now(); !val && mp_now() - t0 < 10;) {
+            for (int k = 0; k < 8 && !val; k++) {
+                loom_err_t probe = {0};
+                snprintf(key, sizeof(key), "loom/%s/world%d/addr/0", getenv("LOOM_JOB_ID"), k);
+                if (loom_store_get(s, key, (void **)&val, &len, 0.0, &probe) != LOOM_SUCCESS)
+                    val = NULL;
+            }
+            if (!val)
+                usleep(10000);
+        }
+        if (!val) {
             loom_store_close(s);
             return 1;
         }

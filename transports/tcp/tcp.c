@@ -780,24 +780,39 @@ static void rq_append(tcp_peer_t *peer, loom_tp_req_t *req)
     peer->rq_tail = req;
 }
 
+/* Unlink and return the oldest receive posted for f's tag, after checking that
+ * f fits it (a mismatch fails the instance); NULL when none is posted. */
+static loom_tp_req_t *rq_take(loom_tp_t *tp, tcp_peer_t *peer, const loom_frame_t *f)
+{
+    loom_tp_req_t *prev = NULL;
+    for (loom_tp_req_t *r = peer->rq_head; r; prev = r, r = r->next) {
+        if (!tag_matches(r, f))
+            continue;
+        loom_status_t st = loom_frame_check(f, r, tp->rank, tp->err);
+        if (st != LOOM_SUCCESS) {
+            tp_fail(tp, st, "%s", tp->err->msg);
+            return NULL;
+        }
+        if (prev)
+            prev->next = r->next;
+        else
+            peer->rq_head = r->next;
+        if (peer->rq_tail == r)
+            peer->rq_tail = prev;
+        return r;
+    }
+    return NULL;
+}
+
 /* A message to ourselves (user send/recv to self): matched in memory. */
 static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req)
 {
     tcp_peer_t *self = &tp->peers[tp->rank];
     loom_frame_t f = {.kind = LOOM_FRAME_DATA, .match = req->match, .len = req->len};
-    loom_tp_req_t *prev = NULL;
-    for (loom_tp_req_t *r = self->rq_head; r; prev = r, r = r->next) {
-        if (!tag_matches(r, &f))
-            continue;
-        loom_status_t st = loom_frame_check(&f, r, tp->rank, tp->err);
-        if (st != LOOM_SUCCESS)
-            return tp_fail(tp, st, "%s", tp->err->msg);
-        if (prev)
-            prev->next = r->next;
-        else
-            self->rq_head = r->next;
-        if (self->rq_tail == r)
-            self->rq_tail = prev;
+    loom_tp_req_t *r = rq_take(tp, self, &f);
+    if (tp->failed)
+        return tp->failed;
+    if (r) {
         if (req->len)
             memcpy(r->buf, req->buf, req->len);
         r->off = r->len;
@@ -914,22 +929,9 @@ static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_fra
     peer->cur_off = 0;
     peer->cur_req = NULL;
     peer->cur_unexp = NULL;
-    loom_tp_req_t *prev = NULL;
-    for (loom_tp_req_t *r = peer->rq_head; r; prev = r, r = r->next) {
-        if (!tag_matches(r, f))
-            continue;
-        loom_status_t st = loom_frame_check(f, r, tp->rank, tp->err);
-        if (st != LOOM_SUCCESS)
-            return tp_fail(tp, st, "%s", tp->err->msg);
-        if (prev)
-            prev->next = r->next;
-        else
-            peer->rq_head = r->next;
-        if (peer->rq_tail == r)
-            peer->rq_tail = prev;
-        peer->cur_req = r;
-        break;
-    }
+    peer->cur_req = rq_take(tp, peer, f);
+    if (tp->failed)
+        return tp->failed;
     tp->nframes++;
     peer->in_frame = 1;
     if (!peer->cur_req && (f->match.tag & COLL_TAG_BIT) && f->len >= HOLD_MIN_BYTES) {
