@@ -11,6 +11,7 @@
  * move the crossovers: LOOM_ALGO overrides them.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "algorithms.h"
@@ -19,6 +20,7 @@ const loom_algo_t loom_algorithms[] = {
     { LOOM_COLL_ALLREDUCE, "ring", loom_allreduce_ring, NULL },
     { LOOM_COLL_ALLREDUCE, "rabenseifner", loom_allreduce_rabenseifner, NULL },
     { LOOM_COLL_ALLREDUCE, "recdbl", loom_allreduce_recdbl, NULL },
+    { LOOM_COLL_ALLREDUCE, "hierarchical", loom_allreduce_hierarchical, NULL },
     { LOOM_COLL_BROADCAST, "binomial", loom_broadcast_binomial, NULL },
     { LOOM_COLL_REDUCE, "binomial", loom_reduce_binomial, NULL },
     { LOOM_COLL_ALLGATHER, "ring", loom_allgather_ring, NULL },
@@ -92,6 +94,35 @@ static const crossover_t crossovers[] = {
     { LOOM_COLL_ALLGATHER, 1, SIZE_MAX, "ring" },
 };
 
+/* hierarchical allreduce, when the job spans several nodes with the same
+ * number (> 1) of ranks on each, from this many bytes up. A first guess, to
+ * be measured: below it the three phases' extra latencies (2(L-1) intra-node
+ * steps on top of the inter-node allreduce) cost more than the inter-node
+ * traffic saved (the flat ring sends 2(n-1)/n of the vector over the slow
+ * links per rank, the hierarchical one 2(M-1)/M of a 1/L slice). */
+#define HIERARCHICAL_MIN_BYTES ((size_t)256 << 10)
+
+void loom_ctx_set_topology(loom_ctx_t *ctx, const int *node_of, int node_count)
+{
+    ctx->node_of = node_of;
+    ctx->node_count = node_count;
+    ctx->ranks_per_node = 0;
+    if (node_of == NULL || node_count < 1 || ctx->size % node_count != 0)
+        return;
+    /* Uniform iff no node holds more than size / node_count ranks (the node
+     * indices are dense, so then every node holds exactly that many). */
+    const int per = ctx->size / node_count;
+    int *seen = calloc((size_t)node_count, sizeof(int));
+    if (seen == NULL)
+        return;   /* unknown topology: flat algorithms, still correct */
+    int ok = 1;
+    for (int r = 0; r < ctx->size && ok; r++)
+        ok = node_of[r] >= 0 && node_of[r] < node_count && ++seen[node_of[r]] <= per;
+    free(seen);
+    if (ok)
+        ctx->ranks_per_node = per;
+}
+
 static int runnable(const loom_algo_t *algo, const loom_ctx_t *ctx, const loom_coll_args_t *a)
 {
     return algo != NULL && (algo->can_run == NULL || algo->can_run(ctx, a));
@@ -128,6 +159,12 @@ const loom_algo_t *loom_algo_select(const loom_ctx_t *ctx, const loom_coll_args_
     size_t bytes = mul_sat(a->count, a->esize);
     if (a->coll == LOOM_COLL_ALLGATHER)
         bytes = mul_sat(bytes, (size_t)ctx->size);
+    if (a->coll == LOOM_COLL_ALLREDUCE && ctx->ranks_per_node > 1 &&
+        ctx->size > ctx->ranks_per_node && bytes >= HIERARCHICAL_MIN_BYTES) {
+        algo = loom_algo_find(a->coll, "hierarchical");
+        if (runnable(algo, ctx, a))
+            goto out;
+    }
     for (size_t i = 0; i < sizeof(crossovers) / sizeof(crossovers[0]); i++) {
         const crossover_t *c = &crossovers[i];
         if (c->coll != a->coll || ctx->size < c->min_ranks || bytes >= c->below_bytes)

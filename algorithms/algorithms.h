@@ -60,7 +60,25 @@ typedef struct loom_ctx {
     size_t segment_bytes;    /* pipelining unit for ring algorithms (LOOM_SEGMENT_BYTES) */
     struct loom_timeline *timeline;   /* LOOM_TIMELINE, or NULL */
     int timeline_tid;        /* the row of this communicator in the trace */
+    /* A view on a subset of the transport's ranks, so an algorithm can run
+     * another one on part of the job (hierarchical algorithms): rank and size
+     * are the view's, p2p peers are view indices and rank_map[i] is the
+     * transport's rank of index i (NULL: the identity). step_base is added to
+     * every step, so the phases of one collective never share a tag. */
+    const int *rank_map;
+    uint32_t step_base;
+    /* Topology: node_of[r] in [0, node_count) is the node of the transport's
+     * rank r (NULL: unknown, everything is treated as flat); ranks_per_node is
+     * how many of this context's ranks each node it spans holds when that
+     * number is the same on every such node, 0 otherwise. */
+    const int *node_of;
+    int node_count;
+    int ranks_per_node;
 } loom_ctx_t;
+
+/* Set the topology of a context whose ranks are the transport's (no rank_map):
+ * node_of (kept, not copied) and node_count, and ranks_per_node derived from them. */
+void loom_ctx_set_topology(loom_ctx_t *ctx, const int *node_of, int node_count);
 
 /* ---- p2p (src/p2p.c): tagged messages inside the running collective. -----
  * step distinguishes messages of one collective; messages between a pair with
@@ -109,6 +127,7 @@ const loom_algo_t *loom_algo_find(loom_coll_t coll, const char *name);
 loom_status_t loom_allreduce_ring(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_allreduce_rabenseifner(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_allreduce_recdbl(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_allreduce_hierarchical(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_broadcast_binomial(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_reduce_binomial(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_allgather_ring(loom_ctx_t *ctx, const loom_coll_args_t *a);

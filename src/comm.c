@@ -134,6 +134,7 @@ static void comm_free(loom_comm_t c)
 {
     loom_timeline_release(c->ctx.timeline);
     free(c->ctx.scratch);
+    free(c->node_of);
     pthread_mutex_destroy(&c->err_lock);
     pthread_mutex_destroy(&c->qlock);
     pthread_cond_destroy(&c->qcond);
@@ -252,15 +253,22 @@ static loom_status_t rendezvous(loom_comm_t c)
 
     /* Ranks on one host are numbered in rank order; hosts in order of first rank. */
     c->local_rank = c->local_size = c->node_rank = c->node_count = 0;
+    free(c->node_of);
+    if ((c->node_of = malloc(sizeof(int) * (size_t)c->size)) == NULL) {
+        st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+        goto out;
+    }
     for (int r = 0; r < c->size; r++) {
         int first = 1;
         for (int q = 0; q < r && first; q++)
-            if (strcmp(hosts[q], hosts[r]) == 0)
+            if (strcmp(hosts[q], hosts[r]) == 0) {
                 first = 0;
+                c->node_of[r] = c->node_of[q];
+            }
         if (first) {
             if (strcmp(hosts[r], myid) == 0)
                 c->node_rank = c->node_count;
-            c->node_count++;
+            c->node_of[r] = c->node_count++;
         }
         if (strcmp(hosts[r], myid) == 0) {
             if (r < c->rank)
@@ -294,6 +302,7 @@ static void init_ctx(loom_comm_t c)
     c->ctx.spin_yield = c->cfg.spin_yield;
     c->ctx.err = &c->work_err;
     c->ctx.segment_bytes = c->cfg.segment_bytes;
+    loom_ctx_set_topology(&c->ctx, c->node_of, c->node_count);
 }
 
 /* Everything after the store is open: shared by create and split. */

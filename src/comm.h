@@ -39,6 +39,7 @@ struct loom_request {
 struct loom_comm {
     int rank, size;
     int local_rank, local_size, node_rank, node_count;
+    int *node_of;                 /* [rank]: node index, as rendezvous numbers them */
     loom_settings_t cfg;
     loom_store_ref_t *store;      /* NULL for a single-rank communicator */
     char prefix[256];             /* its keys in the store */

@@ -29,14 +29,15 @@ static double monotonic_s(void)
 static uint64_t coll_tag(const loom_ctx_t *ctx, uint32_t step)
 {
     return LOOM_COLL_TAG_BIT | ((ctx->seq & ((UINT64_C(1) << 39) - 1)) << 24) |
-           (uint64_t)(step & 0xffffffu);
+           (uint64_t)((ctx->step_base + step) & 0xffffffu);
 }
 
+/* peer is an index of the context's view; the transport knows real ranks. */
 static void fill_req(loom_ctx_t *ctx, int peer, uint32_t step, const void *buf, size_t bytes,
                      loom_tp_req_t *req)
 {
     memset(req, 0, sizeof(*req));
-    req->peer = peer;
+    req->peer = ctx->rank_map ? ctx->rank_map[peer] : peer;
     req->buf = (void *)buf;
     req->len = bytes;
     req->match.tag = coll_tag(ctx, step);
@@ -133,7 +134,8 @@ static loom_status_t waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n)
             return loom_err_set(ctx->err, LOOM_ERR_TIMEOUT,
                                 "timed out: rank %d waited %.1f s (LOOM_TIMEOUT) without progress "
                                 "for %zu bytes with rank %d",
-                                ctx->rank, ctx->timeout_s, r->len - r->off, r->peer);
+                                ctx->rank_map ? ctx->rank_map[ctx->rank] : ctx->rank,
+                                ctx->timeout_s, r->len - r->off, r->peer);
         }
     }
     for (int i = 0; i < n; i++)

@@ -897,6 +897,30 @@ static body_fn body_of(loom_coll_t coll)
     }
 }
 
+/* Run body once on n ranks (nodes of per_node consecutive ranks; 0: no
+ * topology) and check it left no failure and no stray message. */
+static void run_one(const loom_algo_t *algo, body_fn body, int n, int flags, int per_node,
+                    int big)
+{
+    const char *mname = flags & LOOM_HARNESS_RENDEZVOUS ? "rendezvous" : "eager";
+    run_t run;
+    memset(&run, 0, sizeof(run));
+    run.algo = algo;
+    run.n = n;
+    run.big = big;
+    pthread_mutex_init(&run.lock, NULL);
+    pthread_barrier_init(&run.barrier, NULL, (unsigned)n);
+    int left = loom_harness_run_nodes(n, flags, per_node, body, &run);
+    pthread_barrier_destroy(&run.barrier);
+    pthread_mutex_destroy(&run.lock);
+    ck_assert_msg(run.failures == 0, "%s/%s on %d ranks, %d per node (%s): %d failures, first: %s",
+                  loom_coll_name(algo->coll), algo->name, n, per_node, mname, run.failures,
+                  run.first);
+    ck_assert_msg(left == 0,
+                  "%s/%s on %d ranks, %d per node (%s): harness returned %d (stray messages)",
+                  loom_coll_name(algo->coll), algo->name, n, per_node, mname, left);
+}
+
 /* Run body on 1..MAX_RANKS ranks, over a buffering (eager) transport and over
  * one where sends complete only when matched (rendezvous); the big count on 3
  * (odd, not a power of two: uneven blocks, fold) and MAX_RANKS ranks. */
@@ -904,25 +928,9 @@ static void sweep(const loom_algo_t *algo, body_fn body)
 {
     ck_assert_ptr_nonnull(body);
     for (int mode = 0; mode < 2; mode++)
-    for (int n = 1; n <= MAX_RANKS; n++) {
-        const int flags = mode ? LOOM_HARNESS_RENDEZVOUS : 0;
-        const char *mname = mode ? "rendezvous" : "eager";
-        run_t run;
-        memset(&run, 0, sizeof(run));
-        run.algo = algo;
-        run.n = n;
-        run.big = n == 3 || n == MAX_RANKS;
-        pthread_mutex_init(&run.lock, NULL);
-        pthread_barrier_init(&run.barrier, NULL, (unsigned)n);
-        int left = loom_harness_run_ex(n, flags, body, &run);
-        pthread_barrier_destroy(&run.barrier);
-        pthread_mutex_destroy(&run.lock);
-        ck_assert_msg(run.failures == 0, "%s/%s on %d ranks (%s): %d failures, first: %s",
-                      loom_coll_name(algo->coll), algo->name, n, mname, run.failures,
-                      run.first);
-        ck_assert_msg(left == 0, "%s/%s on %d ranks (%s): harness returned %d (stray messages)",
-                      loom_coll_name(algo->coll), algo->name, n, mname, left);
-    }
+    for (int n = 1; n <= MAX_RANKS; n++)
+        run_one(algo, body, n, mode ? LOOM_HARNESS_RENDEZVOUS : 0, 0,
+                n == 3 || n == MAX_RANKS);
 }
 
 /* One test per table entry (a loop test over the table). */
@@ -938,6 +946,29 @@ START_TEST(test_allreduce_identical)
     for (size_t i = 0; i < loom_num_algorithms; i++)
         if (loom_algorithms[i].coll == LOOM_COLL_ALLREDUCE)
             sweep(&loom_algorithms[i], body_allreduce_identical);
+}
+END_TEST
+
+/* The hierarchical allreduce on emulated nodes, in both transport modes:
+ * 2x2, 3x2, 2x3 and 4x2 take the hierarchical path (2x3 with the big count:
+ * three uneven blocks), the others fall back to the ring. */
+START_TEST(test_hierarchical)
+{
+    static const struct { int n, per_node, big; } layouts[] = {
+        { 4, 2, 0 }, { 6, 2, 0 }, { 6, 3, 1 }, { 8, 2, 0 },
+        { 5, 2, 0 }, { 7, 3, 0 },     /* uneven nodes */
+        { 3, 3, 0 }, { 4, 1, 0 }, { 1, 1, 0 },   /* one node; one rank per node */
+    };
+    const loom_algo_t *algo = loom_algo_find(LOOM_COLL_ALLREDUCE, "hierarchical");
+    ck_assert_ptr_nonnull(algo);
+    for (int mode = 0; mode < 2; mode++)
+    for (size_t i = 0; i < sizeof(layouts) / sizeof(layouts[0]); i++) {
+        int flags = mode ? LOOM_HARNESS_RENDEZVOUS : 0;
+        run_one(algo, body_allreduce, layouts[i].n, flags, layouts[i].per_node,
+                layouts[i].big);
+        run_one(algo, body_allreduce_identical, layouts[i].n, flags, layouts[i].per_node,
+                layouts[i].big);
+    }
 }
 END_TEST
 
@@ -1013,6 +1044,33 @@ START_TEST(test_select)
     ck_assert_str_eq(loom_algo_select(&ctx, &g, NULL)->name, "bruck");
     g.count = 1 << 20;
     ck_assert_str_eq(loom_algo_select(&ctx, &g, NULL)->name, "ring");
+
+    /* hierarchical: several nodes with the same number > 1 of ranks, from 256 KiB. */
+    static const int four_by_two[8] = { 0, 0, 1, 1, 2, 2, 3, 3 };
+    static const int uneven[8] = { 0, 0, 0, 1, 1, 2, 2, 2 };
+    static const int one_node[8] = { 0 };
+    static const int one_each[8] = { 0, 1, 2, 3, 4, 5, 6, 7 };
+    loom_ctx_set_topology(&ctx, four_by_two, 4);
+    ck_assert_int_eq(ctx.ranks_per_node, 2);
+    r.count = 64 << 10;
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "hierarchical");
+    r.count = 64 << 20;
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "hierarchical");
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, "ring")->name, "ring");
+    r.count = (64 << 10) - 1;
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "rabenseifner");
+    g.count = 1 << 20;
+    ck_assert_str_eq(loom_algo_select(&ctx, &g, NULL)->name, "ring");
+    r.count = 64 << 20;
+    loom_ctx_set_topology(&ctx, uneven, 3);
+    ck_assert_int_eq(ctx.ranks_per_node, 0);
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "ring");
+    loom_ctx_set_topology(&ctx, one_node, 1);
+    ck_assert_int_eq(ctx.ranks_per_node, 8);
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "ring");
+    loom_ctx_set_topology(&ctx, one_each, 8);
+    ck_assert_int_eq(ctx.ranks_per_node, 1);
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "ring");
 }
 END_TEST
 
@@ -1117,6 +1175,7 @@ Suite *loom_algorithms_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_algorithm, 0, (int)loom_num_algorithms);
     tcase_add_test(tc, test_allreduce_identical);
+    tcase_add_test(tc, test_hierarchical);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -5,7 +5,11 @@
  *   counts {0, 1, 7, 1031, 100003} x every dtype x every op,
  *   plus the large count 2^22 for a few dtype/op pairs per algorithm
  *   (LOOM_MP_FULL=1: every dtype and op at 2^22 too; LOOM_MP_QUICK=1: fewer
- *   rank counts, for sanitizer builds).
+ *   rank counts, for sanitizer builds), and allreduce once more with the
+ *   automatic choice.
+ * LOOM_MP_SIZES="4 6" runs those rank counts instead; LOOM_MP_NODES=k acts out
+ * nodes of k ranks each (LOOM_HOST_ID, see mp_common.h), which the topology
+ * check expects and the hierarchical algorithms use.
  * Inputs are small integers, so every reduction is exact in every type and a
  * result must match the reference bit for bit.
  */
@@ -25,7 +29,7 @@
 
 #define LARGE_COUNT (1u << 22)
 static const size_t small_counts[] = {0, 1, 7, 1031, 100003};
-static int full_matrix, quick, launched;
+static int full_matrix, quick, launched, per_node;
 
 /* ---- values ------------------------------------------------------------- */
 
@@ -416,12 +420,19 @@ static int rank_main(loom_comm_t c, void *arg)
     int which = *(int *)arg;
     int n = loom_comm_size(c);
     int failures = 0;
-    for (size_t a = 0; a < loom_num_algorithms && failures == 0; a++) {
-        const loom_algo_t *algo = &loom_algorithms[a];
-        if (algo->coll != colls[which].coll)
+    /* a == loom_num_algorithms: allreduce with no algorithm forced. */
+    for (size_t a = 0; a <= loom_num_algorithms && failures == 0; a++) {
+        const loom_algo_t *algo = a < loom_num_algorithms ? &loom_algorithms[a] : NULL;
+        static const loom_algo_t auto_allreduce = {LOOM_COLL_ALLREDUCE, "auto", NULL, NULL};
+        if (algo == NULL && colls[which].coll == LOOM_COLL_ALLREDUCE)
+            algo = &auto_allreduce;
+        if (algo == NULL || algo->coll != colls[which].coll)
             continue;
-        snprintf(c->cfg.algo, sizeof(c->cfg.algo), "%s=%s", loom_coll_name(algo->coll),
-                 algo->name);
+        if (algo == &auto_allreduce)
+            c->cfg.algo[0] = '\0';
+        else
+            snprintf(c->cfg.algo, sizeof(c->cfg.algo), "%s=%s", loom_coll_name(algo->coll),
+                     algo->name);
         int nroots = colls[which].rooted ? (n > 1 ? 2 : 1) : 1;
         for (int ri = 0; ri < nroots && failures == 0; ri++) {
             int root = ri == 0 ? 0 : n - 1 - (n > 2);
@@ -524,9 +535,15 @@ static int p2p_main(loom_comm_t c, void *arg)
         bad = 1, fprintf(stderr, "rank %d: split with LOOM_UNDEFINED\n", r);
     if (none && none != (loom_comm_t)1)
         loom_comm_destroy(none);
-    if (!bad && !launched && (loom_comm_local_size(c) != n || loom_comm_node_count(c) != 1 ||
-                              loom_comm_local_rank(c) != r))
-        bad = 1, fprintf(stderr, "rank %d: topology wrong\n", r);
+    /* Nodes of per_node ranks (the last one may hold fewer); one node without LOOM_MP_NODES. */
+    int k = per_node > 0 ? per_node : n;
+    int want_local = n - r / k * k < k ? n - r / k * k : k;
+    if (!bad && !launched &&
+        (loom_comm_local_size(c) != want_local || loom_comm_node_count(c) != (n + k - 1) / k ||
+         loom_comm_local_rank(c) != r % k || loom_comm_node_rank(c) != r / k))
+        bad = 1, fprintf(stderr, "rank %d: topology wrong (local %d/%d, node %d/%d)\n", r,
+                         loom_comm_local_rank(c), loom_comm_local_size(c),
+                         loom_comm_node_rank(c), loom_comm_node_count(c));
     free(a);
     free(b);
     return bad;
@@ -560,9 +577,31 @@ int main(int argc, char **argv)
         return run_launched();
     full_matrix = getenv("LOOM_MP_FULL") != NULL;
     quick = getenv("LOOM_MP_QUICK") != NULL;
+    const char *nodes_env = getenv("LOOM_MP_NODES");
+    per_node = nodes_env ? atoi(nodes_env) : 0;
     static const int all_sizes[] = {1, 2, 3, 4, 5, 6, 7, 8}, quick_sizes[] = {1, 3, 4};
     const int *sizes = quick ? quick_sizes : all_sizes;
     int nsizes = quick ? 3 : 8;
+    int env_sizes[16];
+    const char *sizes_env = getenv("LOOM_MP_SIZES");
+    if (sizes_env) {
+        nsizes = 0;
+        for (char *p = (char *)sizes_env, *end; nsizes < 16; p = end) {
+            long v = strtol(p, &end, 10);
+            if (end == p)
+                break;
+            if (v < 1 || v > 64) {
+                fprintf(stderr, "LOOM_MP_SIZES: %ld is not a rank count (1..64)\n", v);
+                return 2;
+            }
+            env_sizes[nsizes++] = (int)v;
+        }
+        if (nsizes == 0) {
+            fprintf(stderr, "LOOM_MP_SIZES='%s' holds no rank count\n", sizes_env);
+            return 2;
+        }
+        sizes = env_sizes;
+    }
     for (int s = 0; s < nsizes; s++) {
         int n = sizes[s];
         char name[96];

@@ -51,6 +51,12 @@ static int run(int nranks, mp_rank_fn fn, void *arg, double limit_s, int raw)
             setenv("LOOM_RANK", v, 1);
             snprintf(v, sizeof(v), "%d", nranks);
             setenv("LOOM_SIZE", v, 1);
+            /* Emulated nodes: LOOM_MP_NODES=k puts ranks [i*k, (i+1)*k) on node i. */
+            const char *nodes = getenv("LOOM_MP_NODES");
+            if (nodes && atoi(nodes) > 0) {
+                snprintf(v, sizeof(v), "node%d", r / atoi(nodes));
+                setenv("LOOM_HOST_ID", v, 1);
+            }
             if (raw)
                 _exit(fn(NULL, arg) == 0 ? 0 : 1);
             loom_config_t cfg = LOOM_CONFIG_INIT;

@@ -8,7 +8,9 @@
 /* Runs in each rank; returns 0 on success. Output goes to stderr. */
 typedef int (*mp_rank_fn)(loom_comm_t comm, void *arg);
 
-/* Fork nranks processes, give each a communicator, run fn, destroy it. Returns
+/* Fork nranks processes, give each a communicator, run fn, destroy it. With
+ * LOOM_MP_NODES=k in the environment, rank r gets LOOM_HOST_ID=node<r/k>, so
+ * the ranks act out nodes of k ranks. Returns
  * the number of ranks that failed (non-zero exit, a signal, or not done within
  * limit_s, after which all are killed). */
 int mp_run(int nranks, mp_rank_fn fn, void *arg, double limit_s);

@@ -311,12 +311,21 @@ int loom_harness_run(int nranks, void (*fn)(loom_ctx_t *ctx, void *arg), void *a
 
 int loom_harness_run_ex(int nranks, int flags, void (*fn)(loom_ctx_t *ctx, void *arg), void *arg)
 {
+    return loom_harness_run_nodes(nranks, flags, 0, fn, arg);
+}
+
+int loom_harness_run_nodes(int nranks, int flags, int per_node,
+                           void (*fn)(loom_ctx_t *ctx, void *arg), void *arg)
+{
     world_t w;
+    int node_of[LOOM_HARNESS_MAX_RANKS];
     rank_thread_t *threads = NULL;
     int started = 0, ret = -1;
 
-    if (nranks < 1 || nranks > LOOM_HARNESS_MAX_RANKS)
+    if (nranks < 1 || nranks > LOOM_HARNESS_MAX_RANKS || per_node < 0)
         return -1;
+    for (int r = 0; r < nranks; r++)
+        node_of[r] = per_node ? r / per_node : 0;
     memset(&w, 0, sizeof(w));
     w.n = nranks;
     w.rendezvous = (flags & LOOM_HARNESS_RENDEZVOUS) != 0;
@@ -343,6 +352,8 @@ int loom_harness_run_ex(int nranks, int flags, void (*fn)(loom_ctx_t *ctx, void 
         t->ctx.spin_us = 0;
         t->ctx.err = &t->err;
         t->ctx.segment_bytes = 4096;
+        if (per_node > 0)
+            loom_ctx_set_topology(&t->ctx, node_of, (nranks + per_node - 1) / per_node);
         t->fn = fn;
         t->arg = arg;
     }

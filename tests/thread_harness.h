@@ -53,4 +53,10 @@ int loom_harness_run(int nranks, void (*fn)(loom_ctx_t *ctx, void *arg), void *a
 int loom_harness_run_ex(int nranks, int flags, void (*fn)(loom_ctx_t *ctx, void *arg),
                         void *arg);
 
+/* The same on emulated nodes: ranks [k*per_node, (k+1)*per_node) are node k
+ * (the last node holds fewer when per_node does not divide nranks), set in
+ * every context with loom_ctx_set_topology. per_node 0: no topology. */
+int loom_harness_run_nodes(int nranks, int flags, int per_node,
+                           void (*fn)(loom_ctx_t *ctx, void *arg), void *arg);
+
 #endif

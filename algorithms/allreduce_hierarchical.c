@@ -1,0 +1,234 @@
+/*
+ * allreduce_hierarchical.c - two-level allreduce for jobs that span several
+ * nodes: only a 1/L slice of the vector per rank crosses the slow inter-node
+ * links, where a flat ring sends nearly the whole vector per rank over them.
+ *
+ * Source: Horovod's hierarchical allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE);
+ * X. Jia et al., "Highly Scalable Deep Learning Training System with
+ * Mixed-Precision", arXiv:1807.11205, 2018 (section 4.2); NCCL's tree/ring
+ * split between intra- and inter-node channels follows the same idea.
+ *
+ * Steps, for M nodes holding L ranks each (ranks of a node taken in rank
+ * order, local index l), the vector cut into L blocks like allreduce_ring's
+ * (block b gets count/L elements, the first count%L one more):
+ *  (a) intra-node ring reduce-scatter over the L local ranks: at step
+ *      s = 0 .. L-2 send block (l-s-1) mod L to local l+1 (our input at s = 0,
+ *      the partial result of step s-1 after) and receive block (l-s-2) mod L
+ *      from local l-1, reducing our input of it into recvbuf; after L-1 steps
+ *      local rank l holds block l reduced over its node;
+ *  (b) block l allreduced among the M ranks of local index l, one per node
+ *      (M disjoint groups running in parallel, one per local index), by the
+ *      flat allreduce the selection picks for a block that size on M ranks;
+ *      for LOOM_AVG the block is then divided by the job's size, once;
+ *  (c) intra-node ring allgather (allgatherv_ring on the local ranks, uneven
+ *      blocks) spreads the L finished blocks.
+ * Each phase runs on a view of the context (rank_map) with its own step_base,
+ * so no two phases share a tag. Every element is reduced in one fixed order
+ * (its node's ring, then the inter-node algorithm, which is itself bitwise
+ * identical on its ranks) and then copied: the result is bitwise identical on
+ * every rank.
+ *
+ * Cost, per rank: (a) and (c) L-1 latencies and (L-1)/L * bytes each over the
+ * intra-node links; (b) the flat algorithm's cost for bytes/L on M ranks, e.g.
+ * 2(M-1)/M * bytes/L over the inter-node links for the ring.
+ *
+ * Limits: the hierarchical path needs the topology (ctx->node_of), more than
+ * one node and the same number L > 1 of the context's ranks on every node
+ * (ctx->ranks_per_node, checked against node_of);
+ * otherwise (one node, one rank per node, uneven nodes, unknown topology) it
+ * runs loom_allreduce_ring, so forcing it is always correct. Phases (a) and
+ * (c) are not pipelined (a step's block moves as one message and is reduced
+ * after it arrived): the intra-node links are assumed much faster than the
+ * inter-node ones.
+ * Memory: the rank maps (node_count + L + M ints) on the stack up to 256 ints,
+ * else one malloc per call; scratch: one block (count/L + 1 elements) in place
+ * only, 2L size_t for (c), and whatever the inter-node algorithm needs.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "algorithms.h"
+#include "reduce.h"
+
+/* Steps of a phase stay below this, so the phases' tags never meet. */
+#define PHASE_STEPS (UINT32_C(1) << 20)
+#define STACK_INTS 256
+
+static int mod(int x, int n)
+{
+    return ((x % n) + n) % n;
+}
+
+static size_t block_count(size_t count, int n, int b)
+{
+    return count / (size_t)n + ((size_t)b < count % (size_t)n ? 1 : 0);
+}
+
+static size_t block_offset(size_t count, int n, int b)
+{
+    size_t rem = count % (size_t)n;
+    return (size_t)b * (count / (size_t)n) + ((size_t)b < rem ? (size_t)b : rem);
+}
+
+static int real_rank(const loom_ctx_t *ctx, int i)
+{
+    return ctx->rank_map ? ctx->rank_map[i] : i;
+}
+
+/* A view shares the context's scratch; whatever the view grew it to is the
+ * context's now (the old buffer is already freed). */
+static void adopt_scratch(loom_ctx_t *ctx, const loom_ctx_t *view)
+{
+    ctx->scratch = view->scratch;
+    ctx->scratch_size = view->scratch_size;
+}
+
+/* Phase (a) on the local view v: afterwards out holds block v->rank reduced
+ * over the node (and, out of place, partial results in other blocks). */
+static loom_status_t local_reduce_scatter(loom_ctx_t *v, const loom_coll_args_t *a, loom_op_t op)
+{
+    const int n = v->size, r = v->rank;
+    const size_t es = a->esize, count = a->count;
+    const char *in = a->sendbuf;
+    char *out = a->recvbuf;
+    char *tmp = NULL;
+
+    /* In place a received block cannot land on the input it is reduced with. */
+    if (in == out && (tmp = loom_ctx_scratch(v, block_count(count, n, 0) * es)) == NULL)
+        return LOOM_ERR_NO_MEMORY;
+    const int right = mod(r + 1, n), left = mod(r - 1, n);
+    for (int s = 0; s < n - 1; s++) {
+        int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n);
+        size_t sc = block_count(count, n, sb), rc = block_count(count, n, rb);
+        const char *src = (s == 0 ? in : out) + block_offset(count, n, sb) * es;
+        char *dst = tmp ? tmp : out + block_offset(count, n, rb) * es;
+        loom_status_t st = loom_p2p_sendrecv(v, sc ? right : -1, src, sc * es, rc ? left : -1,
+                                             dst, rc * es, (uint32_t)s);
+        if (st != LOOM_SUCCESS)
+            return st;
+        if (rc > 0) {
+            size_t off = block_offset(count, n, rb) * es;
+            loom_ctx_reduce(v, out + off, in + off, dst, rc, a->dtype, op);
+        }
+    }
+    return LOOM_SUCCESS;
+}
+
+loom_status_t loom_allreduce_hierarchical(loom_ctx_t *ctx, const loom_coll_args_t *a)
+{
+    const int n = ctx->size;
+    const size_t es = a->esize;
+    int stack_ints[STACK_INTS], *ints = stack_ints;
+    loom_status_t st = LOOM_SUCCESS;
+
+    if (a->count == 0)
+        return LOOM_SUCCESS;
+    const int L = ctx->ranks_per_node, M = L > 0 ? n / L : 0;
+    if (ctx->node_of == NULL || L < 2 || M < 2 || n % L != 0)
+        return loom_allreduce_ring(ctx, a);
+    const int nodes = ctx->node_count;
+    const size_t nints = (size_t)nodes + (size_t)L + (size_t)M;
+    if (nints > STACK_INTS && (ints = malloc(nints * sizeof(int))) == NULL)
+        return loom_err_set(ctx->err, LOOM_ERR_NO_MEMORY, "hierarchical: out of memory");
+    int *per_node = ints, *local = ints + nodes, *cross = local + L;
+
+    /* Check what ranks_per_node claims (the maps are sized by it) and find l,
+     * our index among our node's ranks. Every rank sees the same node_of, so
+     * all of them fall back together. */
+    memset(per_node, 0, sizeof(int) * (size_t)nodes);
+    const int mynode = ctx->node_of[real_rank(ctx, ctx->rank)];
+    int l = 0, spanned = 0, uniform = 1;
+    for (int i = 0; i < n && uniform; i++) {
+        int nd = ctx->node_of[real_rank(ctx, i)];
+        uniform = nd >= 0 && nd < nodes && per_node[nd] < L;
+        if (uniform) {
+            spanned += per_node[nd]++ == 0;
+            l += nd == mynode && i < ctx->rank;
+        }
+    }
+    if (!uniform || spanned != M) {
+        st = loom_allreduce_ring(ctx, a);
+        goto out;
+    }
+
+    /* local: our node's ranks; cross: the l-th rank of every node, ordered by
+     * view index (every member of the group computes the same order). */
+    int m = 0, me_cross = -1;
+    memset(per_node, 0, sizeof(int) * (size_t)nodes);
+    for (int i = 0; i < n; i++) {
+        int nd = ctx->node_of[real_rank(ctx, i)], idx = per_node[nd]++;
+        if (nd == mynode)
+            local[idx] = real_rank(ctx, i);
+        if (idx == l) {
+            if (i == ctx->rank)
+                me_cross = m;
+            cross[m++] = real_rank(ctx, i);
+        }
+    }
+
+    const loom_op_t op = a->op == LOOM_AVG ? LOOM_SUM : a->op;
+    const size_t count = a->count, mine = block_count(count, L, l);
+    char *const block = (char *)a->recvbuf + block_offset(count, L, l) * es;
+
+    loom_ctx_t lv = *ctx;
+    lv.rank = l;
+    lv.size = L;
+    lv.rank_map = local;
+    lv.ranks_per_node = L;
+    lv.step_base = ctx->step_base;
+    st = local_reduce_scatter(&lv, a, op);
+    adopt_scratch(ctx, &lv);
+    if (st != LOOM_SUCCESS)
+        goto out;
+
+    if (mine > 0) {
+        loom_ctx_t xv = *ctx;
+        xv.rank = me_cross;
+        xv.size = M;
+        xv.rank_map = cross;
+        xv.ranks_per_node = 1;
+        xv.step_base = ctx->step_base + PHASE_STEPS;
+        loom_coll_args_t xa = *a;
+        xa.sendbuf = block;
+        xa.recvbuf = block;
+        xa.count = mine;
+        xa.op = op;
+        const loom_algo_t *algo = loom_algo_select(&xv, &xa, NULL);
+        /* One rank per node in the group: never ourselves again. */
+        loom_algo_fn run = algo && algo->run != loom_allreduce_hierarchical ? algo->run
+                                                                             : loom_allreduce_ring;
+        st = run(&xv, &xa);
+        adopt_scratch(ctx, &xv);
+        if (st != LOOM_SUCCESS)
+            goto out;
+        if (a->op == LOOM_AVG)
+            loom_reduce_avg_finalize(block, mine, a->dtype, n);
+    }
+
+    lv.scratch = ctx->scratch;
+    lv.scratch_size = ctx->scratch_size;
+    lv.step_base = ctx->step_base + 2 * PHASE_STEPS;
+    size_t *counts = loom_ctx_scratch(&lv, 2 * (size_t)L * sizeof(size_t));
+    adopt_scratch(ctx, &lv);
+    if (counts == NULL) {
+        st = LOOM_ERR_NO_MEMORY;
+        goto out;
+    }
+    size_t *displs = counts + L;
+    for (int b = 0; b < L; b++) {
+        counts[b] = block_count(count, L, b);
+        displs[b] = block_offset(count, L, b);
+    }
+    loom_coll_args_t ga = *a;
+    ga.coll = LOOM_COLL_ALLGATHERV;
+    ga.sendbuf = block;
+    ga.count = mine;
+    ga.counts = counts;
+    ga.displs = displs;
+    st = loom_allgatherv_ring(&lv, &ga);
+    adopt_scratch(ctx, &lv);
+out:
+    if (ints != stack_ints)
+        free(ints);
+    return st;
+}
