@@ -24,13 +24,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "check_store_util.h"
 #include "check_suites.h"
 #include "store.h"
 
 #ifdef HAVE_HIREDIS
 
 /* Generous: the suite also runs under valgrind. */
-#define LONG_TIMEOUT 20.0
 
 /* ---- A redis-server of our own. ------------------------------------------ */
 
@@ -179,59 +179,6 @@ static void teardown(void)
     redis_stop(&srv2);
     unsetenv("LOOM_REDIS_PASSWORD");
     unsetenv("LOOM_REDIS_USER");
-}
-
-/* ---- Helpers as in check_store.c. ---------------------------------------- */
-
-static loom_store_t *open_uri(const char *uri)
-{
-    loom_err_t err;
-    loom_store_t *s = NULL;
-    loom_err_clear(&err);
-    ck_assert_msg(loom_store_open(uri, -1, LONG_TIMEOUT, &err, &s) == LOOM_SUCCESS,
-                  "open %s: %s", uri, err.msg);
-    ck_assert_ptr_nonnull(s);
-    return s;
-}
-
-static void put(loom_store_t *s, const char *key, const void *val, size_t len)
-{
-    loom_err_t err;
-    loom_err_clear(&err);
-    ck_assert_msg(loom_store_set(s, key, val, len, &err) == LOOM_SUCCESS, "set %s: %s", key,
-                  err.msg);
-}
-
-static void put_str(loom_store_t *s, const char *key, const char *val)
-{
-    put(s, key, val, strlen(val));
-}
-
-static void expect(loom_store_t *s, const char *key, const void *want, size_t wlen)
-{
-    loom_err_t err;
-    void *val = NULL;
-    size_t len = 0;
-    loom_err_clear(&err);
-    ck_assert_msg(loom_store_get(s, key, &val, &len, LONG_TIMEOUT, &err) == LOOM_SUCCESS,
-                  "get %s: %s", key, err.msg);
-    ck_assert_uint_eq(len, wlen);
-    ck_assert(memcmp(val, want, wlen) == 0);
-    ck_assert_int_eq(((char *)val)[len], '\0');
-    free(val);
-}
-
-static void expect_str(loom_store_t *s, const char *key, const char *want)
-{
-    expect(s, key, want, strlen(want));
-}
-
-static void expect_absent(loom_store_t *s, const char *key)
-{
-    loom_err_t err;
-    const char *keys[1] = { key };
-    loom_err_clear(&err);
-    ck_assert_int_eq(loom_store_wait(s, keys, 1, 0.0, &err), LOOM_ERR_TIMEOUT);
 }
 
 /* ---- The store's semantics on a real server. ----------------------------- */
