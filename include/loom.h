@@ -94,7 +94,9 @@ LOOM_API loom_status_t loom_comm_create(const loom_config_t *cfg, loom_comm_t *c
 /** Collective over c: ranks with the same color form a new communicator ordered by
  *  (key, rank in c). color LOOM_UNDEFINED yields *out == NULL. */
 LOOM_API loom_status_t loom_comm_split(loom_comm_t c, int color, int key, loom_comm_t *out);
-/** Release c. Pending non-blocking operations are completed (or fail) first. */
+/** Release c. Pending non-blocking operations are completed (or fail) first;
+ *  their requests must still be finished with loom_wait/loom_test before this
+ *  call, since they refer to c. */
 LOOM_API loom_status_t loom_comm_destroy(loom_comm_t c);
 /** Fail every pending and later operation on c with LOOM_ERR_ABORTED. Thread-safe:
  *  meant to be called from another thread than the one blocked in a collective. */
