@@ -178,7 +178,7 @@ static loom_status_t rendezvous(loom_comm_t c)
     loom_tp_params_t params = {
         .rank = c->rank, .size = c->size, .job_hash = c->job_hash, .comm_hash = c->comm_hash,
         .ifname = c->cfg.ifname, .bind_host = bind_host, .sockbuf = c->cfg.socket_bufsize,
-        .spin_us = c->cfg.spin_us, .err = err};
+        .err = err};
     c->tp_ops = &loom_tcp_transport;
     if ((st = c->tp_ops->create(&params, addr, sizeof(addr), &c->tp)) != LOOM_SUCCESS)
         return st;

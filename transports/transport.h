@@ -48,7 +48,6 @@ typedef struct loom_tp_params {
     const char *ifname;      /* LOOM_SOCKET_IFNAME, NULL: choose */
     const char *bind_host;   /* numeric host to listen on (from the store connection), or NULL */
     int sockbuf;             /* SO_SNDBUF/SO_RCVBUF, 0: kernel autotuning */
-    int spin_us;             /* how long progress may busy-poll before sleeping */
     loom_err_t *err;         /* where failures are described (the communicator's) */
 } loom_tp_params_t;
 
