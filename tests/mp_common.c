@@ -27,16 +27,64 @@ const char *mp_store_uri(void)
     return store_uri;
 }
 
+/* The store runs in a child process of its own: forking ranks from a parent
+ * with a server thread can copy an allocator lock that thread holds (ASan's
+ * allocator has no fork handler in gcc 12), and the rank then deadlocks in
+ * its first malloc. The child serves until the pipe from the parent closes. */
+static pid_t store_start(int *to_store)
+{
+    int port_pipe[2], stop_pipe[2];
+    if (pipe(port_pipe) != 0 || pipe(stop_pipe) != 0)
+        return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(port_pipe[0]);
+        close(stop_pipe[1]);
+        loom_err_t err = {0};
+        loom_store_server_t *srv;
+        int port = -1;
+        if (loom_store_server_start("127.0.0.1", 0, &err, &srv) == LOOM_SUCCESS)
+            port = loom_store_server_port(srv);
+        else
+            fprintf(stderr, "cannot start a store: %s\n", err.msg);
+        if (write(port_pipe[1], &port, sizeof(port)) != (ssize_t)sizeof(port) || port < 0)
+            _exit(1);
+        char c;
+        while (read(stop_pipe[0], &c, 1) > 0)
+            ;
+        loom_store_server_stop(srv);
+        _exit(0);
+    }
+    close(port_pipe[1]);
+    close(stop_pipe[0]);
+    int port = -1;
+    if (pid < 0 || read(port_pipe[0], &port, sizeof(port)) != (ssize_t)sizeof(port) || port < 0) {
+        close(port_pipe[0]);
+        close(stop_pipe[1]);
+        if (pid > 0)
+            waitpid(pid, NULL, 0);
+        return -1;
+    }
+    close(port_pipe[0]);
+    snprintf(store_uri, sizeof(store_uri), "tcp://127.0.0.1:%d", port);
+    *to_store = stop_pipe[1];
+    return pid;
+}
+
+static void store_stop(pid_t pid, int to_store)
+{
+    close(to_store);
+    waitpid(pid, NULL, 0);
+}
+
 static int run(int nranks, mp_rank_fn fn, void *arg, double limit_s, int raw)
 {
     static int job_counter;
-    loom_err_t err = {0};
-    loom_store_server_t *srv;
-    if (loom_store_server_start("127.0.0.1", 0, &err, &srv) != LOOM_SUCCESS) {
-        fprintf(stderr, "cannot start a store: %s\n", err.msg);
+    int to_store;
+    pid_t store_pid = store_start(&to_store);
+    if (store_pid < 0)
         return nranks;
-    }
-    snprintf(store_uri, sizeof(store_uri), "tcp://127.0.0.1:%d", loom_store_server_port(srv));
     char job[64];
     snprintf(job, sizeof(job), "mp-%d-%d", (int)getpid(), job_counter++);
     fflush(NULL);
@@ -44,6 +92,7 @@ static int run(int nranks, mp_rank_fn fn, void *arg, double limit_s, int raw)
     for (int r = 0; r < nranks; r++) {
         pids[r] = fork();
         if (pids[r] == 0) {
+            close(to_store);
             char v[32];
             setenv("LOOM_JOB_ID", job, 1);
             setenv("LOOM_STORE", store_uri, 1);
@@ -107,7 +156,7 @@ static int run(int nranks, mp_rank_fn fn, void *arg, double limit_s, int raw)
         usleep(2000);
     }
     free(pids);
-    loom_store_server_stop(srv);
+    store_stop(store_pid, to_store);
     return failed;
 }
 
