@@ -16,6 +16,7 @@
 #include "comm.h"
 #include "log.h"
 #include "timeline.h"
+#include "tp_mux.h"
 
 static __thread char global_error[LOOM_ERRMSG_MAX];
 
@@ -163,36 +164,135 @@ static void missing_ranks_error(loom_comm_t c, const char *const *keys, const ch
                  c->rank, c->cfg.timeout_s, nmissing ? list : "?", c->size, store_msg);
 }
 
-/* Publish our address, read everyone's, derive the topology, connect. The
+/* The network transport LOOM_TRANSPORT names; auto takes ibverbs when it
+ * finds an active device and falls back to TCP otherwise. */
+static loom_status_t create_net_transport(loom_comm_t c, const loom_tp_params_t *params,
+                                          char *addr, size_t addrlen,
+                                          const loom_transport_ops_t **ops_p, loom_tp_t **tp_p)
+{
+    const char *want = c->cfg.transport;
+#ifdef LOOM_HAVE_VERBS
+    if (strcmp(want, "ibverbs") == 0 || strcmp(want, "auto") == 0) {
+        /* The transport keeps params->err for its later failures. */
+        loom_status_t st = loom_ibverbs_transport.create(params, addr, addrlen, tp_p);
+        if (st == LOOM_SUCCESS) {
+            *ops_p = &loom_ibverbs_transport;
+            return st;
+        }
+        if (strcmp(want, "ibverbs") == 0)
+            return st;
+        if (st == LOOM_ERR_UNSUPPORTED)
+            LOOM_INFO("init", "rank %d: no InfiniBand/RoCE (%s); using TCP", c->rank,
+                      params->err->msg);
+        else
+            LOOM_WARN("init", "rank %d: ibverbs failed (%s); using TCP", c->rank,
+                      params->err->msg);
+    }
+#else
+    if (strcmp(want, "ibverbs") == 0)
+        return loom_err_set(params->err, LOOM_ERR_UNSUPPORTED,
+                            "LOOM_TRANSPORT=ibverbs, but this build of Loom has no ibverbs "
+                            "transport (configure found no infiniband/verbs.h)");
+#endif
+    *ops_p = &loom_tcp_transport;
+    return loom_tcp_transport.create(params, addr, addrlen, tp_p);
+}
+
+enum { NET = 0, SHM = 1 };
+
+/* Connect each transport to the peers it serves; keep one transport when it
+ * serves everybody, else a mux of both. */
+static loom_status_t connect_transports(loom_comm_t c, const loom_transport_ops_t *const *ops,
+                                        loom_tp_t **tps, char **net_addrs, char **shm_addrs)
+{
+    loom_err_t *err = &c->work_err;
+    int *route = malloc(sizeof(int) * (size_t)c->size);
+    char **mine = calloc((size_t)c->size, sizeof(char *));
+    loom_status_t st = LOOM_SUCCESS;
+    if (!route || !mine) {
+        st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+        goto out;
+    }
+    int used[2] = {0, 0};
+    for (int r = 0; r < c->size; r++) {
+        int local = c->node_of[r] == c->node_of[c->rank];
+        route[r] = tps[SHM] && local && shm_addrs[r] ? SHM : NET;
+        if (r == c->rank)
+            route[r] = tps[SHM] ? SHM : NET;
+        else
+            used[route[r]] = 1;
+    }
+    for (int t = SHM; t >= NET && st == LOOM_SUCCESS; t--) {
+        if (!tps[t] || !used[t] || c->size == 1)
+            continue;
+        for (int r = 0; r < c->size; r++)
+            mine[r] = route[r] == t ? (t == SHM ? shm_addrs[r] : net_addrs[r]) : NULL;
+        st = ops[t]->connect(tps[t], mine, c->cfg.timeout_s);
+    }
+    if (st != LOOM_SUCCESS)
+        goto out;
+    if (tps[SHM] && used[SHM] && used[NET]) {
+        st = loom_mux_create(ops, tps, 2, route, c->size, err, &c->tp);
+        if (st != LOOM_SUCCESS)
+            goto out;
+        c->tp_ops = &loom_mux_transport;
+        tps[NET] = tps[SHM] = NULL;
+    } else {
+        int keep = tps[SHM] && (used[SHM] || c->size == 1) ? SHM : NET;
+        c->tp_ops = ops[keep];
+        c->tp = tps[keep];
+        tps[keep] = NULL;
+        if (tps[!keep])
+            ops[!keep]->destroy(tps[!keep], 0);
+        tps[!keep] = NULL;
+    }
+    LOOM_INFO("init", "rank %d: transport %s%s", c->rank, c->tp_ops->name,
+              c->tp_ops == &loom_mux_transport ? " (shm inside the node, network across)" : "");
+out:
+    free(route);
+    free(mine);
+    return st;
+}
+
+/* Publish our addresses, read everyone's, derive the topology, connect. The
  * communicator already has rank, size, cfg, store, prefix and hashes. */
 static loom_status_t rendezvous(loom_comm_t c)
 {
     loom_err_t *err = &c->work_err;
     loom_status_t st;
-    char addr[256], myid[512], key[320];
-    char **addrs = NULL, **hosts = NULL, **values = NULL;
+    char addr[1024], shm_addr[256] = "-", myid[512], key[320];
+    char **addrs = NULL, **hosts = NULL, **values = NULL, **shm_addrs = NULL;
+    const loom_transport_ops_t *ops[2] = {NULL, &loom_shm_transport};
+    loom_tp_t *tps[2] = {NULL, NULL};
 
     char bind_host[128] = "";
     if (c->store && loom_store_local_host(c->store->store, bind_host, sizeof(bind_host)) != 0)
         bind_host[0] = '\0';
+    host_identity(&c->cfg, myid, sizeof(myid));
     loom_tp_params_t params = {
         .rank = c->rank, .size = c->size, .job_hash = c->job_hash, .comm_hash = c->comm_hash,
         .ifname = c->cfg.ifname, .bind_host = bind_host, .sockbuf = c->cfg.socket_bufsize,
-        .err = err};
-    c->tp_ops = &loom_tcp_transport;
-    if ((st = c->tp_ops->create(&params, addr, sizeof(addr), &c->tp)) != LOOM_SUCCESS)
+        .settings = &c->cfg, .host_id = myid, .err = err};
+    if ((st = create_net_transport(c, &params, addr, sizeof(addr), &ops[NET], &tps[NET])) !=
+        LOOM_SUCCESS)
         return st;
+    if (c->cfg.shm && c->size > 1 &&
+        loom_shm_transport.create(&params, shm_addr, sizeof(shm_addr), &tps[SHM]) != LOOM_SUCCESS) {
+        LOOM_WARN("init", "rank %d: no shared memory, ranks of this node talk over the "
+                  "network: %s", c->rank, err->msg);
+        snprintf(shm_addr, sizeof(shm_addr), "-");
+    }
 
     addrs = calloc((size_t)c->size, sizeof(char *));
     hosts = calloc((size_t)c->size, sizeof(char *));
     values = calloc((size_t)c->size, sizeof(char *));
-    if (!addrs || !hosts || !values) {
+    shm_addrs = calloc((size_t)c->size, sizeof(char *));
+    if (!addrs || !hosts || !values || !shm_addrs) {
         st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
         goto out;
     }
-    host_identity(&c->cfg, myid, sizeof(myid));
-    char mine[1024];
-    int len = snprintf(mine, sizeof(mine), "%d\n%s\n%s", c->size, addr, myid);
+    char mine[2048];
+    int len = snprintf(mine, sizeof(mine), "%d\n%s\n%s\n%s", c->size, addr, myid, shm_addr);
     if (c->size > 1) {
         snprintf(key, sizeof(key), "%s/addr/%d", c->prefix, c->rank);
         if ((st = loom_store_set(c->store->store, key, mine, (size_t)len, err)) != LOOM_SUCCESS)
@@ -234,12 +334,13 @@ static loom_status_t rendezvous(loom_comm_t c)
     }
     for (int r = 0; r < c->size; r++) {
         char *nl1 = strchr(values[r], '\n'), *nl2 = nl1 ? strchr(nl1 + 1, '\n') : NULL;
-        if (!nl2) {
+        char *nl3 = nl2 ? strchr(nl2 + 1, '\n') : NULL;
+        if (!nl3) {
             st = loom_err_set(err, LOOM_ERR_MISMATCH, "rank %d published a malformed address "
                               "(a different Loom version or a stale store?)", r);
             goto out;
         }
-        *nl1 = *nl2 = '\0';
+        *nl1 = *nl2 = *nl3 = '\0';
         if (atoi(values[r]) != c->size) {
             st = loom_err_set(err, LOOM_ERR_MISMATCH,
                               "rank %d believes the job has %s ranks, rank %d believes %d (or the "
@@ -249,6 +350,7 @@ static loom_status_t rendezvous(loom_comm_t c)
         }
         addrs[r] = nl1 + 1;
         hosts[r] = nl2 + 1;
+        shm_addrs[r] = strcmp(nl3 + 1, "-") == 0 ? NULL : nl3 + 1;
     }
 
     /* Ranks on one host are numbered in rank order; hosts in order of first rank. */
@@ -279,15 +381,18 @@ static loom_status_t rendezvous(loom_comm_t c)
     LOOM_INFO("init", "rank %d/%d at %s: host %s, local rank %d/%d, node %d/%d", c->rank, c->size,
               addr, myid, c->local_rank, c->local_size, c->node_rank, c->node_count);
 
-    if (c->size > 1)
-        st = c->tp_ops->connect(c->tp, addrs, c->cfg.timeout_s);
+    st = connect_transports(c, ops, tps, addrs, shm_addrs);
 out:
+    for (int t = NET; t <= SHM; t++)
+        if (tps[t])
+            ops[t]->destroy(tps[t], 0);
     if (values)
         for (int r = 0; r < c->size; r++)
             free(values[r]);
     free(values);
     free(addrs);
     free(hosts);
+    free(shm_addrs);
     return st;
 }
 

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,8 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_STORE", NULL, "rendezvous store: tcp://host:port, file:///dir or redis://host:port/prefix (else MASTER_ADDR:MASTER_PORT)"},
     {"LOOM_JOB_ID", NULL, "names the job in the store and the handshake (else TORCHELASTIC_RUN_ID, SLURM_JOB_ID)"},
     {"LOOM_TIMEOUT", "300", "seconds a call may wait without progress before LOOM_ERR_TIMEOUT"},
-    {"LOOM_TRANSPORT", "auto", "auto|tcp"},
+    {"LOOM_TRANSPORT", "auto", "network transport between nodes: auto (ibverbs when a device is up, else tcp), tcp or ibverbs"},
+    {"LOOM_SHM", "1", "1: ranks on one node talk through shared memory; 0: through the network transport"},
     {"LOOM_SOCKET_IFNAME", NULL, "network interface for TCP (else the one that reaches the store)"},
     {"LOOM_SOCKET_BUFSIZE", "4194304", "SO_SNDBUF/SO_RCVBUF in bytes; 0 keeps kernel autotuning"},
     {"LOOM_SPIN_US", "200", "microseconds a waiting call busy-polls before sleeping in epoll"},
@@ -25,6 +27,10 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_ALGO", NULL, "force algorithms, e.g. allreduce=ring,allgather=bruck"},
     {"LOOM_HOST_ID", NULL, "host identity for topology (else hostname + boot id)"},
     {"LOOM_TIMELINE", NULL, "write a Chrome trace of every operation per rank to this file (%r: rank)"},
+    {"LOOM_IB_HCA", NULL, "RDMA ports for ibverbs, NCCL syntax: mlx5_0:1,mlx5_1 (prefixes), ^mlx5_2 excludes, =name exact (else every active port)"},
+    {"LOOM_IB_GID_INDEX", NULL, "RoCE GID index (else the RoCE v2 GID carrying the interface's address)"},
+    {"LOOM_NET_GDR", NULL, "GPUDirect RDMA for GPU buffers: 1 forces, 0 stages through host memory (else when GPU and HCA are close)"},
+    {"LOOM_IB_REG_CACHE", "1073741824", "bytes of idle memory registrations ibverbs keeps for reuse; 0 registers per message"},
     {"LOOM_DEBUG", NULL, "WARN|INFO|TRACE log level (stderr)"},
     {"LOOM_DEBUG_SUBSYS", NULL, "comma list of subsystems to log: init,tcp,store,coll"},
     {"LOOM_DEBUG_FILE", NULL, "log to this file instead of stderr (%h host, %p pid)"},
@@ -105,13 +111,18 @@ loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *a
                             "LOOM_TIMEOUT=\"%s\" is not a positive number of seconds", timeout);
 
     const char *transport = lookup(get, arg, "LOOM_TRANSPORT");
-    if (strcasecmp(transport, "auto") != 0 && strcasecmp(transport, "tcp") != 0)
+    if (strcasecmp(transport, "auto") != 0 && strcasecmp(transport, "tcp") != 0 &&
+        strcasecmp(transport, "ibverbs") != 0)
         return loom_err_set(err, LOOM_ERR_INVALID_ARG,
-                            "LOOM_TRANSPORT=\"%s\": this build has the transports auto and tcp",
-                            transport);
+                            "LOOM_TRANSPORT=\"%s\" is none of auto, tcp, ibverbs", transport);
     snprintf(s->transport, sizeof(s->transport), "%s", transport);
+    for (char *t = s->transport; *t; t++)
+        *t = (char)(*t >= 'A' && *t <= 'Z' ? *t - 'A' + 'a' : *t);
 
     long v;
+    if ((st = int_setting(get, arg, "LOOM_SHM", 0, 1, &v, err)) != LOOM_SUCCESS)
+        return st;
+    s->shm = (int)v;
     if ((st = int_setting(get, arg, "LOOM_SOCKET_BUFSIZE", 0, 1L << 30, &v, err)) != LOOM_SUCCESS)
         return st;
     s->socket_bufsize = (int)v;
@@ -134,6 +145,25 @@ loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *a
         (st = copy_setting(s->timeline, sizeof(s->timeline), "LOOM_TIMELINE",
                            lookup(get, arg, "LOOM_TIMELINE"), err)) != LOOM_SUCCESS)
         return st;
+
+    if ((st = copy_setting(s->ib_hca, sizeof(s->ib_hca), "LOOM_IB_HCA",
+                           lookup(get, arg, "LOOM_IB_HCA"), err)) != LOOM_SUCCESS)
+        return st;
+    s->ib_gid_index = -1;
+    if (lookup(get, arg, "LOOM_IB_GID_INDEX")) {
+        if ((st = int_setting(get, arg, "LOOM_IB_GID_INDEX", 0, 255, &v, err)) != LOOM_SUCCESS)
+            return st;
+        s->ib_gid_index = (int)v;
+    }
+    s->net_gdr = -1;
+    if (lookup(get, arg, "LOOM_NET_GDR")) {
+        if ((st = int_setting(get, arg, "LOOM_NET_GDR", 0, 1, &v, err)) != LOOM_SUCCESS)
+            return st;
+        s->net_gdr = (int)v;
+    }
+    if ((st = int_setting(get, arg, "LOOM_IB_REG_CACHE", 0, LONG_MAX, &v, err)) != LOOM_SUCCESS)
+        return st;
+    s->ib_reg_cache = (size_t)v;
 
     /* The job id keeps jobs sharing a store (or a stale file:// directory) apart. */
     static const char *const job_vars[] = {"LOOM_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"};

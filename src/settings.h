@@ -21,7 +21,8 @@ extern const size_t loom_num_setting_docs;
 
 typedef struct loom_settings {
     double timeout_s;
-    char transport[16];        /* "auto" or "tcp" */
+    char transport[16];        /* "auto", "tcp" or "ibverbs" (lower case) */
+    int shm;                   /* shared memory between ranks of a node */
     char ifname[64];           /* "" when unset */
     int socket_bufsize;        /* bytes; 0 = kernel autotuning */
     int spin_us;
@@ -31,6 +32,10 @@ typedef struct loom_settings {
     char host_id[256];         /* "" when unset: hostname + boot id */
     char job_id[128];
     char timeline[512];        /* LOOM_TIMELINE file pattern, "" when off */
+    char ib_hca[256];          /* LOOM_IB_HCA, "" when unset: every active port */
+    int ib_gid_index;          /* LOOM_IB_GID_INDEX, -1 when unset: chosen */
+    int net_gdr;               /* LOOM_NET_GDR: -1 auto, 0 off, 1 forced */
+    size_t ib_reg_cache;       /* LOOM_IB_REG_CACHE bytes; 0 registers per message */
 } loom_settings_t;
 
 /* Fill s from the variables, validating each; a malformed value is an

@@ -48,6 +48,8 @@ typedef struct loom_tp_params {
     const char *ifname;      /* LOOM_SOCKET_IFNAME, NULL: choose */
     const char *bind_host;   /* numeric host to listen on (from the store connection), or NULL */
     int sockbuf;             /* SO_SNDBUF/SO_RCVBUF, 0: kernel autotuning */
+    const struct loom_settings *settings;   /* every LOOM_* setting (src/settings.h) */
+    const char *host_id;     /* this rank's host identity (LOOM_HOST_ID or hostname+boot id) */
     loom_err_t *err;         /* where failures are described (the communicator's) */
 } loom_tp_params_t;
 
@@ -58,7 +60,9 @@ typedef struct loom_transport_ops {
     loom_status_t (*create)(const loom_tp_params_t *p, char *addr, size_t addrlen,
                             loom_tp_t **tp_p);
     /* Connect to every other rank, given all ranks' addresses (addrs[rank] is ours).
-     * All connections are set up in parallel and bounded by timeout_s. */
+     * addrs[r] == NULL: another transport serves rank r (shared memory inside a
+     * node); never connect to it, nothing will be posted for it. All connections
+     * are set up in parallel and bounded by timeout_s. */
     loom_status_t (*connect)(loom_tp_t *tp, char *const *addrs, double timeout_s);
     loom_status_t (*isend)(loom_tp_t *tp, loom_tp_req_t *req);
     loom_status_t (*irecv)(loom_tp_t *tp, loom_tp_req_t *req);
@@ -77,5 +81,9 @@ typedef struct loom_transport_ops {
 } loom_transport_ops_t;
 
 extern const loom_transport_ops_t loom_tcp_transport;
+extern const loom_transport_ops_t loom_shm_transport;       /* inside one node */
+#ifdef LOOM_HAVE_VERBS
+extern const loom_transport_ops_t loom_ibverbs_transport;   /* InfiniBand / RoCE */
+#endif
 
 #endif

@@ -368,12 +368,16 @@ static int start_connect(loom_tp_t *tp, hs_conn_t *c, const struct sockaddr_stor
 
 static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeout_s)
 {
-    /* Rank r dials every lower rank and accepts every higher one. */
-    int nout = tp->rank, nin = tp->size - 1 - tp->rank;
+    /* Rank r dials every lower rank and accepts every higher one; a NULL
+     * address is a peer another transport serves. */
+    int nout = 0, nin = 0;
+    for (int j = 0; j < tp->size; j++)
+        if (j != tp->rank && addrs[j] != NULL)
+            *(j < tp->rank ? &nout : &nin) += 1;
     int maxconn = nout + nin + 64;   /* room for strangers that connect too */
     hs_conn_t *conns = calloc((size_t)maxconn, sizeof(*conns));
-    struct sockaddr_storage *peer_ss = calloc((size_t)(nout ? nout : 1), sizeof(*peer_ss));
-    socklen_t *peer_sslen = calloc((size_t)(nout ? nout : 1), sizeof(socklen_t));
+    struct sockaddr_storage *peer_ss = calloc((size_t)(tp->rank ? tp->rank : 1), sizeof(*peer_ss));
+    socklen_t *peer_sslen = calloc((size_t)(tp->rank ? tp->rank : 1), sizeof(socklen_t));
     struct pollfd *pfds = calloc((size_t)maxconn + 1, sizeof(*pfds));
     loom_status_t st = LOOM_SUCCESS;
     int nconn = 0, established = 0;
@@ -382,7 +386,9 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
         st = loom_err_set(tp->err, LOOM_ERR_NO_MEMORY, "out of memory");
         goto out;
     }
-    for (int j = 0; j < nout; j++) {
+    for (int j = 0; j < tp->rank; j++) {
+        if (addrs[j] == NULL)
+            continue;
         if (parse_addr(addrs[j], &peer_ss[j], &peer_sslen[j]) != 0) {
             st = loom_err_set(tp->err, LOOM_ERR_INVALID_ARG, "rank %d published a bad address "
                               "\"%s\"", j, addrs[j]);
@@ -403,7 +409,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
             char missing[256] = "";
             size_t off = 0;
             for (int j = 0; j < tp->size && off < sizeof(missing) - 16; j++)
-                if (j != tp->rank && tp->peers[j].fd < 0)
+                if (j != tp->rank && addrs[j] != NULL && tp->peers[j].fd < 0)
                     off += (size_t)snprintf(missing + off, sizeof(missing) - off, "%s%d",
                                             off ? "," : "", j);
             st = loom_err_set(tp->err, LOOM_ERR_TIMEOUT,
@@ -528,7 +534,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                 loom_hello_t h;
                 loom_ack_code_t code = loom_hello_decode(c->buf, tp->job_hash, tp->comm_hash,
                                                          tp->rank, tp->size, &h);
-                if (code == LOOM_ACK_OK && (h.rank < (uint32_t)tp->rank))
+                if (code == LOOM_ACK_OK && (h.rank < (uint32_t)tp->rank || addrs[h.rank] == NULL))
                     code = LOOM_ACK_BAD_RANK;  /* lower ranks are dialled, never accepted */
                 if (code == LOOM_ACK_OK && tp->peers[h.rank].fd >= 0)
                     code = LOOM_ACK_DUPLICATE;
@@ -575,7 +581,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
 
     for (int j = 0; j < tp->size; j++) {
         tcp_peer_t *peer = &tp->peers[j];
-        if (j == tp->rank)
+        if (j == tp->rank || addrs[j] == NULL)
             continue;
         set_sock_opts(peer->fd, 0);
         peer->stage = malloc(STAGE_BYTES);
@@ -589,7 +595,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
             goto out;
         }
     }
-    LOOM_INFO("tcp", "rank %d connected to %d peers", tp->rank, tp->size - 1);
+    LOOM_INFO("tcp", "rank %d connected to %d peers", tp->rank, nout + nin);
 
 out:
     if (conns)

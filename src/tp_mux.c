@@ -1,0 +1,94 @@
+/* tp_mux.c - see tp_mux.h. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tp_mux.h"
+
+struct loom_tp {
+    const loom_transport_ops_t *ops[LOOM_MUX_MAX];
+    loom_tp_t *tps[LOOM_MUX_MAX];
+    int ntp;
+    int *route;
+};
+
+loom_status_t loom_mux_create(const loom_transport_ops_t *const *ops, loom_tp_t *const *tps,
+                              int ntp, const int *route, int size, loom_err_t *err,
+                              loom_tp_t **tp_p)
+{
+    loom_tp_t *m = calloc(1, sizeof(*m));
+    int *rt = malloc(sizeof(int) * (size_t)size);
+    if (!m || !rt || ntp > LOOM_MUX_MAX) {
+        free(m);
+        free(rt);
+        return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+    }
+    memcpy(rt, route, sizeof(int) * (size_t)size);
+    for (int i = 0; i < ntp; i++) {
+        m->ops[i] = ops[i];
+        m->tps[i] = tps[i];
+    }
+    m->ntp = ntp;
+    m->route = rt;
+    *tp_p = m;
+    return LOOM_SUCCESS;
+}
+
+static loom_status_t mux_isend(loom_tp_t *m, loom_tp_req_t *req)
+{
+    int i = m->route[req->peer];
+    return m->ops[i]->isend(m->tps[i], req);
+}
+
+static loom_status_t mux_irecv(loom_tp_t *m, loom_tp_req_t *req)
+{
+    int i = m->route[req->peer];
+    return m->ops[i]->irecv(m->tps[i], req);
+}
+
+/* Each transport sleeps in its own way (epoll, a futex), so while idle they
+ * take turns sleeping a millisecond: waking up costs that much at most, and
+ * only after the wait loop has stopped spinning. */
+static loom_status_t mux_progress(loom_tp_t *m, int timeout_ms, int *moved_p)
+{
+    int moved = 0;
+    for (int i = 0; i < m->ntp; i++) {
+        int one = 0;
+        loom_status_t st = m->ops[i]->progress(m->tps[i], 0, &one);
+        if (st != LOOM_SUCCESS)
+            return st;
+        moved |= one;
+    }
+    for (int i = 0; i < m->ntp && !moved && timeout_ms != 0; i++) {
+        loom_status_t st = m->ops[i]->progress(m->tps[i], 1, &moved);
+        if (st != LOOM_SUCCESS)
+            return st;
+    }
+    *moved_p = moved;
+    return LOOM_SUCCESS;
+}
+
+static void mux_abort(loom_tp_t *m, loom_status_t why)
+{
+    for (int i = 0; i < m->ntp; i++)
+        m->ops[i]->abort(m->tps[i], why);
+}
+
+static void mux_destroy(loom_tp_t *m, double timeout_s)
+{
+    if (!m)
+        return;
+    for (int i = 0; i < m->ntp; i++)
+        m->ops[i]->destroy(m->tps[i], timeout_s);
+    free(m->route);
+    free(m);
+}
+
+const loom_transport_ops_t loom_mux_transport = {
+    .size = sizeof(loom_transport_ops_t),
+    .name = "mux",
+    .isend = mux_isend,
+    .irecv = mux_irecv,
+    .progress = mux_progress,
+    .abort = mux_abort,
+    .destroy = mux_destroy,
+};
