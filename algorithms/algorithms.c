@@ -32,6 +32,9 @@ const loom_algo_t loom_algorithms[] = {
     { LOOM_COLL_GATHER, "linear", loom_gather_linear, NULL },
     { LOOM_COLL_SCATTER, "linear", loom_scatter_linear, NULL },
     { LOOM_COLL_BARRIER, "dissemination", loom_barrier_dissemination, NULL },
+    { LOOM_COLL_ALLREDUCE, "direct", loom_allreduce_direct, loom_direct_can_run },
+    { LOOM_COLL_BROADCAST, "direct", loom_broadcast_direct, loom_direct_can_run },
+    { LOOM_COLL_ALLGATHER, "direct", loom_allgather_direct, loom_direct_can_run },
 };
 
 const size_t loom_num_algorithms = sizeof(loom_algorithms) / sizeof(loom_algorithms[0]);
@@ -102,6 +105,19 @@ static const crossover_t crossovers[] = {
  * links per rank, the hierarchical one 2(M-1)/M of a 1/L slice). */
 #define HIERARCHICAL_MIN_BYTES ((size_t)256 << 10)
 
+/* Inside one node with cross-memory attach, the direct algorithms (one copy
+ * of every byte, read from the buffer that holds it) from these sizes up;
+ * below them a few small messages cost less than their address swap and
+ * fences. Measured with loom-perf on 4 ranks, 2 cores (README). */
+static const struct {
+    loom_coll_t coll;
+    size_t min_bytes;
+} direct_from[] = {
+    { LOOM_COLL_ALLREDUCE, (size_t)64 << 10 },
+    { LOOM_COLL_BROADCAST, (size_t)32 << 10 },
+    { LOOM_COLL_ALLGATHER, (size_t)64 << 10 },
+};
+
 void loom_ctx_set_topology(loom_ctx_t *ctx, const int *node_of, int node_count)
 {
     ctx->node_of = node_of;
@@ -159,6 +175,13 @@ const loom_algo_t *loom_algo_select(const loom_ctx_t *ctx, const loom_coll_args_
     size_t bytes = mul_sat(a->count, a->esize);
     if (a->coll == LOOM_COLL_ALLGATHER)
         bytes = mul_sat(bytes, (size_t)ctx->size);
+    for (size_t i = 0; i < sizeof(direct_from) / sizeof(direct_from[0]); i++) {
+        if (direct_from[i].coll != a->coll || bytes < direct_from[i].min_bytes)
+            continue;
+        algo = loom_algo_find(a->coll, "direct");
+        if (runnable(algo, ctx, a))
+            goto out;
+    }
     if (a->coll == LOOM_COLL_ALLREDUCE && ctx->ranks_per_node > 1 &&
         ctx->size > ctx->ranks_per_node && bytes >= HIERARCHICAL_MIN_BYTES) {
         algo = loom_algo_find(a->coll, "hierarchical");

@@ -93,6 +93,10 @@ loom_status_t loom_p2p_waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n);
 /* Send to dst and receive from src at once (either may be skipped with -1). */
 loom_status_t loom_p2p_sendrecv(loom_ctx_t *ctx, int dst, const void *sbuf, size_t sbytes,
                                 int src, void *rbuf, size_t rbytes, uint32_t step);
+/* One-sided reads inside a node: whether peer's memory can be read directly,
+ * and a copy of bytes at address addr of peer into buf. */
+int loom_p2p_can_read(const loom_ctx_t *ctx, int peer);
+loom_status_t loom_p2p_read(loom_ctx_t *ctx, int peer, void *buf, uint64_t addr, size_t bytes);
 /* out = a (op) b through src/reduce.h, shown as a "reduce" span in LOOM_TIMELINE. */
 void loom_ctx_reduce(loom_ctx_t *ctx, void *out, const void *a, const void *b, size_t count,
                      loom_dtype_t dt, loom_op_t op);
@@ -139,5 +143,10 @@ loom_status_t loom_alltoallv_pairwise(loom_ctx_t *ctx, const loom_coll_args_t *a
 loom_status_t loom_gather_linear(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_scatter_linear(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_barrier_dissemination(loom_ctx_t *ctx, const loom_coll_args_t *a);
+/* Inside one node, on the peers' buffers in place (algorithms/direct.c). */
+int loom_direct_can_run(const loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_allreduce_direct(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_broadcast_direct(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_allgather_direct(loom_ctx_t *ctx, const loom_coll_args_t *a);
 
 #endif

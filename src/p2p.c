@@ -76,6 +76,37 @@ loom_status_t loom_p2p_irecv(loom_ctx_t *ctx, int peer, uint32_t step, void *buf
 
 static loom_status_t waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n);
 
+/* Transports built before the one-sided ops have a shorter table. */
+static int has_peer_read(const loom_transport_ops_t *ops)
+{
+    return ops->size >= sizeof(loom_transport_ops_t) && ops->peer_readable && ops->peer_read;
+}
+
+int loom_p2p_can_read(const loom_ctx_t *ctx, int peer)
+{
+    return has_peer_read(ctx->tp_ops) &&
+           ctx->tp_ops->peer_readable(ctx->tp, ctx->rank_map ? ctx->rank_map[peer] : peer);
+}
+
+loom_status_t loom_p2p_read(loom_ctx_t *ctx, int peer, void *buf, uint64_t addr, size_t bytes)
+{
+    loom_status_t st = check_peer(ctx, peer);
+    if (st != LOOM_SUCCESS)
+        return st;
+    if (!has_peer_read(ctx->tp_ops))
+        return loom_err_set(ctx->err, LOOM_ERR_INTERNAL, "the transport cannot read peers");
+    double t0 = ctx->timeline ? loom_timeline_now_us() : 0;
+    st = ctx->tp_ops->peer_read(ctx->tp, ctx->rank_map ? ctx->rank_map[peer] : peer, buf, addr,
+                                bytes);
+    if (ctx->timeline) {
+        char args[64];
+        snprintf(args, sizeof(args), "\"peer\": %d, \"bytes\": %zu", peer, bytes);
+        loom_timeline_span(ctx->timeline, "read", "read", t0, loom_timeline_now_us(),
+                           ctx->timeline_tid, args);
+    }
+    return st;
+}
+
 loom_status_t loom_p2p_waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n)
 {
     if (!ctx->timeline)

@@ -67,6 +67,18 @@ static loom_status_t mux_progress(loom_tp_t *m, int timeout_ms, int *moved_p)
     return LOOM_SUCCESS;
 }
 
+static int mux_peer_readable(loom_tp_t *m, int peer)
+{
+    const loom_transport_ops_t *ops = m->ops[m->route[peer]];
+    return ops->peer_readable && ops->peer_readable(m->tps[m->route[peer]], peer);
+}
+
+static loom_status_t mux_peer_read(loom_tp_t *m, int peer, void *buf, uint64_t addr, size_t len)
+{
+    int i = m->route[peer];
+    return m->ops[i]->peer_read(m->tps[i], peer, buf, addr, len);
+}
+
 static void mux_abort(loom_tp_t *m, loom_status_t why)
 {
     for (int i = 0; i < m->ntp; i++)
@@ -91,4 +103,6 @@ const loom_transport_ops_t loom_mux_transport = {
     .progress = mux_progress,
     .abort = mux_abort,
     .destroy = mux_destroy,
+    .peer_readable = mux_peer_readable,
+    .peer_read = mux_peer_read,
 };

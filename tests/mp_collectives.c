@@ -428,6 +428,9 @@ static int rank_main(loom_comm_t c, void *arg)
             algo = &auto_allreduce;
         if (algo == NULL || algo->coll != colls[which].coll)
             continue;
+        loom_coll_args_t probe = {.coll = algo->coll};
+        if (algo->can_run && !algo->can_run(&c->ctx, &probe))
+            continue;   /* e.g. the direct algorithms without shared memory */
         if (algo == &auto_allreduce)
             c->cfg.algo[0] = '\0';
         else

@@ -78,6 +78,12 @@ typedef struct loom_transport_ops {
     void (*abort)(loom_tp_t *tp, loom_status_t why);
     /* Tell peers we leave on purpose, flush, close. Never blocks past timeout_s. */
     void (*destroy)(loom_tp_t *tp, double timeout_s);
+    /* Optional (may be NULL): one-sided reads of a peer's memory, for
+     * algorithms that work on their peers' buffers in place (cross-memory
+     * attach inside a node). peer_readable says whether peer_read reaches that
+     * peer; peer_read copies len bytes at the peer's address addr into buf. */
+    int (*peer_readable)(loom_tp_t *tp, int peer);
+    loom_status_t (*peer_read)(loom_tp_t *tp, int peer, void *buf, uint64_t addr, size_t len);
 } loom_transport_ops_t;
 
 extern const loom_transport_ops_t loom_tcp_transport;

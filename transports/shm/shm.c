@@ -359,26 +359,52 @@ static loom_status_t queue_fin(loom_tp_t *tp, shm_peer_t *peer, uint64_t token)
     return LOOM_SUCCESS;
 }
 
-/* Copy an RTS'd payload straight out of the sender, then tell it so. */
-static loom_status_t cma_read(loom_tp_t *tp, shm_peer_t *peer, loom_tp_req_t *req, uint64_t addr,
-                              uint64_t token)
+/* Copy len bytes at addr in peer's memory into buf. */
+static loom_status_t read_peer(loom_tp_t *tp, shm_peer_t *peer, void *buf, uint64_t addr,
+                               size_t len)
 {
     size_t done = 0;
-    while (done < req->len) {
-        struct iovec l = {(uint8_t *)req->buf + done, req->len - done};
-        struct iovec r = {(void *)(uintptr_t)(addr + done), req->len - done};
+    while (done < len) {
+        struct iovec l = {(uint8_t *)buf + done, len - done};
+        struct iovec r = {(void *)(uintptr_t)(addr + done), len - done};
         ssize_t n = process_vm_readv(peer->pid, &l, 1, &r, 1, 0);
         if (n <= 0) {
             if (n < 0 && errno == EINTR)
                 continue;
             return tp_fail(tp, errno == ESRCH ? LOOM_ERR_PEER_LOST : LOOM_ERR_TRANSPORT,
-                           "rank %d: reading %zu bytes from rank %d failed: %s", tp->rank,
-                           req->len, peer->rank, n < 0 ? strerror(errno) : "nothing copied");
+                           "rank %d: reading %zu bytes from rank %d failed: %s", tp->rank, len,
+                           peer->rank, n < 0 ? strerror(errno) : "nothing copied");
         }
         done += (size_t)n;
     }
+    return LOOM_SUCCESS;
+}
+
+/* Copy an RTS'd payload straight out of the sender, then tell it so. */
+static loom_status_t cma_read(loom_tp_t *tp, shm_peer_t *peer, loom_tp_req_t *req, uint64_t addr,
+                              uint64_t token)
+{
+    if (read_peer(tp, peer, req->buf, addr, req->len) != LOOM_SUCCESS)
+        return tp->failed;
     complete(req);
     return queue_fin(tp, peer, token);
+}
+
+static int shm_peer_readable(loom_tp_t *tp, int peer)
+{
+    /* Both ways, so the two ranks agree on which algorithms can run. */
+    return peer >= 0 && peer < tp->size && tp->peers[peer].local &&
+           tp->peers[peer].cma_to_peer && atomic_load(&tp->seg->rings[peer].consumer_cma);
+}
+
+static loom_status_t shm_peer_read(loom_tp_t *tp, int peer, void *buf, uint64_t addr, size_t len)
+{
+    if (tp->failed)
+        return tp->failed;
+    if (!shm_peer_readable(tp, peer))
+        return tp_fail(tp, LOOM_ERR_INTERNAL, "rank %d cannot read rank %d's memory", tp->rank,
+                       peer);
+    return read_peer(tp, &tp->peers[peer], buf, addr, len);
 }
 
 /* ---- sending -------------------------------------------------------------- */
@@ -908,4 +934,6 @@ const loom_transport_ops_t loom_shm_transport = {
     .progress = shm_progress,
     .abort = shm_abort,
     .destroy = shm_destroy,
+    .peer_readable = shm_peer_readable,
+    .peer_read = shm_peer_read,
 };
