@@ -22,9 +22,11 @@ const loom_algo_t loom_algorithms[] = {
     { LOOM_COLL_ALLREDUCE, "recdbl", loom_allreduce_recdbl, NULL },
     { LOOM_COLL_ALLREDUCE, "hierarchical", loom_allreduce_hierarchical, NULL },
     { LOOM_COLL_BROADCAST, "binomial", loom_broadcast_binomial, NULL },
+    { LOOM_COLL_BROADCAST, "hierarchical", loom_broadcast_hierarchical, NULL },
     { LOOM_COLL_REDUCE, "binomial", loom_reduce_binomial, NULL },
     { LOOM_COLL_ALLGATHER, "ring", loom_allgather_ring, NULL },
     { LOOM_COLL_ALLGATHER, "bruck", loom_allgather_bruck, NULL },
+    { LOOM_COLL_ALLGATHER, "hierarchical", loom_allgather_hierarchical, NULL },
     { LOOM_COLL_ALLGATHERV, "ring", loom_allgatherv_ring, NULL },
     { LOOM_COLL_REDUCE_SCATTER, "ring", loom_reduce_scatter_ring, NULL },
     { LOOM_COLL_ALLTOALL, "pairwise", loom_alltoall_pairwise, NULL },
@@ -182,7 +184,8 @@ const loom_algo_t *loom_algo_select(const loom_ctx_t *ctx, const loom_coll_args_
         if (runnable(algo, ctx, a))
             goto out;
     }
-    if (a->coll == LOOM_COLL_ALLREDUCE && ctx->ranks_per_node > 1 &&
+    if ((a->coll == LOOM_COLL_ALLREDUCE || a->coll == LOOM_COLL_BROADCAST ||
+         a->coll == LOOM_COLL_ALLGATHER) && ctx->ranks_per_node > 1 &&
         ctx->size > ctx->ranks_per_node && bytes >= HIERARCHICAL_MIN_BYTES) {
         algo = loom_algo_find(a->coll, "hierarchical");
         if (runnable(algo, ctx, a))

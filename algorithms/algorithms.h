@@ -90,6 +90,12 @@ loom_status_t loom_p2p_irecv(loom_ctx_t *ctx, int peer, uint32_t step, void *buf
 /* Wait for one / all requests; on failure the message is already in ctx->err. */
 loom_status_t loom_p2p_wait(loom_ctx_t *ctx, loom_tp_req_t *req);
 loom_status_t loom_p2p_waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n);
+/* Wait until one of the requests reqs points to (NULL entries skipped) is
+ * done. A sender whose message goes by rendezvous (shared memory, RDMA) is
+ * done only when its receiver has posted the receive: an algorithm that
+ * keeps sends and receives in flight must wait for either, or two ranks can
+ * each wait for a receive the other will post only after its own wait. */
+loom_status_t loom_p2p_wait_any(loom_ctx_t *ctx, loom_tp_req_t *const *reqs, int n);
 /* Send to dst and receive from src at once (either may be skipped with -1). */
 loom_status_t loom_p2p_sendrecv(loom_ctx_t *ctx, int dst, const void *sbuf, size_t sbytes,
                                 int src, void *rbuf, size_t rbytes, uint32_t step);
@@ -103,6 +109,28 @@ void loom_ctx_reduce(loom_ctx_t *ctx, void *out, const void *a, const void *b, s
 /* A scratch buffer of at least bytes, reused across calls; NULL when out of memory
  * (the message is set). Valid until the next call of loom_ctx_scratch. */
 void *loom_ctx_scratch(loom_ctx_t *ctx, size_t bytes);
+
+/* ---- Two-level views (algorithms/hierarchy.c). ------------------------------
+ * For a context spanning M >= 2 nodes of L >= 2 of its ranks each: local holds
+ * the transport ranks of our node (we are index l), cross the transport ranks
+ * of index l on every node (we are index me_cross), grid[m * L + i] the view
+ * index of the i-th rank of the m-th node. Phases run on views made from the
+ * context; a view that grew the scratch buffer hands it back with adopt. */
+#define LOOM_HIER_STACK_INTS 256
+#define LOOM_HIER_PHASE_STEPS (UINT32_C(1) << 20)   /* steps of one phase stay below */
+typedef struct loom_hier {
+    int L, M, l, me_cross;
+    int *local, *cross, *grid;
+    int stack[LOOM_HIER_STACK_INTS];
+    int *heap;
+} loom_hier_t;
+/* 1: the views are ready (free them with loom_hier_free); 0: the context is
+ * not uniform over several nodes (run a flat algorithm); -1: out of memory. */
+int loom_hier_init(const loom_ctx_t *ctx, loom_hier_t *h);
+void loom_hier_free(loom_hier_t *h);
+loom_ctx_t loom_hier_local_view(const loom_ctx_t *ctx, const loom_hier_t *h, uint32_t phase);
+loom_ctx_t loom_hier_cross_view(const loom_ctx_t *ctx, const loom_hier_t *h, uint32_t phase);
+void loom_hier_adopt_scratch(loom_ctx_t *ctx, const loom_ctx_t *view);
 
 /* ---- The algorithm table. ------------------------------------------------ */
 typedef loom_status_t (*loom_algo_fn)(loom_ctx_t *ctx, const loom_coll_args_t *a);
@@ -133,6 +161,8 @@ loom_status_t loom_allreduce_rabenseifner(loom_ctx_t *ctx, const loom_coll_args_
 loom_status_t loom_allreduce_recdbl(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_allreduce_hierarchical(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_broadcast_binomial(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_broadcast_hierarchical(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_allgather_hierarchical(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_reduce_binomial(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_allgather_ring(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_allgather_bruck(loom_ctx_t *ctx, const loom_coll_args_t *a);

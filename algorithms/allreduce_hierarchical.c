@@ -40,19 +40,12 @@
  * (c) are not pipelined (a step's block moves as one message and is reduced
  * after it arrived): the intra-node links are assumed much faster than the
  * inter-node ones.
- * Memory: the rank maps (node_count + L + M ints) on the stack up to 256 ints,
+ * Memory: the rank maps (algorithms/hierarchy.c) on the stack up to 256 ints,
  * else one malloc per call; scratch: one block (count/L + 1 elements) in place
  * only, 2L size_t for (c), and whatever the inter-node algorithm needs.
  */
-#include <stdlib.h>
-#include <string.h>
-
 #include "algorithms.h"
 #include "reduce.h"
-
-/* Steps of a phase stay below this, so the phases' tags never meet. */
-#define PHASE_STEPS (UINT32_C(1) << 20)
-#define STACK_INTS 256
 
 static int mod(int x, int n)
 {
@@ -68,19 +61,6 @@ static size_t block_offset(size_t count, int n, int b)
 {
     size_t rem = count % (size_t)n;
     return (size_t)b * (count / (size_t)n) + ((size_t)b < rem ? (size_t)b : rem);
-}
-
-static int real_rank(const loom_ctx_t *ctx, int i)
-{
-    return ctx->rank_map ? ctx->rank_map[i] : i;
-}
-
-/* A view shares the context's scratch; whatever the view grew it to is the
- * context's now (the old buffer is already freed). */
-static void adopt_scratch(loom_ctx_t *ctx, const loom_ctx_t *view)
-{
-    ctx->scratch = view->scratch;
-    ctx->scratch_size = view->scratch_size;
 }
 
 /* Phase (a) on the local view v: afterwards out holds block v->rank reduced
@@ -118,76 +98,30 @@ loom_status_t loom_allreduce_hierarchical(loom_ctx_t *ctx, const loom_coll_args_
 {
     const int n = ctx->size;
     const size_t es = a->esize;
-    int stack_ints[STACK_INTS], *ints = stack_ints;
     loom_status_t st = LOOM_SUCCESS;
 
     if (a->count == 0)
         return LOOM_SUCCESS;
-    const int L = ctx->ranks_per_node, M = L > 0 ? n / L : 0;
-    if (ctx->node_of == NULL || L < 2 || M < 2 || n % L != 0)
+    loom_hier_t h;
+    int ready = loom_hier_init(ctx, &h);
+    if (ready < 0)
+        return LOOM_ERR_NO_MEMORY;
+    if (ready == 0)   /* every rank sees the same node_of, so all fall back together */
         return loom_allreduce_ring(ctx, a);
-    const int nodes = ctx->node_count;
-    const size_t nints = (size_t)nodes + (size_t)L + (size_t)M;
-    if (nints > STACK_INTS && (ints = malloc(nints * sizeof(int))) == NULL)
-        return loom_err_set(ctx->err, LOOM_ERR_NO_MEMORY, "hierarchical: out of memory");
-    int *per_node = ints, *local = ints + nodes, *cross = local + L;
-
-    /* Check what ranks_per_node claims (the maps are sized by it) and find l,
-     * our index among our node's ranks. Every rank sees the same node_of, so
-     * all of them fall back together. */
-    memset(per_node, 0, sizeof(int) * (size_t)nodes);
-    const int mynode = ctx->node_of[real_rank(ctx, ctx->rank)];
-    int l = 0, spanned = 0, uniform = 1;
-    for (int i = 0; i < n && uniform; i++) {
-        int nd = ctx->node_of[real_rank(ctx, i)];
-        uniform = nd >= 0 && nd < nodes && per_node[nd] < L;
-        if (uniform) {
-            spanned += per_node[nd]++ == 0;
-            l += nd == mynode && i < ctx->rank;
-        }
-    }
-    if (!uniform || spanned != M) {
-        st = loom_allreduce_ring(ctx, a);
-        goto out;
-    }
-
-    /* local: our node's ranks; cross: the l-th rank of every node, ordered by
-     * view index (every member of the group computes the same order). */
-    int m = 0, me_cross = -1;
-    memset(per_node, 0, sizeof(int) * (size_t)nodes);
-    for (int i = 0; i < n; i++) {
-        int nd = ctx->node_of[real_rank(ctx, i)], idx = per_node[nd]++;
-        if (nd == mynode)
-            local[idx] = real_rank(ctx, i);
-        if (idx == l) {
-            if (i == ctx->rank)
-                me_cross = m;
-            cross[m++] = real_rank(ctx, i);
-        }
-    }
+    const int L = h.L, l = h.l;
 
     const loom_op_t op = a->op == LOOM_AVG ? LOOM_SUM : a->op;
     const size_t count = a->count, mine = block_count(count, L, l);
     char *const block = (char *)a->recvbuf + block_offset(count, L, l) * es;
 
-    loom_ctx_t lv = *ctx;
-    lv.rank = l;
-    lv.size = L;
-    lv.rank_map = local;
-    lv.ranks_per_node = L;
-    lv.step_base = ctx->step_base;
+    loom_ctx_t lv = loom_hier_local_view(ctx, &h, 0);
     st = local_reduce_scatter(&lv, a, op);
-    adopt_scratch(ctx, &lv);
+    loom_hier_adopt_scratch(ctx, &lv);
     if (st != LOOM_SUCCESS)
         goto out;
 
     if (mine > 0) {
-        loom_ctx_t xv = *ctx;
-        xv.rank = me_cross;
-        xv.size = M;
-        xv.rank_map = cross;
-        xv.ranks_per_node = 1;
-        xv.step_base = ctx->step_base + PHASE_STEPS;
+        loom_ctx_t xv = loom_hier_cross_view(ctx, &h, 1);
         loom_coll_args_t xa = *a;
         xa.sendbuf = block;
         xa.recvbuf = block;
@@ -198,18 +132,16 @@ loom_status_t loom_allreduce_hierarchical(loom_ctx_t *ctx, const loom_coll_args_
         loom_algo_fn run = algo && algo->run != loom_allreduce_hierarchical ? algo->run
                                                                              : loom_allreduce_ring;
         st = run(&xv, &xa);
-        adopt_scratch(ctx, &xv);
+        loom_hier_adopt_scratch(ctx, &xv);
         if (st != LOOM_SUCCESS)
             goto out;
         if (a->op == LOOM_AVG)
             loom_reduce_avg_finalize(block, mine, a->dtype, n);
     }
 
-    lv.scratch = ctx->scratch;
-    lv.scratch_size = ctx->scratch_size;
-    lv.step_base = ctx->step_base + 2 * PHASE_STEPS;
+    lv = loom_hier_local_view(ctx, &h, 2);
     size_t *counts = loom_ctx_scratch(&lv, 2 * (size_t)L * sizeof(size_t));
-    adopt_scratch(ctx, &lv);
+    loom_hier_adopt_scratch(ctx, &lv);
     if (counts == NULL) {
         st = LOOM_ERR_NO_MEMORY;
         goto out;
@@ -226,9 +158,8 @@ loom_status_t loom_allreduce_hierarchical(loom_ctx_t *ctx, const loom_coll_args_
     ga.counts = counts;
     ga.displs = displs;
     st = loom_allgatherv_ring(&lv, &ga);
-    adopt_scratch(ctx, &lv);
+    loom_hier_adopt_scratch(ctx, &lv);
 out:
-    if (ints != stack_ints)
-        free(ints);
+    loom_hier_free(&h);
     return st;
 }

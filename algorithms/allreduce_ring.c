@@ -149,6 +149,11 @@ loom_status_t loom_allreduce_ring(loom_ctx_t *ctx, const loom_coll_args_t *a)
     size_t nrposted = 0, nrdone = 0, nsposted = 0, nsdone = 0;
 
     while (nrdone < total_recvs || nsdone < total_sends) {
+        while (nsdone < nsposted && sreq[nsdone % RING_WINDOW].done) {
+            if ((st = sreq[nsdone % RING_WINDOW].status) != LOOM_SUCCESS)
+                goto out;
+            nsdone++;
+        }
         /* Send what is ready: our own block at once, the rest once received. */
         while (nsposted < total_sends && nsposted - nsdone < RING_WINDOW &&
                (nsposted < own_segs || nsposted - own_segs < nrdone)) {
@@ -162,11 +167,6 @@ loom_status_t loom_allreduce_ring(loom_ctx_t *ctx, const loom_coll_args_t *a)
                 goto out;
             nsposted++;
             cursor_next(&r, &spost, send_block);
-        }
-        while (nsdone < nsposted && sreq[nsdone % RING_WINDOW].done) {
-            if ((st = sreq[nsdone % RING_WINDOW].status) != LOOM_SUCCESS)
-                goto out;
-            nsdone++;
         }
         /* Post receives ahead, into a slot (reduce-scatter) or their place. */
         while (nrposted < total_recvs && nrposted - nrdone < RING_WINDOW) {
@@ -186,7 +186,13 @@ loom_status_t loom_allreduce_ring(loom_ctx_t *ctx, const loom_coll_args_t *a)
         }
         if (nrdone < nrposted) {
             loom_tp_req_t *req = &rreq[nrdone % RING_WINDOW];
-            if ((st = loom_p2p_wait(ctx, req)) != LOOM_SUCCESS)
+            /* A finished send may let us post the send our receiver waits for. */
+            loom_tp_req_t *either[2] = {req, nsdone < nsposted ? &sreq[nsdone % RING_WINDOW] : NULL};
+            if ((st = loom_p2p_wait_any(ctx, either, 2)) != LOOM_SUCCESS)
+                goto out;
+            if (!req->done)
+                continue;
+            if ((st = req->status) != LOOM_SUCCESS)
                 goto out;
             int s = rdone.step, b = recv_block(&r, s);
             if (s < r.n - 1) {

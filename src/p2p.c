@@ -139,15 +139,28 @@ void loom_ctx_reduce(loom_ctx_t *ctx, void *out, const void *a, const void *b, s
     }
 }
 
-static loom_status_t waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n)
+/* Progress until every request of reqs is done, or with any_of set until one
+ * of the requests any_of points to (NULL entries skipped) is done. */
+static loom_status_t wait_loop(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n,
+                               loom_tp_req_t *const *any_of)
 {
     double last_moved = monotonic_s();
     int first_pending = 0;
     for (;;) {
-        while (first_pending < n && reqs[first_pending].done)
-            first_pending++;
-        if (first_pending == n)
-            break;
+        if (any_of) {
+            int done = 0;
+            for (int i = 0; i < n && !done; i++)
+                done = any_of[i] && any_of[i]->done;
+            if (done)
+                break;
+            while (first_pending < n && !any_of[first_pending])
+                first_pending++;
+        } else {
+            while (first_pending < n && reqs[first_pending].done)
+                first_pending++;
+            if (first_pending == n)
+                break;
+        }
         double idle_s = monotonic_s() - last_moved;
         /* Busy-poll while data was flowing recently: a sleep in epoll costs a
          * cross-core wake-up (tens of microseconds in a VM) per message. */
@@ -161,18 +174,31 @@ static loom_status_t waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n)
         if (moved) {
             last_moved = monotonic_s();
         } else if (idle_s > ctx->timeout_s) {
-            const loom_tp_req_t *r = &reqs[first_pending];
+            const loom_tp_req_t *r = any_of ? any_of[first_pending < n ? first_pending : 0]
+                                            : &reqs[first_pending];
             return loom_err_set(ctx->err, LOOM_ERR_TIMEOUT,
                                 "timed out: rank %d waited %.1f s (LOOM_TIMEOUT) without progress "
                                 "for %zu bytes with rank %d",
                                 ctx->rank_map ? ctx->rank_map[ctx->rank] : ctx->rank,
-                                ctx->timeout_s, r->len - r->off, r->peer);
+                                ctx->timeout_s, r ? r->len - r->off : 0, r ? r->peer : -1);
         }
     }
-    for (int i = 0; i < n; i++)
-        if (reqs[i].status != LOOM_SUCCESS)
-            return reqs[i].status;
+    for (int i = 0; i < n; i++) {
+        const loom_tp_req_t *r = any_of ? any_of[i] : &reqs[i];
+        if (r && r->done && r->status != LOOM_SUCCESS)
+            return r->status;
+    }
     return LOOM_SUCCESS;
+}
+
+static loom_status_t waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n)
+{
+    return wait_loop(ctx, reqs, n, NULL);
+}
+
+loom_status_t loom_p2p_wait_any(loom_ctx_t *ctx, loom_tp_req_t *const *reqs, int n)
+{
+    return wait_loop(ctx, NULL, n, reqs);
 }
 
 loom_status_t loom_p2p_wait(loom_ctx_t *ctx, loom_tp_req_t *req)
