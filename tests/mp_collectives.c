@@ -420,18 +420,22 @@ static int rank_main(loom_comm_t c, void *arg)
     int which = *(int *)arg;
     int n = loom_comm_size(c);
     int failures = 0;
-    /* a == loom_num_algorithms: allreduce with no algorithm forced. */
+    /* a == loom_num_algorithms: no algorithm forced, for the collectives that
+     * have a choice (the selection's thresholds and topology rules). */
+    int nalgos = 0;
+    for (size_t a = 0; a < loom_num_algorithms; a++)
+        nalgos += loom_algorithms[a].coll == colls[which].coll;
     for (size_t a = 0; a <= loom_num_algorithms && failures == 0; a++) {
         const loom_algo_t *algo = a < loom_num_algorithms ? &loom_algorithms[a] : NULL;
-        static const loom_algo_t auto_allreduce = {LOOM_COLL_ALLREDUCE, "auto", NULL, NULL};
-        if (algo == NULL && colls[which].coll == LOOM_COLL_ALLREDUCE)
-            algo = &auto_allreduce;
+        const loom_algo_t auto_algo = {colls[which].coll, "auto", NULL, NULL};
+        if (algo == NULL && nalgos > 1)
+            algo = &auto_algo;
         if (algo == NULL || algo->coll != colls[which].coll)
             continue;
         loom_coll_args_t probe = {.coll = algo->coll};
         if (algo->can_run && !algo->can_run(&c->ctx, &probe))
             continue;   /* e.g. the direct algorithms without shared memory */
-        if (algo == &auto_allreduce)
+        if (algo == &auto_algo)
             c->cfg.algo[0] = '\0';
         else
             snprintf(c->cfg.algo, sizeof(c->cfg.algo), "%s=%s", loom_coll_name(algo->coll),

@@ -15,6 +15,12 @@
 #include "algorithms.h"
 #include "loom.h"
 #include "reduce.h"
+#ifdef LOOM_HAVE_VERBS
+#include "ibverbs/ibverbs.h"
+#endif
+#ifdef LOOM_HAVE_CUDA
+#include "cuda_int.h"
+#endif
 
 static void usage(void)
 {
@@ -31,15 +37,29 @@ int main(int argc, char **argv)
         return strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ? 0 : 2;
     }
     printf("# Loom %s\n", loom_version());
-    printf("#   transports:      tcp\n");
+#ifdef LOOM_HAVE_VERBS
+    printf("#   transports:      tcp shm ibverbs (shm inside a node unless LOOM_SHM=0)\n");
+#else
+    printf("#   transports:      tcp shm (shm inside a node unless LOOM_SHM=0)\n");
+#endif
 #ifdef HAVE_HIREDIS
     printf("#   stores:          tcp file redis\n");
 #else
     printf("#   stores:          tcp file\n");
 #endif
     printf("#   CPU reductions:  %s\n", loom_reduce_isa());
+#ifdef LOOM_HAVE_CUDA
+    char gpus[512];
+    loom_cuda_describe(gpus, sizeof(gpus));
+    printf("#   CUDA:            built (GPU buffers, loom_cuda.h); %s\n", gpus);
+#else
     printf("#   CUDA:            not built\n");
+#endif
+#ifdef LOOM_HAVE_VERBS
+    printf("#   verbs:           built (libibverbs.so.1 loaded at run time)\n");
+#else
     printf("#   verbs:           not built\n");
+#endif
 
     printf("#\n# Network interfaces\n");
     struct ifaddrs *ifs;
@@ -59,6 +79,12 @@ int main(int argc, char **argv)
         }
         freeifaddrs(ifs);
     }
+
+#ifdef LOOM_HAVE_VERBS
+    printf("#\n# RDMA devices (ibverbs)\n");
+    fflush(stdout);
+    loom_ibverbs_list_devices(stdout);
+#endif
 
     printf("#\n# Algorithms (LOOM_ALGO=collective=name,...)\n");
     for (int coll = 0; coll < LOOM_COLL_COUNT; coll++) {

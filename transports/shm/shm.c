@@ -24,7 +24,6 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,8 +35,7 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "transport.h"
-#include "wire.h"
+#include "tp_util.h"
 
 #define RING_BYTES (256 * 1024)
 /* Messages above this go by cross-memory attach when the receiver can read us. */
@@ -96,13 +94,13 @@ typedef struct shm_peer {
     int cma_to_peer;    /* the peer can read our memory: send large messages by RTS */
     int said_bye;
     /* send side */
-    loom_tp_req_t *sq_head, *sq_tail;   /* not fully written to the ring yet */
+    loom_req_queue_t sq;                /* not fully written to the ring yet */
     loom_tp_req_t *fin_wait;            /* RTS written, FIN not received */
     uint64_t *fins;                     /* FINs not yet written to the peer's ring */
     size_t nfins, fins_cap;
     int started;                        /* sq_head's first record is in the ring */
     /* receive side (our ring for this peer) */
-    loom_tp_req_t *rq_head, *rq_tail;
+    loom_req_queue_t rq;                /* posted receives */
     shm_unexp_t *uq_head, *uq_tail;
     loom_tp_req_t *cur_req;             /* a streamed message arriving */
     shm_unexp_t *cur_unexp;
@@ -148,23 +146,7 @@ static void ring_doorbell(segment_t *seg)
     }
 }
 
-static loom_status_t tp_fail(loom_tp_t *tp, loom_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static loom_status_t tp_fail(loom_tp_t *tp, loom_status_t st, const char *fmt, ...)
-{
-    if (tp->failed == LOOM_SUCCESS) {
-        char msg[LOOM_ERRMSG_MAX];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
-        va_end(ap);
-        loom_err_set(tp->err, st, "%s", msg);
-        LOOM_INFO("shm", "rank %d: %s", tp->rank, msg);
-        tp->failed = st;
-    }
-    return tp->failed;
-}
+#define tp_fail(tp, st, ...) loom_tp_fail(&(tp)->failed, (tp)->err, "shm", (tp)->rank, st, __VA_ARGS__)
 
 static size_t rec_space(size_t payload)
 {
@@ -296,16 +278,6 @@ static loom_status_t shm_connect(loom_tp_t *tp, char *const *addrs, double timeo
 
 /* ---- matching ------------------------------------------------------------- */
 
-static void rq_append(shm_peer_t *peer, loom_tp_req_t *req)
-{
-    req->next = NULL;
-    if (peer->rq_tail)
-        peer->rq_tail->next = req;
-    else
-        peer->rq_head = req;
-    peer->rq_tail = req;
-}
-
 static void unexp_append(shm_peer_t *peer, shm_unexp_t *u)
 {
     if (peer->uq_tail)
@@ -315,34 +287,15 @@ static void unexp_append(shm_peer_t *peer, shm_unexp_t *u)
     peer->uq_tail = u;
 }
 
-/* The oldest receive posted for f's tag, unlinked, after checking that f fits
- * it (a mismatch fails the instance); NULL when none is posted. */
+/* The oldest receive posted for f's tag, unlinked; NULL when none is posted
+ * or f does not fit it (then the instance has failed). */
 static loom_tp_req_t *rq_take(loom_tp_t *tp, shm_peer_t *peer, const loom_frame_t *f)
 {
-    loom_tp_req_t *prev = NULL;
-    for (loom_tp_req_t *r = peer->rq_head; r; prev = r, r = r->next) {
-        if (r->match.tag != f->match.tag)
-            continue;
-        if (loom_frame_check(f, r, tp->rank, tp->err) != LOOM_SUCCESS) {
-            tp_fail(tp, LOOM_ERR_MISMATCH, "%s", tp->err->msg);
-            return NULL;
-        }
-        if (prev)
-            prev->next = r->next;
-        else
-            peer->rq_head = r->next;
-        if (peer->rq_tail == r)
-            peer->rq_tail = prev;
-        return r;
-    }
-    return NULL;
-}
-
-static void complete(loom_tp_req_t *req)
-{
-    req->off = req->len;
-    req->status = LOOM_SUCCESS;
-    req->done = 1;
+    loom_status_t st = LOOM_SUCCESS;
+    loom_tp_req_t *r = loom_req_queue_take(&peer->rq, f, tp->rank, tp->err, &st);
+    if (st != LOOM_SUCCESS)
+        tp_fail(tp, st, "%s", tp->err->msg);
+    return r;
 }
 
 static loom_status_t queue_fin(loom_tp_t *tp, shm_peer_t *peer, uint64_t token)
@@ -386,7 +339,7 @@ static loom_status_t cma_read(loom_tp_t *tp, shm_peer_t *peer, loom_tp_req_t *re
 {
     if (read_peer(tp, peer, req->buf, addr, req->len) != LOOM_SUCCESS)
         return tp->failed;
-    complete(req);
+    loom_req_complete(req);
     return queue_fin(tp, peer, token);
 }
 
@@ -457,9 +410,9 @@ static int goes_by_rts(const shm_peer_t *peer, const loom_tp_req_t *req)
 /* Payload of the next record the send queue writes. */
 static size_t next_payload(const shm_peer_t *peer)
 {
-    if (peer->nfins || !peer->sq_head || goes_by_rts(peer, peer->sq_head))
+    if (peer->nfins || !peer->sq.head || goes_by_rts(peer, peer->sq.head))
         return 0;
-    size_t left = peer->sq_head->len - peer->sq_head->off;
+    size_t left = peer->sq.head->len - peer->sq.head->off;
     return left < CHUNK_BYTES ? left : CHUNK_BYTES;
 }
 
@@ -477,8 +430,8 @@ static loom_status_t flush_sends(loom_tp_t *tp, shm_peer_t *peer, int *moved)
         memmove(peer->fins, peer->fins + 1, --peer->nfins * sizeof(*peer->fins));
         *moved = 1;
     }
-    while (peer->sq_head) {
-        loom_tp_req_t *req = peer->sq_head;
+    while (peer->sq.head) {
+        loom_tp_req_t *req = peer->sq.head;
         int rts = goes_by_rts(peer, req);
         size_t chunk = rts ? 0 : req->len - req->off;
         if (chunk > CHUNK_BYTES)
@@ -506,15 +459,13 @@ static loom_status_t flush_sends(loom_tp_t *tp, shm_peer_t *peer, int *moved)
         peer->started = 1;
         req->off += chunk;
         if (rts || req->off == req->len) {
-            peer->sq_head = req->next;
-            if (!peer->sq_head)
-                peer->sq_tail = NULL;
+            loom_req_queue_pop(&peer->sq);
             peer->started = 0;
             if (rts) {
                 req->next = peer->fin_wait;
                 peer->fin_wait = req;
             } else {
-                complete(req);
+                loom_req_complete(req);
             }
         }
     }
@@ -535,7 +486,7 @@ static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req)
     if (r) {
         if (req->len)
             memcpy(r->buf, req->buf, req->len);
-        complete(r);
+        loom_req_complete(r);
     } else {
         shm_unexp_t *u = calloc(1, sizeof(*u));
         if (u)
@@ -551,7 +502,7 @@ static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req)
         u->complete = 1;
         unexp_append(self, u);
     }
-    complete(req);
+    loom_req_complete(req);
     return LOOM_SUCCESS;
 }
 
@@ -559,10 +510,7 @@ static loom_status_t shm_isend(loom_tp_t *tp, loom_tp_req_t *req)
 {
     if (tp->failed)
         return tp->failed;
-    req->done = 0;
-    req->off = 0;
-    req->status = LOOM_SUCCESS;
-    req->next = NULL;
+    loom_req_start(req);
     if (req->peer == tp->rank)
         return self_send(tp, req);
     shm_peer_t *peer = &tp->peers[req->peer];
@@ -570,12 +518,8 @@ static loom_status_t shm_isend(loom_tp_t *tp, loom_tp_req_t *req)
         return tp_fail(tp, LOOM_ERR_PEER_LOST,
                        "rank %d sends to rank %d, which has destroyed its communicator", tp->rank,
                        peer->rank);
-    int was_idle = peer->sq_head == NULL;
-    if (peer->sq_tail)
-        peer->sq_tail->next = req;
-    else
-        peer->sq_head = req;
-    peer->sq_tail = req;
+    int was_idle = peer->sq.head == NULL;
+    loom_req_queue_push(&peer->sq, req);
     int moved = 0;
     return was_idle ? flush_sends(tp, peer, &moved) : LOOM_SUCCESS;
 }
@@ -586,10 +530,7 @@ static loom_status_t shm_irecv(loom_tp_t *tp, loom_tp_req_t *req)
 {
     if (tp->failed)
         return tp->failed;
-    req->done = 0;
-    req->off = 0;
-    req->status = LOOM_SUCCESS;
-    req->next = NULL;
+    loom_req_start(req);
     shm_peer_t *peer = &tp->peers[req->peer];
     shm_unexp_t *prev = NULL;
     for (shm_unexp_t *u = peer->uq_head; u; prev = u, u = u->next) {
@@ -611,7 +552,7 @@ static loom_status_t shm_irecv(loom_tp_t *tp, loom_tp_req_t *req)
                 memcpy(req->buf, u->data, u->got);
             req->off = u->got;
             if (u->complete) {
-                complete(req);
+                loom_req_complete(req);
             } else {
                 /* Still streaming in: the rest lands in the posted buffer. */
                 peer->cur_unexp = NULL;
@@ -630,7 +571,7 @@ static loom_status_t shm_irecv(loom_tp_t *tp, loom_tp_req_t *req)
         return tp_fail(tp, LOOM_ERR_PEER_LOST,
                        "rank %d waits for a message from rank %d, which has destroyed its "
                        "communicator", tp->rank, peer->rank);
-    rq_append(peer, req);
+    loom_req_queue_push(&peer->rq, req);
     return LOOM_SUCCESS;
 }
 
@@ -643,7 +584,7 @@ static loom_status_t take_fin(loom_tp_t *tp, shm_peer_t *peer, uint64_t token)
                 prev->next = r->next;
             else
                 peer->fin_wait = r->next;
-            complete(r);
+            loom_req_complete(r);
             return LOOM_SUCCESS;
         }
     return tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d acknowledged a message rank %d never sent",
@@ -676,7 +617,7 @@ static loom_status_t open_message(loom_tp_t *tp, shm_peer_t *peer, const rec_t *
             memcpy(req->buf, rec + 1, rec->len);
         req->off = rec->len;
         if (rec->kind == REC_EAGER)
-            complete(req);
+            loom_req_complete(req);
         else
             peer->cur_req = req;
         return LOOM_SUCCESS;
@@ -709,7 +650,7 @@ static loom_status_t continue_message(loom_tp_t *tp, shm_peer_t *peer, const rec
         memcpy((uint8_t *)req->buf + req->off, rec + 1, rec->len);
         req->off += rec->len;
         if (req->off == req->len) {
-            complete(req);
+            loom_req_complete(req);
             peer->cur_req = NULL;
         }
     } else if (peer->cur_unexp) {
@@ -768,7 +709,7 @@ static loom_status_t drain(loom_tp_t *tp, shm_peer_t *peer, int *moved)
             break;
         case REC_BYE:
             peer->said_bye = 1;
-            if (peer->rq_head || peer->cur_req)
+            if (peer->rq.head || peer->cur_req)
                 tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d destroyed its communicator while rank "
                         "%d still waits for a message from it", peer->rank, tp->rank);
             break;
@@ -791,7 +732,7 @@ static loom_status_t drain(loom_tp_t *tp, shm_peer_t *peer, int *moved)
 
 static int has_work(const shm_peer_t *peer)
 {
-    return peer->rq_head || peer->cur_req || peer->sq_head || peer->fin_wait || peer->nfins;
+    return peer->rq.head || peer->cur_req || peer->sq.head || peer->fin_wait || peer->nfins;
 }
 
 /* Peers we wait for that vanished: their pid is gone. */
@@ -817,7 +758,7 @@ static loom_status_t poll_once(loom_tp_t *tp, int *moved)
             continue;
         if (drain(tp, peer, moved) != LOOM_SUCCESS)
             break;
-        if (peer->sq_head || peer->nfins)
+        if (peer->sq.head || peer->nfins)
             flush_sends(tp, peer, moved);
     }
     return tp->failed;
@@ -833,7 +774,7 @@ static int anything_arrived(loom_tp_t *tp)
             return 1;
         /* Room appeared in a ring we wait to write into. */
         const shm_peer_t *peer = &tp->peers[r];
-        if ((peer->sq_head || peer->nfins) &&
+        if ((peer->sq.head || peer->nfins) &&
             ring_fits(&peer->seg->rings[tp->rank], next_payload(peer), NULL))
             return 1;
     }

@@ -24,7 +24,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,8 +36,7 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "transport.h"
-#include "wire.h"
+#include "tp_util.h"
 
 #define STAGE_BYTES (64 * 1024)
 /* Payload remainders at least this big are read straight into the user buffer. */
@@ -68,7 +66,7 @@ typedef struct tcp_peer {
     int said_bye;       /* the peer destroyed its communicator on purpose */
     int held;           /* a frame waits in the socket for its receive (set_held) */
     /* send side */
-    loom_tp_req_t *sq_head, *sq_tail;
+    loom_req_queue_t sq;
     uint8_t shdr[LOOM_FRAME_BYTES];
     int shdr_ready;
     size_t shdr_off;
@@ -80,7 +78,7 @@ typedef struct tcp_peer {
     size_t cur_off;
     loom_tp_req_t *cur_req;
     tcp_unexp_t *cur_unexp;
-    loom_tp_req_t *rq_head, *rq_tail;
+    loom_req_queue_t rq;
     tcp_unexp_t *uq_head, *uq_tail;
 } tcp_peer_t;
 
@@ -104,23 +102,7 @@ static double monotonic_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static loom_status_t tp_fail(loom_tp_t *tp, loom_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static loom_status_t tp_fail(loom_tp_t *tp, loom_status_t st, const char *fmt, ...)
-{
-    if (tp->failed == LOOM_SUCCESS) {
-        char msg[LOOM_ERRMSG_MAX];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
-        va_end(ap);
-        loom_err_set(tp->err, st, "%s", msg);
-        LOOM_INFO("tcp", "rank %d: %s", tp->rank, msg);
-        tp->failed = st;
-    }
-    return tp->failed;
-}
+#define tp_fail(tp, st, ...) loom_tp_fail(&(tp)->failed, (tp)->err, "tcp", (tp)->rank, st, __VA_ARGS__)
 
 static void set_sock_opts(int fd, int sockbuf)
 {
@@ -647,8 +629,8 @@ static void set_held(loom_tp_t *tp, tcp_peer_t *peer, int held)
 /* Write as much of the send queue as the socket takes. */
 static loom_status_t flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
 {
-    while (peer->sq_head) {
-        loom_tp_req_t *req = peer->sq_head;
+    while (peer->sq.head) {
+        loom_tp_req_t *req = peer->sq.head;
         if (!peer->shdr_ready) {
             loom_frame_t f = {.kind = LOOM_FRAME_DATA, .match = req->match, .len = req->len};
             loom_frame_encode(&f, peer->shdr);
@@ -684,9 +666,7 @@ static loom_status_t flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
         }
         req->off += left;
         if (peer->shdr_off == LOOM_FRAME_BYTES && req->off == req->len) {
-            peer->sq_head = req->next;
-            if (!peer->sq_head)
-                peer->sq_tail = NULL;
+            loom_req_queue_pop(&peer->sq);
             peer->shdr_ready = 0;
             req->status = LOOM_SUCCESS;
             req->done = 1;
@@ -776,38 +756,15 @@ static void unexp_remove(tcp_peer_t *peer, tcp_unexp_t *u, tcp_unexp_t *prev)
         peer->uq_tail = prev;
 }
 
-static void rq_append(tcp_peer_t *peer, loom_tp_req_t *req)
-{
-    req->next = NULL;
-    if (peer->rq_tail)
-        peer->rq_tail->next = req;
-    else
-        peer->rq_head = req;
-    peer->rq_tail = req;
-}
-
-/* Unlink and return the oldest receive posted for f's tag, after checking that
- * f fits it (a mismatch fails the instance); NULL when none is posted. */
+/* The oldest receive posted for f's tag, unlinked; NULL when none is posted
+ * or f does not fit it (then the instance has failed). */
 static loom_tp_req_t *rq_take(loom_tp_t *tp, tcp_peer_t *peer, const loom_frame_t *f)
 {
-    loom_tp_req_t *prev = NULL;
-    for (loom_tp_req_t *r = peer->rq_head; r; prev = r, r = r->next) {
-        if (!tag_matches(r, f))
-            continue;
-        loom_status_t st = loom_frame_check(f, r, tp->rank, tp->err);
-        if (st != LOOM_SUCCESS) {
-            tp_fail(tp, st, "%s", tp->err->msg);
-            return NULL;
-        }
-        if (prev)
-            prev->next = r->next;
-        else
-            peer->rq_head = r->next;
-        if (peer->rq_tail == r)
-            peer->rq_tail = prev;
-        return r;
-    }
-    return NULL;
+    loom_status_t st = LOOM_SUCCESS;
+    loom_tp_req_t *r = loom_req_queue_take(&peer->rq, f, tp->rank, tp->err, &st);
+    if (st != LOOM_SUCCESS)
+        tp_fail(tp, st, "%s", tp->err->msg);
+    return r;
 }
 
 /* A message to ourselves (user send/recv to self): matched in memory. */
@@ -844,10 +801,7 @@ static loom_status_t tcp_isend(loom_tp_t *tp, loom_tp_req_t *req)
 {
     if (tp->failed)
         return tp->failed;
-    req->done = 0;
-    req->off = 0;
-    req->status = LOOM_SUCCESS;
-    req->next = NULL;
+    loom_req_start(req);
     if (req->peer == tp->rank)
         return self_send(tp, req);
     tcp_peer_t *peer = &tp->peers[req->peer];
@@ -855,12 +809,8 @@ static loom_status_t tcp_isend(loom_tp_t *tp, loom_tp_req_t *req)
         return tp_fail(tp, LOOM_ERR_PEER_LOST,
                        "rank %d sends to rank %d, which has destroyed its communicator", tp->rank,
                        peer->rank);
-    int was_idle = peer->sq_head == NULL;
-    if (peer->sq_tail)
-        peer->sq_tail->next = req;
-    else
-        peer->sq_head = req;
-    peer->sq_tail = req;
+    int was_idle = peer->sq.head == NULL;
+    loom_req_queue_push(&peer->sq, req);
     /* Start writing now: for small messages this is the whole send. */
     int moved = 0;
     return was_idle ? flush_sends(tp, peer, &moved) : LOOM_SUCCESS;
@@ -874,10 +824,7 @@ static loom_status_t tcp_irecv(loom_tp_t *tp, loom_tp_req_t *req)
 {
     if (tp->failed)
         return tp->failed;
-    req->done = 0;
-    req->off = 0;
-    req->status = LOOM_SUCCESS;
-    req->next = NULL;
+    loom_req_start(req);
     tcp_peer_t *peer = &tp->peers[req->peer];
     /* Early messages arrived before the held one, so they match first. */
     tcp_unexp_t *prev = NULL;
@@ -917,7 +864,7 @@ static loom_status_t tcp_irecv(loom_tp_t *tp, loom_tp_req_t *req)
         return tp_fail(tp, LOOM_ERR_PEER_LOST,
                        "rank %d waits for a message from rank %d, which has destroyed its "
                        "communicator", tp->rank, peer->rank);
-    rq_append(peer, req);
+    loom_req_queue_push(&peer->rq, req);
     return LOOM_SUCCESS;
 }
 
@@ -925,7 +872,7 @@ static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_fra
 {
     if (f->kind == LOOM_FRAME_BYE) {
         peer->said_bye = 1;
-        if (peer->rq_head)
+        if (peer->rq.head)
             return tp_fail(tp, LOOM_ERR_PEER_LOST,
                            "rank %d destroyed its communicator while rank %d still waits for a "
                            "message from it", peer->rank, tp->rank);
@@ -1149,7 +1096,7 @@ static void tcp_destroy(loom_tp_t *tp, double timeout_s)
         tcp_peer_t *peer = &tp->peers[j];
         if (peer->fd < 0)
             continue;
-        if (!tp->failed && !peer->sq_head) {
+        if (!tp->failed && !peer->sq.head) {
             /* Say goodbye, so the peer can tell a finished rank from a dead one. */
             uint8_t bye[LOOM_FRAME_BYTES];
             loom_frame_t f = {.kind = LOOM_FRAME_BYE};

@@ -1,0 +1,33 @@
+/* tp_util.h - pieces every transport needs the same way: the sticky failure
+ * of an instance, request queues in posting order, and matching an arrived
+ * message against the receives posted for its tag. */
+#ifndef LOOM_TP_UTIL_H
+#define LOOM_TP_UTIL_H
+
+#include "transport.h"
+#include "wire.h"
+
+/* Record the first failure of an instance in *failed and err (later ones
+ * keep the first); returns the status in force. */
+loom_status_t loom_tp_fail(loom_status_t *failed, loom_err_t *err, const char *subsys, int rank,
+                           loom_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+typedef struct loom_req_queue {
+    loom_tp_req_t *head, *tail;
+} loom_req_queue_t;
+
+void loom_req_queue_push(loom_req_queue_t *q, loom_tp_req_t *req);
+/* Unlink the oldest request (the queue must not be empty). */
+loom_tp_req_t *loom_req_queue_pop(loom_req_queue_t *q);
+/* Reset a request's transport-owned fields before it is queued. */
+void loom_req_start(loom_tp_req_t *req);
+/* Mark a request finished, all bytes moved. */
+void loom_req_complete(loom_tp_req_t *req);
+/* Unlink and return the oldest request posted for f's tag, after checking that
+ * f fits it (length, descriptor, total): a mismatch sets *st (with the message
+ * in err) and returns NULL, as does finding none (*st untouched). */
+loom_tp_req_t *loom_req_queue_take(loom_req_queue_t *q, const loom_frame_t *f, int my_rank,
+                                   loom_err_t *err, loom_status_t *st);
+
+#endif
