@@ -87,6 +87,9 @@ loom_status_t loom_p2p_isend(loom_ctx_t *ctx, int peer, uint32_t step, const voi
                              size_t bytes, loom_tp_req_t *req);
 loom_status_t loom_p2p_irecv(loom_ctx_t *ctx, int peer, uint32_t step, void *buf, size_t bytes,
                              loom_tp_req_t *req);
+/* Whether req is done, without progressing (for algorithms that poll their
+ * windows); shows the request in LOOM_TIMELINE once it is. */
+int loom_p2p_test(loom_ctx_t *ctx, loom_tp_req_t *req);
 /* Wait for one / all requests; on failure the message is already in ctx->err. */
 loom_status_t loom_p2p_wait(loom_ctx_t *ctx, loom_tp_req_t *req);
 loom_status_t loom_p2p_waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n);

@@ -149,7 +149,7 @@ loom_status_t loom_allreduce_ring(loom_ctx_t *ctx, const loom_coll_args_t *a)
     size_t nrposted = 0, nrdone = 0, nsposted = 0, nsdone = 0;
 
     while (nrdone < total_recvs || nsdone < total_sends) {
-        while (nsdone < nsposted && sreq[nsdone % RING_WINDOW].done) {
+        while (nsdone < nsposted && loom_p2p_test(ctx, &sreq[nsdone % RING_WINDOW])) {
             if ((st = sreq[nsdone % RING_WINDOW].status) != LOOM_SUCCESS)
                 goto out;
             nsdone++;

@@ -43,6 +43,26 @@ static void fill_req(loom_ctx_t *ctx, int peer, uint32_t step, const void *buf, 
     req->match.tag = coll_tag(ctx, step);
     req->match.desc = ctx->desc;
     req->match.total = ctx->total;
+    req->posted_us = ctx->timeline ? loom_timeline_now_us() : 0;
+}
+
+/* A "send" or "recv" span from posting to the moment its completion was seen. */
+static void trace_done(loom_ctx_t *ctx, loom_tp_req_t *req)
+{
+    if (!ctx->timeline || req->posted_us <= 0 || !req->done)
+        return;
+    char args[64];
+    snprintf(args, sizeof(args), "\"peer\": %d, \"bytes\": %zu", req->peer, req->len);
+    loom_timeline_span(ctx->timeline, req->is_send ? "send" : "recv", "p2p", req->posted_us,
+                       loom_timeline_now_us(), ctx->timeline_tid, args);
+    req->posted_us = 0;
+}
+
+int loom_p2p_test(loom_ctx_t *ctx, loom_tp_req_t *req)
+{
+    if (req->done)
+        trace_done(ctx, req);
+    return req->done;
 }
 
 static loom_status_t check_peer(loom_ctx_t *ctx, int peer)
@@ -61,6 +81,7 @@ loom_status_t loom_p2p_isend(loom_ctx_t *ctx, int peer, uint32_t step, const voi
     if (st != LOOM_SUCCESS)
         return st;
     fill_req(ctx, peer, step, buf, bytes, req);
+    req->is_send = 1;
     return ctx->tp_ops->isend(ctx->tp, req);
 }
 
@@ -74,7 +95,6 @@ loom_status_t loom_p2p_irecv(loom_ctx_t *ctx, int peer, uint32_t step, void *buf
     return ctx->tp_ops->irecv(ctx->tp, req);
 }
 
-static loom_status_t waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n);
 
 /* Transports built before the one-sided ops have a shorter table. */
 static int has_peer_read(const loom_transport_ops_t *ops)
@@ -104,25 +124,6 @@ loom_status_t loom_p2p_read(loom_ctx_t *ctx, int peer, void *buf, uint64_t addr,
         loom_timeline_span(ctx->timeline, "read", "read", t0, loom_timeline_now_us(),
                            ctx->timeline_tid, args);
     }
-    return st;
-}
-
-loom_status_t loom_p2p_waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n)
-{
-    if (!ctx->timeline)
-        return waitall(ctx, reqs, n);
-    int pending = 0;
-    for (int i = 0; i < n && !pending; i++)
-        pending = !reqs[i].done;
-    if (!pending)
-        return waitall(ctx, reqs, n);
-    double t0 = loom_timeline_now_us();
-    loom_status_t st = waitall(ctx, reqs, n);
-    char args[96];
-    snprintf(args, sizeof(args), "\"peer\": %d, \"bytes\": %zu, \"requests\": %d", reqs[0].peer,
-             reqs[0].len, n);
-    loom_timeline_span(ctx->timeline, "wait", "wait", t0, loom_timeline_now_us(),
-                       ctx->timeline_tid, args);
     return st;
 }
 
@@ -183,22 +184,47 @@ static loom_status_t wait_loop(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n,
                                 ctx->timeout_s, r ? r->len - r->off : 0, r ? r->peer : -1);
         }
     }
+    loom_status_t st = LOOM_SUCCESS;
     for (int i = 0; i < n; i++) {
-        const loom_tp_req_t *r = any_of ? any_of[i] : &reqs[i];
-        if (r && r->done && r->status != LOOM_SUCCESS)
-            return r->status;
+        loom_tp_req_t *r = any_of ? any_of[i] : &reqs[i];
+        if (r && r->done && r->status != LOOM_SUCCESS && st == LOOM_SUCCESS)
+            st = r->status;
+        if (r)
+            trace_done(ctx, r);
     }
-    return LOOM_SUCCESS;
+    return st;
 }
 
-static loom_status_t waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n)
+/* wait_loop, shown as a "wait" span in LOOM_TIMELINE when it had to wait. */
+static loom_status_t traced_wait(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n,
+                                 loom_tp_req_t *const *any_of)
 {
-    return wait_loop(ctx, reqs, n, NULL);
+    const loom_tp_req_t *pending = NULL;
+    for (int i = 0; i < n && ctx->timeline && !pending; i++) {
+        const loom_tp_req_t *r = any_of ? any_of[i] : &reqs[i];
+        if (r && !r->done)
+            pending = r;
+    }
+    if (!pending)
+        return wait_loop(ctx, reqs, n, any_of);
+    double t0 = loom_timeline_now_us();
+    char args[96];
+    snprintf(args, sizeof(args), "\"peer\": %d, \"bytes\": %zu, \"requests\": %d",
+             pending->peer, pending->len, n);
+    loom_status_t st = wait_loop(ctx, reqs, n, any_of);
+    loom_timeline_span(ctx->timeline, "wait", "wait", t0, loom_timeline_now_us(),
+                       ctx->timeline_tid, args);
+    return st;
+}
+
+loom_status_t loom_p2p_waitall(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n)
+{
+    return traced_wait(ctx, reqs, n, NULL);
 }
 
 loom_status_t loom_p2p_wait_any(loom_ctx_t *ctx, loom_tp_req_t *const *reqs, int n)
 {
-    return wait_loop(ctx, NULL, n, reqs);
+    return traced_wait(ctx, NULL, n, reqs);
 }
 
 loom_status_t loom_p2p_wait(loom_ctx_t *ctx, loom_tp_req_t *req)

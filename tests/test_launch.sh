@@ -91,8 +91,10 @@ import json, sys
 ev = json.load(sys.stdin)["traceEvents"]
 ar = [e for e in ev if e["name"] == "allreduce" and e["ph"] == "X"]
 assert {e["pid"] for e in ar} == {0, 1} and all(e["dur"] >= 0 and "algorithm" in e["args"] for e in ar)
+p2p = [e for e in ev if e["name"] in ("send", "recv")]
+assert p2p and all("peer" in e["args"] and "bytes" in e["args"] for e in p2p)
 ' 2>/dev/null
-result $? "LOOM_TIMELINE writes a Chrome trace per rank that loom-timeline-merge joins"
+result $? "LOOM_TIMELINE writes a Chrome trace per rank (collectives, their sends and receives) that loom-timeline-merge joins"
 
 # Only 3 of 4 ranks start: they must fail within LOOM_TIMEOUT + 5 s, naming rank 3's key.
 port=$(free_port)

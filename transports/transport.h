@@ -33,6 +33,8 @@ typedef struct loom_tp_req {
     void *buf;            /* const for sends */
     size_t len;           /* bytes */
     loom_tp_match_t match;
+    double posted_us;     /* when posted, for LOOM_TIMELINE's send/recv spans (0: untraced) */
+    int is_send;
     /* transport-owned */
     volatile int done;
     loom_status_t status;
