@@ -23,6 +23,7 @@ const loom_algo_t loom_algorithms[] = {
     { LOOM_COLL_ALLREDUCE, "hierarchical", loom_allreduce_hierarchical, NULL },
     { LOOM_COLL_BROADCAST, "binomial", loom_broadcast_binomial, NULL },
     { LOOM_COLL_BROADCAST, "hierarchical", loom_broadcast_hierarchical, NULL },
+    { LOOM_COLL_BROADCAST, "scatter_allgather", loom_broadcast_scatter_allgather, NULL },
     { LOOM_COLL_REDUCE, "binomial", loom_reduce_binomial, NULL },
     { LOOM_COLL_ALLGATHER, "ring", loom_allgather_ring, NULL },
     { LOOM_COLL_ALLGATHER, "bruck", loom_allgather_bruck, NULL },

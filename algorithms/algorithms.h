@@ -165,6 +165,7 @@ loom_status_t loom_allreduce_recdbl(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_allreduce_hierarchical(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_broadcast_binomial(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_broadcast_hierarchical(loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_broadcast_scatter_allgather(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_allgather_hierarchical(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_reduce_binomial(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_allgather_ring(loom_ctx_t *ctx, const loom_coll_args_t *a);
