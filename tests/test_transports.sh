@@ -2,7 +2,9 @@
 # Which transport carries a job, and the one not chosen by default still works:
 #  - a job on one node talks through shared memory (the collective matrix of
 #    tests/mp_collectives runs that way by default);
-#  - LOOM_SHM=0 sends the same matrix over loopback TCP (quick form);
+#  - LOOM_SHM=0 sends the same matrix over loopback TCP (quick form), and
+#    LOOM_SHM_CMA=0 through the shared-memory rings only (as where the kernel
+#    forbids cross-memory attach);
 #  - emulated nodes mix both (tests/test_nodes.sh runs the whole matrix there);
 #  - nothing of Loom's is left in /dev/shm afterwards (segments are memfds).
 set -u
@@ -29,6 +31,9 @@ fi
 
 echo "# the collective matrix over loopback TCP (LOOM_SHM=0)"
 LOOM_SHM=0 LOOM_MP_QUICK=1 LOOM_MP_SIZES="3 4" "$prog" || fail=1
+
+echo "# the collective matrix over shared memory without cross-memory attach (LOOM_SHM_CMA=0)"
+LOOM_SHM_CMA=0 LOOM_MP_QUICK=1 LOOM_MP_SIZES="2 4" "$prog" || fail=1
 
 left=$(ls /dev/shm 2>/dev/null | grep -i loom || true)
 if [ -n "$left" ]; then

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "settings.h"
 #include "tp_util.h"
 
 #define RING_BYTES (256 * 1024)
@@ -115,6 +116,7 @@ struct loom_tp {
     size_t seg_bytes;
     shm_peer_t *peers;
     uint64_t probe;                    /* peers read it to learn whether CMA works */
+    int use_cma;                       /* LOOM_SHM_CMA */
     loom_status_t failed;
     double next_liveness;
     _Atomic int abort_why;
@@ -166,6 +168,7 @@ static loom_status_t shm_create(const loom_tp_params_t *p, char *addr, size_t ad
     tp->err = p->err;
     tp->memfd = -1;
     tp->probe = SEGMENT_MAGIC ^ (uint64_t)getpid();
+    tp->use_cma = p->settings ? p->settings->shm_cma : 1;
     tp->peers = calloc((size_t)p->size, sizeof(shm_peer_t));
     tp->seg_bytes = sizeof(segment_t) + (size_t)p->size * sizeof(ring_t);
     if (!tp->peers) {
@@ -249,7 +252,7 @@ static loom_status_t shm_connect(loom_tp_t *tp, char *const *addrs, double timeo
                            "one of this communicator", r);
         ring_t *mine = &tp->seg->rings[r];
         atomic_store(&mine->consumer_cma,
-                     cma_works(pid, probe, SEGMENT_MAGIC ^ (uint64_t)pid) ? 1u : 0u);
+                     tp->use_cma && cma_works(pid, probe, SEGMENT_MAGIC ^ (uint64_t)pid) ? 1u : 0u);
         atomic_store(&peer->seg->rings[tp->rank].attached, 1u);
     }
     /* Each peer must have checked whether it can read us before we choose how
