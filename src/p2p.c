@@ -99,7 +99,8 @@ loom_status_t loom_p2p_irecv(loom_ctx_t *ctx, int peer, uint32_t step, void *buf
 /* Transports built before the one-sided ops have a shorter table. */
 static int has_peer_read(const loom_transport_ops_t *ops)
 {
-    return ops->size >= sizeof(loom_transport_ops_t) && ops->peer_readable && ops->peer_read;
+    return ops && ops->size >= sizeof(loom_transport_ops_t) && ops->peer_readable &&
+           ops->peer_read;
 }
 
 int loom_p2p_can_read(const loom_ctx_t *ctx, int peer)

@@ -1001,6 +1001,27 @@ START_TEST(test_table)
 }
 END_TEST
 
+/* For the selection only: a transport whose every peer is readable. */
+static int always_readable(loom_tp_t *tp, int peer)
+{
+    (void)tp;
+    (void)peer;
+    return 1;
+}
+
+static loom_status_t never_read(loom_tp_t *tp, int peer, void *buf, uint64_t addr, size_t len)
+{
+    (void)tp, (void)peer, (void)buf, (void)addr, (void)len;
+    return LOOM_ERR_INTERNAL;
+}
+
+static const loom_transport_ops_t readable_transport = {
+    .size = sizeof(loom_transport_ops_t),
+    .name = "readable",
+    .peer_readable = always_readable,
+    .peer_read = never_read,
+};
+
 START_TEST(test_select)
 {
     static const int sizes[] = { 1, 2, 3, 8, 64, 1000 };
@@ -1026,8 +1047,12 @@ START_TEST(test_select)
     /* Every forced name that exists for the collective is honoured. */
     ctx.size = 5;
     for (size_t i = 0; i < loom_num_algorithms; i++) {
-        loom_coll_args_t a = { .coll = loom_algorithms[i].coll, .count = 7, .esize = 4 };
-        ck_assert_ptr_eq(loom_algo_select(&ctx, &a, loom_algorithms[i].name), &loom_algorithms[i]);
+        const loom_algo_t *al = &loom_algorithms[i];
+        loom_coll_args_t a = { .coll = al->coll, .count = 7, .esize = 4 };
+        if (al->can_run == NULL || al->can_run(&ctx, &a))
+            ck_assert_ptr_eq(loom_algo_select(&ctx, &a, al->name), al);
+        else   /* e.g. direct, without a transport that reads peers */
+            ck_assert_ptr_null(loom_algo_select(&ctx, &a, al->name));
     }
     loom_coll_args_t b = { .coll = LOOM_COLL_BROADCAST, .count = 7, .esize = 4 };
     ck_assert_ptr_null(loom_algo_select(&ctx, &b, "ring"));
@@ -1060,7 +1085,13 @@ START_TEST(test_select)
     r.count = (64 << 10) - 1;
     ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "rabenseifner");
     g.count = 1 << 20;
-    ck_assert_str_eq(loom_algo_select(&ctx, &g, NULL)->name, "ring");
+    ck_assert_str_eq(loom_algo_select(&ctx, &g, NULL)->name, "hierarchical");
+    g.count = 1024;   /* 32 KiB gathered: below the hierarchical threshold */
+    ck_assert_str_eq(loom_algo_select(&ctx, &g, NULL)->name, "bruck");
+    loom_coll_args_t bc = { .coll = LOOM_COLL_BROADCAST, .count = 1 << 20, .esize = 4 };
+    ck_assert_str_eq(loom_algo_select(&ctx, &bc, NULL)->name, "hierarchical");
+    bc.count = 1024;
+    ck_assert_str_eq(loom_algo_select(&ctx, &bc, NULL)->name, "binomial");
     r.count = 64 << 20;
     loom_ctx_set_topology(&ctx, uneven, 3);
     ck_assert_int_eq(ctx.ranks_per_node, 0);
@@ -1071,6 +1102,20 @@ START_TEST(test_select)
     loom_ctx_set_topology(&ctx, one_each, 8);
     ck_assert_int_eq(ctx.ranks_per_node, 1);
     ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "ring");
+
+    /* direct: one node whose transport reads peers' memory, from its thresholds up;
+     * never across nodes (the hierarchical algorithms use it inside each node). */
+    ctx.tp_ops = &readable_transport;
+    ctx.tp = NULL;
+    loom_ctx_set_topology(&ctx, one_node, 1);
+    r.count = 16 << 10;   /* 64 KiB */
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "direct");
+    r.count = 1024;
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "recdbl");
+    bc.count = 8 << 10;   /* 32 KiB */
+    ck_assert_str_eq(loom_algo_select(&ctx, &bc, NULL)->name, "direct");
+    g.count = 2048;       /* 64 KiB gathered */
+    ck_assert_str_eq(loom_algo_select(&ctx, &g, NULL)->name, "direct");
 }
 END_TEST
 
