@@ -20,6 +20,9 @@
 #include "reduce.h"
 #include "types.h"
 #include "wire.h"
+#ifdef LOOM_HAVE_CUDA
+#include "cuda_int.h"
+#endif
 
 #define LOOM_DESC_P2P 0xff
 
@@ -102,6 +105,13 @@ static loom_status_t run_collective(loom_comm_t c, const loom_coll_args_t *a)
     return st;
 }
 
+#ifdef LOOM_HAVE_CUDA
+static loom_status_t run_collective_host(void *c, const loom_coll_args_t *a)
+{
+    return run_collective(c, a);
+}
+#endif
+
 loom_status_t loom_comm_execute(loom_comm_t c, struct loom_request *op, int wait)
 {
     loom_err_clear(&c->work_err);
@@ -111,8 +121,23 @@ loom_status_t loom_comm_execute(loom_comm_t c, struct loom_request *op, int wait
         return loom_err_set(&c->work_err, c->broken,
                             "the communicator failed earlier (%s) and can no longer be used: %s",
                             loom_strerror(c->broken), c->broken_msg);
-    if (op->kind == LOOM_OP_COLL)
+    if (op->kind == LOOM_OP_COLL) {
+#ifdef LOOM_HAVE_CUDA
+        /* GPU buffers (checked at submission): staged through cuda/, which runs its
+         * host collectives through run_collective. */
+        int on_device = 0, device = -1;
+        loom_err_t ignored = {0};
+        if (loom_cuda_args_on_device(&op->args, c->size, c->rank, &on_device, &device,
+                                     &ignored) == LOOM_SUCCESS && on_device) {
+            loom_status_t st = loom_cuda_execute(c, device, &op->args, run_collective_host, c,
+                                                 &c->work_err);
+            if (st != LOOM_SUCCESS)
+                mark_broken(c, st);
+            return st;
+        }
+#endif
         return run_collective(c, &op->args);
+    }
     loom_status_t st = op->kind == LOOM_OP_SEND ? c->tp_ops->isend(c->tp, &op->tp_req)
                                                 : c->tp_ops->irecv(c->tp, &op->tp_req);
     if (st == LOOM_SUCCESS && wait)
@@ -222,6 +247,9 @@ static loom_status_t enqueue(loom_comm_t c, struct loom_request *op)
 
 void loom_comm_stop_worker(loom_comm_t c)
 {
+#ifdef LOOM_HAVE_CUDA
+    loom_cuda_comm_quiesce(c); /* its stream-ordered calls queue work here */
+#endif
     pthread_mutex_lock(&c->qlock);
     int started = c->worker_started;
     c->stopping = 1;
@@ -229,6 +257,9 @@ void loom_comm_stop_worker(loom_comm_t c)
     pthread_mutex_unlock(&c->qlock);
     if (started)
         pthread_join(c->worker, NULL);
+#ifdef LOOM_HAVE_CUDA
+    loom_cuda_comm_release(c);
+#endif
 }
 
 /* Run op for a blocking caller (op lives on the caller's stack), or queue it
@@ -323,6 +354,12 @@ static loom_status_t check_common(loom_comm_t c, const char *fn, loom_dtype_t dt
 
 static loom_status_t run_or_queue(loom_comm_t c, const loom_coll_args_t *a, loom_request_t *req)
 {
+#ifdef LOOM_HAVE_CUDA
+    int on_device, device;
+    loom_err_t err = {0};
+    if (loom_cuda_args_on_device(a, c->size, c->rank, &on_device, &device, &err) != LOOM_SUCCESS)
+        return loom_comm_fail(c, LOOM_ERR_INVALID_ARG, "%s", err.msg);
+#endif
     if (req) {
         struct loom_request *op = calloc(1, sizeof(*op));
         if (!op)
@@ -580,6 +617,26 @@ static loom_status_t do_barrier(loom_comm_t c, loom_request_t *req)
 }
 
 static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_dtype_t dt,
+                            int peer, int tag, loom_comm_t c, loom_request_t *req);
+
+#ifdef LOOM_HAVE_CUDA
+/* A blocking send/recv of a GPU buffer, run again on the host copy. */
+struct p2p_host {
+    loom_op_kind_t kind;
+    size_t count;
+    loom_dtype_t dt;
+    int peer, tag;
+    loom_comm_t c;
+};
+
+static loom_status_t p2p_host_run(void *hbuf, void *arg)
+{
+    struct p2p_host *h = arg;
+    return do_p2p(h->kind, hbuf, h->count, h->dt, h->peer, h->tag, h->c, NULL);
+}
+#endif
+
+static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_dtype_t dt,
                             int peer, int tag, loom_comm_t c, loom_request_t *req)
 {
     const char *fn = kind == LOOM_OP_SEND ? "send" : "recv";
@@ -593,6 +650,20 @@ static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_d
     CHECK(tag >= 0, "%s: tag %d is negative", fn, tag);
     CHECK(bytes_fit(count, 1, es), "%s: count %zu is too large", fn, count);
     CHECK(count == 0 || buf, "%s: NULL buffer", fn);
+#ifdef LOOM_HAVE_CUDA
+    int device;
+    if (count > 0 && loom_cuda_ptr_on_device(buf, &device)) {
+        if (req)
+            return loom_comm_fail(c, LOOM_ERR_UNSUPPORTED,
+                                  "i%s: GPU buffers need the blocking loom_%s or loom_%s_stream",
+                                  fn, fn, fn);
+        struct p2p_host h = {kind, count, dt, peer, tag, c};
+        loom_err_t err = {0};
+        st = loom_cuda_p2p(c, device, kind == LOOM_OP_SEND, buf, count * es, p2p_host_run, &h,
+                           &err);
+        return st != LOOM_SUCCESS && err.msg[0] ? loom_comm_fail(c, st, "%s: %s", fn, err.msg) : st;
+    }
+#endif
     struct loom_request stack_op, *op = &stack_op;
     if (req && !(op = calloc(1, sizeof(*op))))
         return loom_comm_fail(c, LOOM_ERR_NO_MEMORY, "out of memory");

@@ -1,0 +1,113 @@
+/* cuda_int.h - the GPU side of Loom as the core (src/coll.c) and the tests see it.
+ *
+ * Three layers, so that as much as possible runs without a GPU:
+ *  - kernels.cu: the reduction kernels (nvcc), element code shared with the CPU
+ *    path through src/reduce_ops.h;
+ *  - staging.c: every collective on device buffers, written against a small
+ *    table of device operations (loom_dev_ops_t) and a "run this collective on
+ *    host buffers" callback; the unit tests drive it with host memory standing
+ *    in for device memory;
+ *  - device.c / stream.c: the CUDA backend of that table, the per-communicator
+ *    state (staging buffers, stream, stream-ordered worker) and loom_cuda.h.
+ */
+#ifndef LOOM_CUDA_INT_H
+#define LOOM_CUDA_INT_H
+
+#include <stddef.h>
+#include "algorithms.h"
+#include "error.h"
+#include "loom.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- kernels.cu ------------------------------------------------------------
+ * Queued on stream (a cudaStream_t); return a cudaError_t (0: launched).
+ * out[i] = a[i] (op) b[i] for i < count, out may equal a or b; LOOM_AVG reduces
+ * as LOOM_SUM (loom_cuda_avg divides once at the end, as the CPU path does). */
+int loom_cuda_reduce3(void *out, const void *a, const void *b, size_t count, loom_dtype_t dt,
+                      loom_op_t op, void *stream);
+/* buf[i] = buf[i] / nranks in the element type. */
+int loom_cuda_avg(void *buf, size_t count, loom_dtype_t dt, int nranks, void *stream);
+
+/* ---- staging.c ------------------------------------------------------------ */
+
+/* Device operations, queued in order on one queue; sync waits for all of them.
+ * copy2d copies height rows of width bytes between any two memories. */
+typedef struct loom_dev_ops {
+    size_t size;
+    loom_status_t (*copy2d)(void *arg, void *dst, size_t dpitch, const void *src, size_t spitch,
+                            size_t width, size_t height, loom_err_t *err);
+    loom_status_t (*reduce3)(void *arg, void *out, const void *a, const void *b, size_t count,
+                             loom_dtype_t dt, loom_op_t op, loom_err_t *err);
+    loom_status_t (*avg)(void *arg, void *buf, size_t count, loom_dtype_t dt, int nranks,
+                         loom_err_t *err);
+    loom_status_t (*sync)(void *arg, loom_err_t *err);
+} loom_dev_ops_t;
+
+/* One collective on device buffers: every buffer of args is device memory, moved
+ * through host_send and host_recv (chunk_bytes each, pinned in the CUDA backend)
+ * in passes of at most chunk_bytes; each pass runs ordinary host collectives
+ * through run_host. Reductions run on the device, in dev_scratch (chunk_bytes):
+ * a reducing collective is a reduce-scatter (alltoall of blocks, then the
+ * device reduces the size copies of its block in rank order) followed by an
+ * allgatherv (allreduce), a copy at the root (reduce) or nothing (reduce_scatter).
+ * Every rank must pass the same chunk_bytes, at least 16 * size. */
+typedef struct loom_staging {
+    int rank, size;
+    loom_err_t *err;
+    loom_status_t (*run_host)(void *arg, const loom_coll_args_t *a);
+    void *host_arg;
+    const loom_dev_ops_t *dev;
+    void *dev_arg;
+    char *host_send, *host_recv, *dev_scratch;
+    size_t chunk_bytes;
+} loom_staging_t;
+
+loom_status_t loom_staging_run(const loom_staging_t *s, const loom_coll_args_t *a);
+
+/* ---- device.c: what src/coll.c calls --------------------------------------- */
+
+/* Where the buffers of a collective live: 0 host, 1 device (then *device is its
+ * CUDA device), or LOOM_ERR_INVALID_ARG (message in err) when host and device
+ * buffers are mixed or the device buffers sit on different GPUs. Pinned and
+ * managed memory count as host: the CPU can read them directly. */
+loom_status_t loom_cuda_args_on_device(const loom_coll_args_t *a, int nranks, int rank,
+                                       int *on_device, int *device, loom_err_t *err);
+/* The same for one buffer of bytes (p2p). */
+int loom_cuda_ptr_on_device(const void *p, int *device);
+
+/* Run a collective whose buffers are on device (from loom_cuda_args_on_device)
+ * through the communicator's staging buffers; run_host runs collectives on host
+ * buffers (the core's executor). Called where the core would run the host
+ * algorithm, so one at a time per communicator. */
+loom_status_t loom_cuda_execute(loom_comm_t c, int device, const loom_coll_args_t *a,
+                                loom_status_t (*run_host)(void *arg, const loom_coll_args_t *a),
+                                void *host_arg, loom_err_t *err);
+
+/* Blocking p2p on a device buffer: copy through a host buffer and call host(hbuf). */
+loom_status_t loom_cuda_p2p(loom_comm_t c, int device, int is_send, void *dbuf, size_t bytes,
+                            loom_status_t (*host)(void *hbuf, void *arg), void *arg,
+                            loom_err_t *err);
+
+/* loom_comm_destroy: first stop the stream-ordered worker (its jobs queue work on
+ * the communicator), then, once nothing runs any more, free the GPU resources. */
+void loom_cuda_comm_quiesce(loom_comm_t c);
+void loom_cuda_comm_release(loom_comm_t c);
+
+/* loom-info: the GPUs this process sees, or why none ("2 GPUs: 0 NVIDIA H200, ..."). */
+void loom_cuda_describe(char *out, size_t len);
+
+/* ---- test hooks ------------------------------------------------------------
+ * Replace pointer classification (so host tests can call host memory "device"
+ * memory), the device operations and the allocation of device scratch; NULL
+ * restores the CUDA backend. */
+void loom_cuda_test_backend(int (*on_device)(const void *p, int *device),
+                            const loom_dev_ops_t *ops, void *ops_arg,
+                            void *(*scratch_alloc)(size_t bytes), void (*scratch_free)(void *p));
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,53 @@
+/* cuda_state.h - what a communicator holds for GPU buffers (device.c, stream.c). */
+#ifndef LOOM_CUDA_STATE_H
+#define LOOM_CUDA_STATE_H
+
+#include <pthread.h>
+#include <cuda_runtime_api.h>
+
+#include "cuda_int.h"
+
+typedef struct loom_cuda_job loom_cuda_job_t;
+
+typedef struct loom_cuda_state {
+    struct loom_cuda_state *next;     /* in the registry */
+    loom_comm_t comm;
+    int device;
+    cudaStream_t stream;              /* staging copies and kernels; non-blocking */
+    cudaStream_t p2p_stream;          /* blocking send/recv copies, which may run
+                                         beside a queued collective */
+    cudaEvent_t done;                 /* blocking-sync: waiting on it sleeps */
+    cudaEvent_t legacy_ready;         /* plain calls: after the legacy stream's work */
+    char *host_send, *host_recv;      /* pinned, chunk_bytes each */
+    char *dev_scratch;                /* chunk_bytes */
+    size_t chunk_bytes;
+
+    /* The stream-ordered worker (stream.c), under lock. */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    loom_cuda_job_t *head, *tail;
+    int worker_started, stopping;
+    pthread_t worker;
+    loom_status_t async_status;       /* first failure of a stream-ordered call */
+    char async_msg[LOOM_ERRMSG_MAX];
+} loom_cuda_state_t;
+
+/* The state of c, created on device (its buffers allocated now) when c has
+ * none; LOOM_ERR_INVALID_ARG when c already works on another device. */
+loom_status_t loom_cuda_state_get(loom_comm_t c, int device, loom_cuda_state_t **out,
+                                  loom_err_t *err);
+/* The state of c if it has one. */
+loom_cuda_state_t *loom_cuda_state_find(loom_comm_t c);
+
+/* Set on the stream-ordered worker threads: their collectives are already
+ * ordered after the user's stream, and must not wait on the legacy stream,
+ * which may be the very stream blocked until they finish. */
+extern __thread int loom_cuda_on_stream_worker;
+
+/* stream.c: stop the worker of st (pending jobs fail with LOOM_ERR_ABORTED). */
+void loom_cuda_stream_stop(loom_cuda_state_t *st);
+
+/* A CUDA error as a Loom status with a message naming the call. */
+loom_status_t loom_cuda_fail(loom_err_t *err, cudaError_t e, const char *what);
+
+#endif

@@ -1,0 +1,499 @@
+/* device.c - the CUDA backend: which buffers live on a GPU, the per-communicator
+ * staging state, and the device operations staging.c is written against.
+ *
+ * Classifying a pointer goes through the driver API (libcuda.so.1, when the
+ * process has already loaded it): cuPointerGetAttributes needs no context, so a
+ * CPU-only program linked with a CUDA build of Loom never initialises CUDA just
+ * because Loom looked at its buffers, and without a driver every buffer is
+ * simply host memory.
+ * Everything else goes through the CUDA runtime (linked statically, see
+ * configure.ac), only once a device buffer has been seen.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda.h>
+
+#include "comm.h"
+#include "cuda_state.h"
+
+__thread int loom_cuda_on_stream_worker;
+
+loom_status_t loom_cuda_fail(loom_err_t *err, cudaError_t e, const char *what)
+{
+    return loom_err_set(err, LOOM_ERR_TRANSPORT, "CUDA: %s failed: %s (%s)", what,
+                        cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+/* ---- pointer classification -------------------------------------------- */
+
+typedef CUresult (*cu_attrs_fn)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
+
+static _Atomic(cu_attrs_fn) driver_attrs;
+
+/* cuPointerGetAttributes of the driver the process already uses, or NULL. GPU
+ * memory can only exist once something loaded and initialised the driver, so
+ * Loom never loads it (RTLD_NOLOAD) nor initialises it (no cuInit): a CPU-only
+ * program keeps a process without CUDA, which it may still fork. Until the
+ * driver shows up the lookup is repeated (a cheap dlopen of a loaded name). */
+static cu_attrs_fn driver_pointer_attrs(void)
+{
+    cu_attrs_fn f = atomic_load(&driver_attrs);
+    if (f)
+        return f;
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (!lib)
+        return NULL;
+    f = (cu_attrs_fn)dlsym(lib, "cuPointerGetAttributes");
+    /* The reference is kept: f points into the library. */
+    if (f)
+        atomic_store(&driver_attrs, f);
+    else
+        dlclose(lib);
+    return f;
+}
+
+static int (*test_on_device)(const void *p, int *device);
+static const loom_dev_ops_t *test_ops;
+static void *test_ops_arg;
+
+int loom_cuda_ptr_on_device(const void *p, int *device)
+{
+    if (test_on_device)
+        return test_on_device(p, device);
+    cu_attrs_fn attrs = p ? driver_pointer_attrs() : NULL;
+    if (!attrs)
+        return 0;
+    unsigned int memtype = 0, managed = 0;
+    int ordinal = -1;
+    CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                    CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    void *values[3] = {&memtype, &managed, &ordinal};
+    /* CUDA_ERROR_NOT_INITIALIZED (nobody called cuInit yet) means host memory too. */
+    if (attrs(3, which, values, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
+        return 0;
+    /* Managed memory is readable by the CPU: the host path handles it. */
+    if (memtype != CU_MEMORYTYPE_DEVICE || managed)
+        return 0;
+    *device = ordinal;
+    return 1;
+}
+
+static void *(*test_scratch_alloc)(size_t bytes);
+static void (*test_scratch_free)(void *p);
+
+void loom_cuda_test_backend(int (*on_device)(const void *p, int *device),
+                            const loom_dev_ops_t *ops, void *ops_arg,
+                            void *(*scratch_alloc)(size_t bytes), void (*scratch_free)(void *p))
+{
+    test_on_device = on_device;
+    test_ops = ops;
+    test_ops_arg = ops_arg;
+    test_scratch_alloc = scratch_alloc;
+    test_scratch_free = scratch_free;
+}
+
+/* Note one buffer; the first one decides what the others must be. */
+static loom_status_t classify(const char *coll, const char *name, const void *p, int *seen,
+                              int *on_device, int *device, loom_err_t *err)
+{
+    int dev = -1;
+    int is_dev = loom_cuda_ptr_on_device(p, &dev);
+    if (!*seen) {
+        *seen = 1;
+        *on_device = is_dev;
+        *device = dev;
+        return LOOM_SUCCESS;
+    }
+    if (is_dev != *on_device)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG,
+                            "%s: %s is %s memory but the other buffers are %s memory; "
+                            "pass all host or all GPU buffers", coll, name,
+                            is_dev ? "GPU" : "host", *on_device ? "GPU" : "host");
+    if (is_dev && dev != *device)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG,
+                            "%s: %s is on GPU %d but the other buffers are on GPU %d", coll,
+                            name, dev, *device);
+    return LOOM_SUCCESS;
+}
+
+static int any_nonzero(const size_t *counts, int n)
+{
+    for (int i = 0; counts && i < n; i++)
+        if (counts[i])
+            return 1;
+    return 0;
+}
+
+loom_status_t loom_cuda_args_on_device(const loom_coll_args_t *a, int nranks, int rank,
+                                       int *on_device, int *device, loom_err_t *err)
+{
+    const char *coll = loom_coll_name(a->coll);
+    int seen = 0, dev = -1, is_dev = 0;
+    /* Only the buffers this rank reads or writes: the others may be anything. */
+    int send_used = a->sendbuf != NULL, recv_used = a->recvbuf != NULL;
+    if (a->coll == LOOM_COLL_ALLGATHERV)
+        send_used = send_used && a->count > 0;
+    if (a->coll == LOOM_COLL_ALLGATHERV || a->coll == LOOM_COLL_ALLTOALLV)
+        recv_used = recv_used && any_nonzero(a->counts, nranks);
+    if (a->coll == LOOM_COLL_ALLTOALLV)
+        send_used = send_used && any_nonzero(a->scounts, nranks);
+    if (a->coll == LOOM_COLL_REDUCE && rank != a->root)
+        recv_used = 0;
+    loom_status_t st = LOOM_SUCCESS;
+    if (send_used)
+        st = classify(coll, "sendbuf", a->sendbuf, &seen, &is_dev, &dev, err);
+    if (st == LOOM_SUCCESS && recv_used)
+        st = classify(coll, "recvbuf", a->recvbuf, &seen, &is_dev, &dev, err);
+    if (st != LOOM_SUCCESS)
+        return st;
+    *on_device = is_dev;
+    *device = dev;
+    return LOOM_SUCCESS;
+}
+
+/* ---- per-communicator state --------------------------------------------- */
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static loom_cuda_state_t *registry;
+
+/* LOOM_CUDA_CHUNK_BYTES: bytes per staging pass (default 4 MiB). Every rank must
+ * use the same value; at least 16 bytes per rank. */
+static size_t chunk_bytes_for(int nranks)
+{
+    size_t chunk = (size_t)4 << 20;
+    const char *env = getenv("LOOM_CUDA_CHUNK_BYTES");
+    if (env && *env) {
+        char *end;
+        unsigned long long v = strtoull(env, &end, 10);
+        if (*end == '\0' && v > 0 && v <= ((unsigned long long)1 << 32))
+            chunk = (size_t)v;
+    }
+    size_t least = (size_t)16 * (size_t)nranks;
+    if (chunk < least)
+        chunk = least;
+    return (chunk + 15) & ~(size_t)15;
+}
+
+loom_cuda_state_t *loom_cuda_state_find(loom_comm_t c)
+{
+    pthread_mutex_lock(&registry_lock);
+    loom_cuda_state_t *st = registry;
+    while (st && st->comm != c)
+        st = st->next;
+    pthread_mutex_unlock(&registry_lock);
+    return st;
+}
+
+static void state_free(loom_cuda_state_t *st)
+{
+    int prev = -1;
+    cudaGetDevice(&prev);
+    cudaSetDevice(st->device);
+    if (st->dev_scratch)
+        cudaFree(st->dev_scratch);
+    if (st->host_recv)
+        cudaFreeHost(st->host_recv);
+    if (st->host_send)
+        cudaFreeHost(st->host_send);
+    if (st->legacy_ready)
+        cudaEventDestroy(st->legacy_ready);
+    if (st->done)
+        cudaEventDestroy(st->done);
+    if (st->p2p_stream)
+        cudaStreamDestroy(st->p2p_stream);
+    if (st->stream)
+        cudaStreamDestroy(st->stream);
+    if (prev >= 0)
+        cudaSetDevice(prev);
+    pthread_cond_destroy(&st->cond);
+    pthread_mutex_destroy(&st->lock);
+    free(st);
+}
+
+static loom_status_t state_create(loom_comm_t c, int device, loom_cuda_state_t **out,
+                                  loom_err_t *err)
+{
+    loom_cuda_state_t *st = calloc(1, sizeof(*st));
+    if (!st)
+        return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+    pthread_mutex_init(&st->lock, NULL);
+    pthread_cond_init(&st->cond, NULL);
+    st->comm = c;
+    st->device = device;
+    st->chunk_bytes = chunk_bytes_for(c->size);
+    int prev = -1;
+    cudaError_t e = cudaGetDevice(&prev);
+    const char *what = "cudaGetDevice";
+    if (e == cudaSuccess && prev != device) {
+        what = "cudaSetDevice";
+        e = cudaSetDevice(device);
+    }
+    if (e == cudaSuccess) {
+        what = "cudaStreamCreateWithFlags";
+        e = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
+    }
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&st->p2p_stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) {
+        what = "cudaEventCreateWithFlags";
+        e = cudaEventCreateWithFlags(&st->done, cudaEventBlockingSync | cudaEventDisableTiming);
+    }
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&st->legacy_ready, cudaEventDisableTiming);
+    if (e == cudaSuccess) {
+        what = "cudaHostAlloc (staging buffers)";
+        e = cudaHostAlloc((void **)&st->host_send, st->chunk_bytes, cudaHostAllocPortable);
+    }
+    if (e == cudaSuccess)
+        e = cudaHostAlloc((void **)&st->host_recv, st->chunk_bytes, cudaHostAllocPortable);
+    if (e == cudaSuccess) {
+        what = "cudaMalloc (reduction scratch)";
+        e = cudaMalloc((void **)&st->dev_scratch, st->chunk_bytes);
+    }
+    if (prev >= 0 && prev != device)
+        cudaSetDevice(prev);
+    if (e != cudaSuccess) {
+        state_free(st);
+        return loom_cuda_fail(err, e, what);
+    }
+    *out = st;
+    return LOOM_SUCCESS;
+}
+
+loom_status_t loom_cuda_state_get(loom_comm_t c, int device, loom_cuda_state_t **out,
+                                  loom_err_t *err)
+{
+    loom_status_t status = LOOM_SUCCESS;
+    pthread_mutex_lock(&registry_lock);
+    loom_cuda_state_t *st = registry;
+    while (st && st->comm != c)
+        st = st->next;
+    if (!st && (status = state_create(c, device, &st, err)) == LOOM_SUCCESS) {
+        st->next = registry;
+        registry = st;
+    }
+    pthread_mutex_unlock(&registry_lock);
+    if (status != LOOM_SUCCESS)
+        return status;
+    if (st->device != device)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG,
+                            "the buffers are on GPU %d but this communicator works on GPU %d "
+                            "(loom_comm_set_device or its first GPU call chose it)",
+                            device, st->device);
+    *out = st;
+    return LOOM_SUCCESS;
+}
+
+void loom_cuda_comm_quiesce(loom_comm_t c)
+{
+    loom_cuda_state_t *st = loom_cuda_state_find(c);
+    if (st)
+        loom_cuda_stream_stop(st);
+}
+
+void loom_cuda_comm_release(loom_comm_t c)
+{
+    pthread_mutex_lock(&registry_lock);
+    loom_cuda_state_t **pp = &registry;
+    while (*pp && (*pp)->comm != c)
+        pp = &(*pp)->next;
+    loom_cuda_state_t *st = *pp;
+    if (st)
+        *pp = st->next;
+    pthread_mutex_unlock(&registry_lock);
+    if (!st)
+        return;
+    loom_cuda_stream_stop(st);
+    state_free(st);
+}
+
+/* ---- the device operations ---------------------------------------------- */
+
+static loom_status_t cuda_copy2d(void *arg, void *dst, size_t dpitch, const void *src,
+                                 size_t spitch, size_t width, size_t height, loom_err_t *err)
+{
+    loom_cuda_state_t *st = arg;
+    cudaError_t e = height == 1
+                        ? cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, st->stream)
+                        : cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height,
+                                            cudaMemcpyDefault, st->stream);
+    return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "staging copy");
+}
+
+static loom_status_t cuda_reduce3(void *arg, void *out, const void *a, const void *b,
+                                  size_t count, loom_dtype_t dt, loom_op_t op, loom_err_t *err)
+{
+    loom_cuda_state_t *st = arg;
+    cudaError_t e = (cudaError_t)loom_cuda_reduce3(out, a, b, count, dt, op, st->stream);
+    return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "reduction kernel launch");
+}
+
+static loom_status_t cuda_avg(void *arg, void *buf, size_t count, loom_dtype_t dt, int nranks,
+                              loom_err_t *err)
+{
+    loom_cuda_state_t *st = arg;
+    cudaError_t e = (cudaError_t)loom_cuda_avg(buf, count, dt, nranks, st->stream);
+    return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "average kernel launch");
+}
+
+static loom_status_t cuda_sync(void *arg, loom_err_t *err)
+{
+    loom_cuda_state_t *st = arg;
+    cudaError_t e = cudaEventRecord(st->done, st->stream);
+    if (e == cudaSuccess)
+        e = cudaEventSynchronize(st->done);
+    return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "waiting for the GPU");
+}
+
+static const loom_dev_ops_t cuda_ops = {
+    .size = sizeof(loom_dev_ops_t),
+    .copy2d = cuda_copy2d,
+    .reduce3 = cuda_reduce3,
+    .avg = cuda_avg,
+    .sync = cuda_sync,
+};
+
+/* The test double's staging buffers: plain memory, per call. */
+static loom_status_t execute_test(loom_comm_t c, const loom_coll_args_t *a,
+                                  loom_status_t (*run_host)(void *, const loom_coll_args_t *),
+                                  void *host_arg, loom_err_t *err)
+{
+    size_t chunk = chunk_bytes_for(c->size);
+    char *mem = malloc(2 * chunk), *scratch = test_scratch_alloc(chunk);
+    loom_status_t status = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+    if (mem && scratch) {
+        loom_staging_t s = {.rank = c->rank, .size = c->size, .err = err, .run_host = run_host,
+                            .host_arg = host_arg, .dev = test_ops, .dev_arg = test_ops_arg,
+                            .host_send = mem, .host_recv = mem + chunk, .dev_scratch = scratch,
+                            .chunk_bytes = chunk};
+        status = loom_staging_run(&s, a);
+    }
+    if (scratch)
+        test_scratch_free(scratch);
+    free(mem);
+    return status;
+}
+
+loom_status_t loom_cuda_execute(loom_comm_t c, int device, const loom_coll_args_t *a,
+                                loom_status_t (*run_host)(void *arg, const loom_coll_args_t *a),
+                                void *host_arg, loom_err_t *err)
+{
+    if (test_ops)
+        return execute_test(c, a, run_host, host_arg, err);
+    loom_cuda_state_t *st;
+    loom_status_t status = loom_cuda_state_get(c, device, &st, err);
+    if (status != LOOM_SUCCESS)
+        return status;
+    int prev = -1;
+    cudaError_t e = cudaGetDevice(&prev);
+    if (e == cudaSuccess && prev != device)
+        e = cudaSetDevice(device);
+    if (e != cudaSuccess)
+        return loom_cuda_fail(err, e, "cudaSetDevice");
+    /* A blocking call on device buffers reads them after the work the caller queued
+     * on the legacy default stream (and so on every blocking stream), as cudaMemcpy
+     * would. Not on the worker threads: stream-ordered calls are ordered by their
+     * own stream, which may be the legacy one, held by a host function until they
+     * finish; and a non-blocking call runs later, on the communicator's worker,
+     * where it could meet the same hold (loom_cuda.h asks for a synchronized
+     * stream before a non-blocking call). */
+    int on_comm_worker = c->worker_started && pthread_equal(pthread_self(), c->worker);
+    if (!loom_cuda_on_stream_worker && !on_comm_worker) {
+        e = cudaEventRecord(st->legacy_ready, cudaStreamLegacy);
+        if (e == cudaSuccess)
+            e = cudaStreamWaitEvent(st->stream, st->legacy_ready, 0);
+        if (e != cudaSuccess)
+            status = loom_cuda_fail(err, e, "ordering after the default stream");
+    }
+    if (status == LOOM_SUCCESS) {
+        loom_staging_t s = {.rank = c->rank, .size = c->size, .err = err, .run_host = run_host,
+                            .host_arg = host_arg, .dev = &cuda_ops, .dev_arg = st,
+                            .host_send = st->host_send, .host_recv = st->host_recv,
+                            .dev_scratch = st->dev_scratch, .chunk_bytes = st->chunk_bytes};
+        status = loom_staging_run(&s, a);
+    }
+    if (status != LOOM_SUCCESS)
+        cuda_sync(st, err); /* nothing of ours may still write the staging buffers */
+    if (prev >= 0 && prev != device)
+        cudaSetDevice(prev);
+    return status;
+}
+
+void loom_cuda_describe(char *out, size_t len)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        snprintf(out, len, "no usable GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        return;
+    }
+    size_t off = (size_t)snprintf(out, len, "%d GPU%s:", n, n > 1 ? "s" : "");
+    for (int i = 0; i < n && off < len; i++) {
+        struct cudaDeviceProp p;
+        if (cudaGetDeviceProperties(&p, i) == cudaSuccess)
+            off += (size_t)snprintf(out + off, len - off, "%s %d %s (sm_%d%d)", i ? "," : "", i,
+                                    p.name, p.major, p.minor);
+    }
+}
+
+/* ---- blocking point-to-point -------------------------------------------- */
+
+static loom_status_t p2p_copy(loom_cuda_state_t *st, void *dst, const void *src, size_t bytes,
+                              loom_err_t *err)
+{
+    cudaEvent_t ev;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventBlockingSync | cudaEventDisableTiming);
+    if (e != cudaSuccess)
+        return loom_cuda_fail(err, e, "cudaEventCreateWithFlags");
+    if (!loom_cuda_on_stream_worker && (e = cudaEventRecord(ev, cudaStreamLegacy)) == cudaSuccess)
+        e = cudaStreamWaitEvent(st->p2p_stream, ev, 0);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st->p2p_stream);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(ev, st->p2p_stream);
+    if (e == cudaSuccess)
+        e = cudaEventSynchronize(ev);
+    cudaEventDestroy(ev);
+    return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "send/recv staging copy");
+}
+
+loom_status_t loom_cuda_p2p(loom_comm_t c, int device, int is_send, void *dbuf, size_t bytes,
+                            loom_status_t (*host)(void *hbuf, void *arg), void *arg,
+                            loom_err_t *err)
+{
+    char *hbuf = malloc(bytes ? bytes : 1);
+    if (!hbuf)
+        return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory (%zu bytes to stage)", bytes);
+    loom_status_t status = LOOM_SUCCESS;
+    loom_cuda_state_t *st = NULL;
+    int prev = -1;
+    if (test_ops) {
+        if (is_send)
+            status = test_ops->copy2d(test_ops_arg, hbuf, bytes, dbuf, bytes, bytes, 1, err);
+    } else if ((status = loom_cuda_state_get(c, device, &st, err)) == LOOM_SUCCESS) {
+        cudaGetDevice(&prev);
+        if (prev != device)
+            cudaSetDevice(device);
+        if (is_send)
+            status = p2p_copy(st, hbuf, dbuf, bytes, err);
+    }
+    if (status == LOOM_SUCCESS)
+        status = host(hbuf, arg);
+    if (status == LOOM_SUCCESS && !is_send)
+        status = test_ops ? test_ops->copy2d(test_ops_arg, dbuf, bytes, hbuf, bytes, bytes, 1, err)
+                          : p2p_copy(st, dbuf, hbuf, bytes, err);
+    if (prev >= 0 && prev != device)
+        cudaSetDevice(prev);
+    free(hbuf);
+    return status;
+}
