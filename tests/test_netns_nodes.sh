@@ -1,0 +1,78 @@
+#!/bin/sh
+# test_netns_nodes.sh - the collective matrix on emulated nodes that are
+# network namespaces (tests/netns/testbed.sh): 2 nodes x 2 ranks and 3 nodes
+# x 2 ranks, each rank started inside its node's namespace with the node's
+# LOOM_HOST_ID, so ranks of a node talk through shared memory and nodes over
+# the bridge (TCP), and the hierarchical algorithms take their two-level
+# paths. Every algorithm is forced in turn and the automatic choice runs too
+# (tests/mp_collectives --launched). Automake TESTS protocol: 0 pass, 1 fail,
+# 77 skip (not root, or no network namespaces here).
+# shellcheck disable=SC2086
+set -u
+
+skip() {
+    echo "test_netns_nodes: SKIP: $*"
+    exit 77
+}
+[ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
+command -v ip >/dev/null || skip "no ip (apt-get install iproute2)"
+
+builddir=$(cd "${top_builddir:-.}" && pwd)
+srcdir=$(cd "${top_srcdir:-.}" && pwd)
+matrix=$builddir/tests/mp_collectives
+testbed=$srcdir/tests/netns/testbed.sh
+[ -x "$matrix" ] || { echo "test_netns_nodes: $matrix is not built" >&2; exit 1; }
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_netns_nodes.XXXXXX") || exit 1
+pids=""
+cleanup() {
+    for p in $pids; do
+        kill -KILL "$p" 2>/dev/null
+    done
+    [ -n "${LOOMTB_PREFIX:-}" ] && "$testbed" down "$LOOMTB_PREFIX"
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
+out=$("$testbed" up 3 2>"$tmp/up.err")
+rc=$?
+[ $rc -eq 77 ] && skip "$(cat "$tmp/up.err")"
+[ $rc -eq 0 ] || { echo "test_netns_nodes: testbed up failed: $(cat "$tmp/up.err")"; exit 1; }
+eval "$out"
+
+npass=0
+nfail=0
+# run NODES PER_NODE: the matrix on NODES namespaces with PER_NODE ranks each;
+# rank 0 (in namespace 0) serves the store.
+run() {
+    nodes=$1 per=$2 n=$(($1 * $2))
+    port=$((20000 + $$ % 20000))
+    pids=""
+    r=0
+    while [ $r -lt $n ]; do
+        node=$((r / per))
+        "$testbed" exec $node env LOOM_RANK=$r LOOM_SIZE=$n LOOM_JOB_ID="nodes$nodes-$$" \
+            LOOM_STORE="tcp://$LOOMTB_NET.1:$port" LOOM_HOST_ID="node$node" LOOM_TIMEOUT=120 \
+            "$matrix" --launched >"$tmp/out.$r" 2>&1 &
+        pids="$pids $!"
+        r=$((r + 1))
+    done
+    ok=1
+    for p in $pids; do
+        wait "$p" || ok=0
+    done
+    pids=""
+    if [ $ok = 1 ] && grep -qx "collective matrix OK on $n ranks ($nodes nodes)" "$tmp/out.0"; then
+        echo "PASS collective matrix on $nodes namespaces x $per ranks"
+        npass=$((npass + 1))
+    else
+        echo "FAIL collective matrix on $nodes namespaces x $per ranks"
+        tail -n 5 "$tmp"/out.* | head -n 40
+        nfail=$((nfail + 1))
+    fi
+}
+run 2 2
+run 3 2
+echo "$npass passed, $nfail failed"
+[ $nfail -eq 0 ]
