@@ -17,8 +17,11 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_STORE", NULL, "rendezvous store: tcp://host:port, file:///dir or redis://host:port/prefix (else MASTER_ADDR:MASTER_PORT)"},
     {"LOOM_JOB_ID", NULL, "names the job in the store and the handshake (else TORCHELASTIC_RUN_ID, SLURM_JOB_ID)"},
     {"LOOM_TIMEOUT", "300", "seconds a call may wait without progress before LOOM_ERR_TIMEOUT"},
+    {"LOOM_AUTH_KEY", NULL, "shared secret every TCP connection between ranks must prove (HMAC-SHA256 challenge, both ways); never printed"},
+    {"LOOM_AUTH_KEY_FILE", NULL, "file holding that secret (a trailing newline is dropped); LOOM_AUTH_KEY wins when both are set"},
     {"LOOM_TRANSPORT", "auto", "network transport between nodes: auto (ibverbs when a device is up, else tcp), tcp or ibverbs"},
     {"LOOM_SHM", "1", "1: ranks on one node talk through shared memory; 0: through the network transport"},
+    {"LOOM_SHM_CMA", "1", "1: shared memory copies large messages straight from the sender (cross-memory attach) where the kernel allows; 0: always through the rings"},
     {"LOOM_SOCKET_IFNAME", NULL, "network interface for TCP (else the one that reaches the store)"},
     {"LOOM_SOCKET_BUFSIZE", "4194304", "SO_SNDBUF/SO_RCVBUF in bytes; 0 keeps kernel autotuning"},
     {"LOOM_SPIN_US", "200", "microseconds a waiting call busy-polls before sleeping in epoll"},
@@ -26,10 +29,15 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_SEGMENT_BYTES", "262144", "pipelining unit of ring algorithms"},
     {"LOOM_ALGO", NULL, "force algorithms, e.g. allreduce=ring,allgather=bruck"},
     {"LOOM_HOST_ID", NULL, "host identity for topology (else hostname + boot id)"},
+    {"LOOM_ELASTIC", NULL, "1: loom_init joins an elastic job through membership rounds in the store (loomrun --elastic sets it)"},
+    {"LOOM_ELASTIC_ID", NULL, "stable id of this process in an elastic job (loomrun sets it; else the store numbers it)"},
+    {"LOOM_ELASTIC_TIMEOUT", NULL, "seconds an elastic membership round waits for missing members (else LOOM_TIMEOUT)"},
+    {"LOOM_ELASTIC_MIN_NP", "1", "fewest ranks an elastic epoch may have"},
     {"LOOM_TIMELINE", NULL, "write a Chrome trace of every operation per rank to this file (%r: rank)"},
     {"LOOM_IB_HCA", NULL, "RDMA ports for ibverbs, NCCL syntax: mlx5_0:1,mlx5_1 (prefixes), ^mlx5_2 excludes, =name exact (else every active port)"},
     {"LOOM_IB_GID_INDEX", NULL, "RoCE GID index (else the RoCE v2 GID carrying the interface's address)"},
     {"LOOM_NET_GDR", NULL, "GPUDirect RDMA for GPU buffers: 1 forces, 0 stages through host memory (else when GPU and HCA are close)"},
+    {"LOOM_CUDA_CHUNK_BYTES", "4194304", "GPU buffers: bytes per pass through the pinned host staging buffers, the same on every rank (builds with CUDA)"},
     {"LOOM_IB_REG_CACHE", "1073741824", "bytes of idle memory registrations ibverbs keeps for reuse; 0 registers per message"},
     {"LOOM_DEBUG", NULL, "WARN|INFO|TRACE log level (stderr)"},
     {"LOOM_DEBUG_SUBSYS", NULL, "comma list of subsystems to log: init,tcp,store,coll"},
@@ -97,6 +105,40 @@ static loom_status_t int_setting(loom_getenv_fn get, void *arg, const char *name
     return LOOM_SUCCESS;
 }
 
+/* LOOM_AUTH_KEY, else the contents of LOOM_AUTH_KEY_FILE. */
+static loom_status_t load_auth_key(loom_settings_t *s, loom_getenv_fn get, void *arg,
+                                   loom_err_t *err)
+{
+    const char *key = lookup(get, arg, "LOOM_AUTH_KEY");
+    if (key) {
+        if (strlen(key) >= sizeof(s->auth_key))
+            return loom_err_set(err, LOOM_ERR_INVALID_ARG, "LOOM_AUTH_KEY is too long (at most "
+                                "%zu bytes)", sizeof(s->auth_key) - 1);
+        s->auth_keylen = strlen(key);
+        memcpy(s->auth_key, key, s->auth_keylen);
+        return LOOM_SUCCESS;
+    }
+    const char *path = lookup(get, arg, "LOOM_AUTH_KEY_FILE");
+    if (!path)
+        return LOOM_SUCCESS;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG, "LOOM_AUTH_KEY_FILE=%s: %s", path,
+                            strerror(errno));
+    size_t n = fread(s->auth_key, 1, sizeof(s->auth_key), f);
+    int bad = ferror(f) || n == sizeof(s->auth_key);
+    fclose(f);
+    if (bad)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG, "LOOM_AUTH_KEY_FILE=%s: unreadable or "
+                            "longer than %zu bytes", path, sizeof(s->auth_key) - 1);
+    if (n > 0 && s->auth_key[n - 1] == '\n')
+        n--;
+    if (n == 0)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG, "LOOM_AUTH_KEY_FILE=%s is empty", path);
+    s->auth_keylen = n;
+    return LOOM_SUCCESS;
+}
+
 loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *arg,
                                  loom_err_t *err)
 {
@@ -119,10 +161,16 @@ loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *a
     for (char *t = s->transport; *t; t++)
         *t = (char)(*t >= 'A' && *t <= 'Z' ? *t - 'A' + 'a' : *t);
 
+    if ((st = load_auth_key(s, get, arg, err)) != LOOM_SUCCESS)
+        return st;
+
     long v;
     if ((st = int_setting(get, arg, "LOOM_SHM", 0, 1, &v, err)) != LOOM_SUCCESS)
         return st;
     s->shm = (int)v;
+    if ((st = int_setting(get, arg, "LOOM_SHM_CMA", 0, 1, &v, err)) != LOOM_SUCCESS)
+        return st;
+    s->shm_cma = (int)v;
     if ((st = int_setting(get, arg, "LOOM_SOCKET_BUFSIZE", 0, 1L << 30, &v, err)) != LOOM_SUCCESS)
         return st;
     s->socket_bufsize = (int)v;

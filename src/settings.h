@@ -23,6 +23,9 @@ typedef struct loom_settings {
     double timeout_s;
     char transport[16];        /* "auto", "tcp" or "ibverbs" (lower case) */
     int shm;                   /* shared memory between ranks of a node */
+    int shm_cma;               /* large shm messages by cross-memory attach */
+    char auth_key[1024];       /* LOOM_AUTH_KEY(_FILE); auth_keylen 0: none */
+    size_t auth_keylen;
     char ifname[64];           /* "" when unset */
     int socket_bufsize;        /* bytes; 0 = kernel autotuning */
     int spin_us;

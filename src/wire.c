@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "algorithms.h"
+#include "sha256.h"
 #include "types.h"
 #include "wire.h"
 
@@ -78,7 +79,7 @@ int loom_ack_decode(const uint8_t in[LOOM_ACK_BYTES], loom_ack_code_t *code, uin
     if (memcmp(in, LOOM_ACK_MAGIC, 8) != 0)
         return -1;
     uint32_t c = get32(in + 8);
-    if (c > LOOM_ACK_DUPLICATE)
+    if (c > LOOM_ACK_AUTH)
         return -1;
     *code = (loom_ack_code_t)c;
     *rank = get32(in + 12);
@@ -95,6 +96,8 @@ const char *loom_ack_reason(loom_ack_code_t code)
     case LOOM_ACK_BAD_RANK: return "rank out of range or equal to the acceptor's";
     case LOOM_ACK_BAD_SIZE: return "disagrees on the communicator size";
     case LOOM_ACK_DUPLICATE: return "rank already connected";
+    case LOOM_ACK_AUTH:
+        return "authentication failed: LOOM_AUTH_KEY differs, or is set on one side only";
     }
     return "unknown reason";
 }
@@ -177,4 +180,46 @@ loom_status_t loom_frame_check(const loom_frame_t *f, const loom_tp_req_t *poste
                             loom_desc_str(f->match.desc, mine, sizeof(mine)), posted->peer,
                             (unsigned long long)f->len, my_rank, posted->len);
     return LOOM_SUCCESS;
+}
+
+void loom_auth_proof(const void *key, size_t keylen, char role,
+                     const uint8_t hello[LOOM_HELLO_BYTES],
+                     const uint8_t nonce_c[LOOM_NONCE_BYTES],
+                     const uint8_t nonce_a[LOOM_NONCE_BYTES], uint8_t out[32])
+{
+    const void *parts[4] = {&role, hello, nonce_c, nonce_a};
+    const size_t lens[4] = {1, LOOM_HELLO_BYTES, LOOM_NONCE_BYTES, LOOM_NONCE_BYTES};
+    loom_hmac_sha256(key, keylen, parts, lens, 4, out);
+}
+
+void loom_chal_encode(const uint8_t nonce_a[LOOM_NONCE_BYTES], const uint8_t proof[32],
+                      uint8_t out[LOOM_CHAL_BYTES])
+{
+    memcpy(out, LOOM_CHAL_MAGIC, 8);
+    memcpy(out + 8, nonce_a, LOOM_NONCE_BYTES);
+    memcpy(out + 8 + LOOM_NONCE_BYTES, proof, 32);
+}
+
+int loom_chal_decode(const uint8_t in[LOOM_CHAL_BYTES], uint8_t nonce_a[LOOM_NONCE_BYTES],
+                     uint8_t proof[32])
+{
+    if (memcmp(in, LOOM_CHAL_MAGIC, 8) != 0)
+        return -1;
+    memcpy(nonce_a, in + 8, LOOM_NONCE_BYTES);
+    memcpy(proof, in + 8 + LOOM_NONCE_BYTES, 32);
+    return 0;
+}
+
+void loom_proof_encode(const uint8_t proof[32], uint8_t out[LOOM_PROOF_BYTES])
+{
+    memcpy(out, LOOM_PROOF_MAGIC, 8);
+    memcpy(out + 8, proof, 32);
+}
+
+int loom_proof_decode(const uint8_t in[LOOM_PROOF_BYTES], uint8_t proof[32])
+{
+    if (memcmp(in, LOOM_PROOF_MAGIC, 8) != 0)
+        return -1;
+    memcpy(proof, in + 8, 32);
+    return 0;
 }

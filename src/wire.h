@@ -29,8 +29,34 @@ typedef struct loom_hello {
 /* Why an acceptor refused a hello (sent back in the ack). */
 typedef enum {
     LOOM_ACK_OK = 0, LOOM_ACK_BAD_MAGIC, LOOM_ACK_BAD_VERSION, LOOM_ACK_OTHER_JOB,
-    LOOM_ACK_BAD_RANK, LOOM_ACK_BAD_SIZE, LOOM_ACK_DUPLICATE
+    LOOM_ACK_BAD_RANK, LOOM_ACK_BAD_SIZE, LOOM_ACK_DUPLICATE, LOOM_ACK_AUTH
 } loom_ack_code_t;
+
+/* ---- LOOM_AUTH_KEY: mutual proof of a shared secret ------------------------
+ * With a key, the hello's stream field carries LOOM_HELLO_AUTH and is followed
+ * by the connector's nonce; the acceptor answers with a challenge (its nonce
+ * and its proof), the connector with its proof, the acceptor with the ack.
+ * A proof is HMAC-SHA256(key, role || hello || connector nonce || acceptor
+ * nonce), role 'A' or 'C': fresh nonces on both sides make every proof good
+ * for one connection only, and neither side reveals anything about the key. */
+#define LOOM_HELLO_AUTH  0x80000000u
+#define LOOM_NONCE_BYTES 16
+#define LOOM_CHAL_MAGIC  "LOOMCHAL"
+#define LOOM_CHAL_BYTES  (8 + LOOM_NONCE_BYTES + 32)
+#define LOOM_PROOF_MAGIC "LOOMPROF"
+#define LOOM_PROOF_BYTES (8 + 32)
+
+void loom_auth_proof(const void *key, size_t keylen, char role,
+                     const uint8_t hello[LOOM_HELLO_BYTES],
+                     const uint8_t nonce_c[LOOM_NONCE_BYTES],
+                     const uint8_t nonce_a[LOOM_NONCE_BYTES], uint8_t out[32]);
+void loom_chal_encode(const uint8_t nonce_a[LOOM_NONCE_BYTES], const uint8_t proof[32],
+                      uint8_t out[LOOM_CHAL_BYTES]);
+/* Returns 0 when in is a well-formed challenge (fills nonce_a, proof), -1 otherwise. */
+int loom_chal_decode(const uint8_t in[LOOM_CHAL_BYTES], uint8_t nonce_a[LOOM_NONCE_BYTES],
+                     uint8_t proof[32]);
+void loom_proof_encode(const uint8_t proof[32], uint8_t out[LOOM_PROOF_BYTES]);
+int loom_proof_decode(const uint8_t in[LOOM_PROOF_BYTES], uint8_t proof[32]);
 
 void loom_hello_encode(const loom_hello_t *h, uint8_t out[LOOM_HELLO_BYTES]);
 /* Decode and check a hello against what this acceptor expects. Returns

@@ -1,8 +1,10 @@
 /* Unit tests of the settings table and of loom_init's reading of launchers'
  * variables, against a fake environment. */
 #include <check.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check_suites.h"
 #include "settings.h"
@@ -191,6 +193,42 @@ START_TEST(test_settings_rejects)
 }
 END_TEST
 
+START_TEST(test_settings_auth_key)
+{
+    loom_settings_t s;
+    loom_err_t err = {0};
+    fake_env_t none = {{NULL}};
+    ck_assert_int_eq(loom_settings_load(&s, fake_get, &none, &err), LOOM_SUCCESS);
+    ck_assert_uint_eq(s.auth_keylen, 0);
+
+    fake_env_t direct = {{"LOOM_AUTH_KEY", "s3cret", NULL}};
+    ck_assert_int_eq(loom_settings_load(&s, fake_get, &direct, &err), LOOM_SUCCESS);
+    ck_assert_uint_eq(s.auth_keylen, 6);
+    ck_assert(memcmp(s.auth_key, "s3cret", 6) == 0);
+
+    /* From a file: the trailing newline an editor leaves is not part of the key. */
+    char path[] = "/tmp/loom-keyXXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "from a file\n", 12), 12);
+    close(fd);
+    fake_env_t file = {{"LOOM_AUTH_KEY_FILE", path, NULL}};
+    ck_assert_int_eq(loom_settings_load(&s, fake_get, &file, &err), LOOM_SUCCESS);
+    ck_assert_uint_eq(s.auth_keylen, 11);
+    ck_assert(memcmp(s.auth_key, "from a file", 11) == 0);
+    fake_env_t both = {{"LOOM_AUTH_KEY", "wins", "LOOM_AUTH_KEY_FILE", path, NULL}};
+    ck_assert_int_eq(loom_settings_load(&s, fake_get, &both, &err), LOOM_SUCCESS);
+    ck_assert_uint_eq(s.auth_keylen, 4);
+    fd = open(path, O_WRONLY | O_TRUNC);
+    close(fd);
+    ck_assert_int_eq(loom_settings_load(&s, fake_get, &file, &err), LOOM_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err.msg, "empty"));
+    unlink(path);
+    ck_assert_int_eq(loom_settings_load(&s, fake_get, &file, &err), LOOM_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err.msg, "LOOM_AUTH_KEY_FILE"));
+}
+END_TEST
+
 START_TEST(test_settings_doc_table)
 {
     /* loom-info prints this table: every entry needs a name and a help text. */
@@ -219,6 +257,7 @@ Suite *loom_env_suite(void)
     tcase_add_test(ts, test_settings_values);
     tcase_add_test(ts, test_settings_rejects);
     tcase_add_test(ts, test_settings_doc_table);
+    tcase_add_test(ts, test_settings_auth_key);
     suite_add_tcase(s, ts);
     return s;
 }

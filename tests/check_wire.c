@@ -1,10 +1,12 @@
 /* Unit tests of the handshake and frame-header parser: what a lying, confused
  * or foreign peer sends must be refused before a byte lands anywhere. */
 #include <check.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "algorithms.h"
 #include "check_suites.h"
+#include "sha256.h"
 #include "wire.h"
 
 START_TEST(test_hello_roundtrip)
@@ -137,6 +139,105 @@ START_TEST(test_frame_check)
 }
 END_TEST
 
+static void hex(const uint8_t *b, size_t n, char *out)
+{
+    for (size_t i = 0; i < n; i++)
+        sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+START_TEST(test_sha256_vectors)
+{
+    /* FIPS 180-4 examples, and a message that spans the padding boundary. */
+    uint8_t d[32];
+    char h[65];
+    loom_sha256_t s;
+    loom_sha256_init(&s);
+    loom_sha256_update(&s, "abc", 3);
+    loom_sha256_final(&s, d);
+    hex(d, 32, h);
+    ck_assert_str_eq(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    loom_sha256_init(&s);
+    loom_sha256_update(&s, "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq", 56);
+    loom_sha256_final(&s, d);
+    hex(d, 32, h);
+    ck_assert_str_eq(h, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    loom_sha256_init(&s);
+    loom_sha256_final(&s, d);
+    hex(d, 32, h);
+    ck_assert_str_eq(h, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+END_TEST
+
+START_TEST(test_hmac_rfc4231)
+{
+    uint8_t key1[20], d[32];
+    char h[65];
+    memset(key1, 0x0b, sizeof(key1));
+    const void *p1[1] = {"Hi There"};
+    const size_t l1[1] = {8};
+    loom_hmac_sha256(key1, sizeof(key1), p1, l1, 1, d);
+    hex(d, 32, h);
+    ck_assert_str_eq(h, "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+    /* Test case 2, the message given in two parts. */
+    const void *p2[2] = {"what do ya want ", "for nothing?"};
+    const size_t l2[2] = {16, 12};
+    loom_hmac_sha256("Jefe", 4, p2, l2, 2, d);
+    hex(d, 32, h);
+    ck_assert_str_eq(h, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    /* Test case 6: a key longer than the block is hashed first. */
+    uint8_t key6[131];
+    memset(key6, 0xaa, sizeof(key6));
+    const void *p6[1] = {"Test Using Larger Than Block-Size Key - Hash Key First"};
+    const size_t l6[1] = {54};
+    loom_hmac_sha256(key6, sizeof(key6), p6, l6, 1, d);
+    hex(d, 32, h);
+    ck_assert_str_eq(h, "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+    ck_assert(loom_equal_ct("abc", "abc", 3));
+    ck_assert(!loom_equal_ct("abc", "abd", 3));
+}
+END_TEST
+
+START_TEST(test_auth_messages)
+{
+    uint8_t hello[LOOM_HELLO_BYTES], nc[LOOM_NONCE_BYTES], na[LOOM_NONCE_BYTES];
+    loom_hello_t h = {LOOM_WIRE_VERSION, 1, 2, LOOM_HELLO_AUTH, 7, 9}, back;
+    loom_hello_encode(&h, hello);
+    ck_assert_int_eq(loom_hello_decode(hello, 7, 9, 0, 2, &back), LOOM_ACK_OK);
+    ck_assert(back.stream & LOOM_HELLO_AUTH);
+    memset(nc, 1, sizeof(nc));
+    memset(na, 2, sizeof(na));
+    uint8_t a[32], c[32], a2[32], other[32];
+    loom_auth_proof("key", 3, 'A', hello, nc, na, a);
+    loom_auth_proof("key", 3, 'C', hello, nc, na, c);
+    loom_auth_proof("key", 3, 'A', hello, nc, na, a2);
+    loom_auth_proof("kez", 3, 'A', hello, nc, na, other);
+    ck_assert(memcmp(a, a2, 32) == 0);      /* deterministic */
+    ck_assert(memcmp(a, c, 32) != 0);       /* a proof cannot be sent back as the other role's */
+    ck_assert(memcmp(a, other, 32) != 0);   /* depends on the key */
+    na[0] ^= 1;
+    loom_auth_proof("key", 3, 'A', hello, nc, na, a2);
+    ck_assert(memcmp(a, a2, 32) != 0);      /* and on the nonces: no replay */
+
+    uint8_t msg[LOOM_CHAL_BYTES], nonce[LOOM_NONCE_BYTES], proof[32];
+    loom_chal_encode(na, a, msg);
+    ck_assert_int_eq(loom_chal_decode(msg, nonce, proof), 0);
+    ck_assert(memcmp(nonce, na, sizeof(na)) == 0 && memcmp(proof, a, 32) == 0);
+    msg[0] = 'X';
+    ck_assert_int_eq(loom_chal_decode(msg, nonce, proof), -1);
+    uint8_t pm[LOOM_CHAL_BYTES] = {0};
+    loom_proof_encode(c, pm);
+    ck_assert_int_eq(loom_proof_decode(pm, proof), 0);
+    ck_assert(memcmp(proof, c, 32) == 0);
+    ck_assert_int_eq(loom_chal_decode(pm, nonce, proof), -1);   /* not a challenge */
+    loom_ack_code_t code;
+    uint32_t who;
+    loom_ack_encode(LOOM_ACK_AUTH, 3, msg);
+    ck_assert_int_eq(loom_ack_decode(msg, &code, &who), 0);
+    ck_assert_int_eq(code, LOOM_ACK_AUTH);
+    ck_assert_ptr_nonnull(strstr(loom_ack_reason(code), "LOOM_AUTH_KEY"));
+}
+END_TEST
+
 Suite *loom_wire_suite(void)
 {
     Suite *s = suite_create("wire");
@@ -147,6 +248,9 @@ Suite *loom_wire_suite(void)
     tcase_add_test(tc, test_frame_roundtrip);
     tcase_add_test(tc, test_frame_garbage);
     tcase_add_test(tc, test_frame_check);
+    tcase_add_test(tc, test_sha256_vectors);
+    tcase_add_test(tc, test_hmac_rfc4231);
+    tcase_add_test(tc, test_auth_messages);
     suite_add_tcase(s, tc);
     return s;
 }

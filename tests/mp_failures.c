@@ -166,6 +166,7 @@ static int stranger_rank(loom_comm_t unused, void *arg)
     (void)unused;
     (void)arg;
     int r = my_rank();
+    setenv("LOOM_SHM", "0", 1);   /* the strangers come over TCP */
     if (r == 1) {
         /* Find rank 0's address in the store, as an attacker on the network could. */
         loom_err_t err = {0};
@@ -372,6 +373,55 @@ static int missing_rank(loom_comm_t unused, void *arg)
     return ok ? 0 : 1;
 }
 
+/* LOOM_AUTH_KEY guards the TCP connections between ranks (shared memory is
+ * guarded by the kernel: only the same user can map a rank's segment).
+ * mode 0: the same key everywhere, the job runs; 1: rank 1 holds another key;
+ * 2: rank 1 holds none. Rank 1 dials rank 0, so rank 1 learns of the refusal
+ * at once (LOOM_ERR_AUTH) and rank 0 keeps waiting for a rank that can prove
+ * the key until its timeout, then says why it refused. */
+static int auth_rank(loom_comm_t unused, void *arg)
+{
+    (void)unused;
+    int mode = *(int *)arg, r = my_rank();
+    setenv("LOOM_SHM", "0", 1);
+    const char *key = mode == 1 && r == 1 ? "battery staple" : "correct horse";
+    if (mode == 2 && r == 1)
+        unsetenv("LOOM_AUTH_KEY");
+    else
+        setenv("LOOM_AUTH_KEY", key, 1);
+    double t0 = mp_now();
+    loom_comm_t c = create_with_timeout(r, 2, 3);
+    double took = mp_now() - t0;
+    if (mode == 0) {
+        int x = r + 1;
+        int ok = c && loom_allreduce(LOOM_IN_PLACE, &x, 1, LOOM_INT32, LOOM_SUM, c) ==
+                          LOOM_SUCCESS && x == 3;
+        if (c)
+            loom_comm_destroy(c);
+        return ok ? 0 : 1;
+    }
+    const char *msg = loom_comm_last_error(NULL);
+    fprintf(stderr, "auth mode %d rank %d: after %.1f s: %s\n", mode, r, took, msg);
+    if (c) {
+        loom_comm_destroy(c);
+        return 1;
+    }
+    if (took > 3 + 5)
+        return 1;
+    return strstr(msg, "LOOM_AUTH_KEY") ? 0 : 1;
+}
+
+static void test_auth(void)
+{
+    static const char *const what[] = {
+        "LOOM_AUTH_KEY: ranks with the same key connect and run",
+        "LOOM_AUTH_KEY: a rank with another key is refused (LOOM_ERR_AUTH naming the key)",
+        "LOOM_AUTH_KEY: a rank without the key is refused (LOOM_ERR_AUTH naming the key)",
+    };
+    for (int mode = 0; mode < 3; mode++)
+        mp_result(what[mode], mp_run_raw(2, auth_rank, &mode, 30) == 0);
+}
+
 static int bad_algo_rank(loom_comm_t c, void *arg)
 {
     (void)arg;
@@ -391,6 +441,7 @@ int main(void)
     test_rank_death();
     test_wrong_port();
     test_strangers();
+    test_auth();
     test_mismatch();
     test_abort_and_timeout();
     mp_result("peer destroyed its communicator while we wait: PEER_LOST",

@@ -99,6 +99,8 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < loom_num_setting_docs; i++) {
         const loom_setting_doc_t *d = &loom_setting_docs[i];
         const char *v = getenv(d->name);
+        if (v && strcmp(d->name, "LOOM_AUTH_KEY") == 0)
+            v = "(set, not shown)";
         printf("%-22s %-16s default %-10s %s\n", d->name, v ? v : "(unset)",
                d->default_value ? d->default_value : "-", d->help);
     }

@@ -30,12 +30,15 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "log.h"
+#include "settings.h"
+#include "sha256.h"
 #include "tp_util.h"
 
 #define STAGE_BYTES (64 * 1024)
@@ -86,6 +89,8 @@ struct loom_tp {
     int rank, size;
     uint64_t job_hash, comm_hash;
     int sockbuf;
+    const char *auth_key;          /* LOOM_AUTH_KEY, or NULL */
+    size_t auth_keylen;
     loom_err_t *err;
     int listen_fd, epfd, wake_fd;
     tcp_peer_t *peers;
@@ -249,6 +254,10 @@ static loom_status_t tcp_create(const loom_tp_params_t *p, char *addr, size_t ad
     tp->job_hash = p->job_hash;
     tp->comm_hash = p->comm_hash;
     tp->sockbuf = p->sockbuf;
+    if (p->settings && p->settings->auth_keylen > 0) {
+        tp->auth_key = p->settings->auth_key;
+        tp->auth_keylen = p->settings->auth_keylen;
+    }
     tp->err = p->err;
     tp->listen_fd = tp->epfd = tp->wake_fd = -1;
     tp->peers = calloc((size_t)p->size, sizeof(tcp_peer_t));
@@ -320,16 +329,42 @@ err_free_tp:
 
 /* ---- connect: every pair at once, one state machine per socket ------------ */
 
-typedef enum { HS_CONNECTING, HS_SEND_HELLO, HS_WAIT_ACK, HS_WAIT_HELLO, HS_DONE, HS_DEAD } hs_state_t;
+/* Outgoing: CONNECTING -> SEND_HELLO -> WAIT_ACK (an ack, or with a key a
+ * challenge, after which we send our proof) -> WAIT_FINAL_ACK -> DONE.
+ * Incoming: WAIT_HELLO (with a key: the hello and the connector's nonce; we
+ * answer with a challenge) -> WAIT_PROOF -> DONE, or DEAD when refused. */
+typedef enum {
+    HS_CONNECTING, HS_SEND_HELLO, HS_WAIT_ACK, HS_WAIT_FINAL_ACK, HS_WAIT_HELLO, HS_WAIT_PROOF,
+    HS_DONE, HS_DEAD
+} hs_state_t;
 
 typedef struct hs_conn {
     int fd;
     int peer;            /* known for outgoing; from the hello for incoming */
     hs_state_t state;
-    uint8_t buf[LOOM_HELLO_BYTES];
-    size_t have;
+    uint8_t buf[LOOM_CHAL_BYTES];
+    size_t have, need;   /* bytes read of the message expected, and its size */
+    uint8_t hello[LOOM_HELLO_BYTES];   /* as sent or received: both proofs cover it */
+    uint8_t nonce_c[LOOM_NONCE_BYTES], nonce_a[LOOM_NONCE_BYTES];
     double retry_at;     /* outgoing: when to try again after a refusal */
 } hs_conn_t;
+
+/* Read toward c->need bytes: 1 when they are all there, 0 when more must
+ * come, -1 when the peer closed or failed. */
+static int hs_read(hs_conn_t *c)
+{
+    ssize_t n = recv(c->fd, c->buf + c->have, c->need - c->have, 0);
+    if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR)))
+        return -1;
+    if (n > 0)
+        c->have += (size_t)n;
+    return c->have == c->need;
+}
+
+static int fresh_nonce(uint8_t out[LOOM_NONCE_BYTES])
+{
+    return getrandom(out, LOOM_NONCE_BYTES, 0) == LOOM_NONCE_BYTES ? 0 : -1;
+}
 
 static int start_connect(loom_tp_t *tp, hs_conn_t *c, const struct sockaddr_storage *ss,
                          socklen_t sslen)
@@ -363,6 +398,9 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
     struct pollfd *pfds = calloc((size_t)maxconn + 1, sizeof(*pfds));
     loom_status_t st = LOOM_SUCCESS;
     int nconn = 0, established = 0;
+    /* Why we last refused a connection that looked like one of ours. */
+    loom_ack_code_t refused = LOOM_ACK_OK;
+    loom_status_t refused_st = LOOM_ERR_TIMEOUT;
     double deadline = monotonic_s() + timeout_s;
     if (!conns || !peer_ss || !peer_sslen || !pfds) {
         st = loom_err_set(tp->err, LOOM_ERR_NO_MEMORY, "out of memory");
@@ -394,9 +432,11 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                 if (j != tp->rank && addrs[j] != NULL && tp->peers[j].fd < 0)
                     off += (size_t)snprintf(missing + off, sizeof(missing) - off, "%s%d",
                                             off ? "," : "", j);
-            st = loom_err_set(tp->err, LOOM_ERR_TIMEOUT,
-                              "rank %d timed out after %.1f s connecting to rank(s) %s", tp->rank,
-                              timeout_s, missing);
+            st = loom_err_set(tp->err, refused ? refused_st : LOOM_ERR_TIMEOUT,
+                              "rank %d timed out after %.1f s connecting to rank(s) %s%s%s%s",
+                              tp->rank, timeout_s, missing,
+                              refused ? " (it refused a connection: " : "",
+                              refused ? loom_ack_reason(refused) : "", refused ? ")" : "");
             goto out;
         }
         int npfd = 0;
@@ -406,7 +446,8 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
             short events = 0;
             if (c->state == HS_CONNECTING || c->state == HS_SEND_HELLO)
                 events = POLLOUT;
-            else if (c->state == HS_WAIT_ACK || c->state == HS_WAIT_HELLO)
+            else if (c->state == HS_WAIT_ACK || c->state == HS_WAIT_HELLO ||
+                     c->state == HS_WAIT_FINAL_ACK || c->state == HS_WAIT_PROOF)
                 events = POLLIN;
             if (c->fd >= 0 && c->retry_at > now)
                 events = 0;
@@ -455,32 +496,77 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                 c->state = HS_SEND_HELLO;
             }
             if (c->state == HS_SEND_HELLO) {
-                loom_hello_t h = {LOOM_WIRE_VERSION, (uint32_t)tp->rank, (uint32_t)tp->size, 0,
-                                  tp->job_hash, tp->comm_hash};
-                uint8_t msg[LOOM_HELLO_BYTES];
-                loom_hello_encode(&h, msg);
-                /* 40 bytes always fit in a fresh socket's buffer. */
-                if (send(c->fd, msg, sizeof(msg), MSG_NOSIGNAL) != (ssize_t)sizeof(msg)) {
+                loom_hello_t h = {LOOM_WIRE_VERSION, (uint32_t)tp->rank, (uint32_t)tp->size,
+                                  tp->auth_key ? LOOM_HELLO_AUTH : 0, tp->job_hash,
+                                  tp->comm_hash};
+                uint8_t msg[LOOM_HELLO_BYTES + LOOM_NONCE_BYTES];
+                loom_hello_encode(&h, c->hello);
+                memcpy(msg, c->hello, LOOM_HELLO_BYTES);
+                size_t len = LOOM_HELLO_BYTES;
+                if (tp->auth_key) {
+                    if (fresh_nonce(c->nonce_c) != 0) {
+                        st = loom_err_set(tp->err, LOOM_ERR_INTERNAL, "getrandom: %s",
+                                          strerror(errno));
+                        goto out;
+                    }
+                    memcpy(msg + len, c->nonce_c, LOOM_NONCE_BYTES);
+                    len += LOOM_NONCE_BYTES;
+                }
+                /* 56 bytes always fit in a fresh socket's buffer. */
+                if (send(c->fd, msg, len, MSG_NOSIGNAL) != (ssize_t)len) {
                     st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT, "handshake with rank %d: %s",
                                       c->peer, strerror(errno));
                     goto out;
                 }
                 c->state = HS_WAIT_ACK;
                 c->have = 0;
+                c->need = LOOM_ACK_BYTES;   /* a challenge is longer: need grows below */
                 continue;
             }
-            if (c->state == HS_WAIT_ACK) {
-                ssize_t n = recv(c->fd, c->buf + c->have, LOOM_ACK_BYTES - c->have, 0);
-                if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) {
+            if (c->state == HS_WAIT_ACK || c->state == HS_WAIT_FINAL_ACK) {
+                int got = hs_read(c);
+                if (got < 0) {
                     st = loom_err_set(tp->err, LOOM_ERR_PEER_LOST,
                                       "rank %d closed the connection during the handshake",
                                       c->peer);
                     goto out;
                 }
-                if (n > 0)
-                    c->have += (size_t)n;
-                if (c->have < LOOM_ACK_BYTES)
+                if (c->state == HS_WAIT_ACK && c->have >= 8 &&
+                    memcmp(c->buf, LOOM_CHAL_MAGIC, 8) == 0)
+                    c->need = LOOM_CHAL_BYTES;
+                if (c->have < c->need)
                     continue;
+                if (c->need == LOOM_CHAL_BYTES) {
+                    uint8_t theirs[32], want[32], mine[32], msg[LOOM_PROOF_BYTES];
+                    if (!tp->auth_key) {
+                        st = loom_err_set(tp->err, LOOM_ERR_AUTH,
+                                          "rank %d requires LOOM_AUTH_KEY, which rank %d does "
+                                          "not have", c->peer, tp->rank);
+                        goto out;
+                    }
+                    loom_chal_decode(c->buf, c->nonce_a, theirs);
+                    loom_auth_proof(tp->auth_key, tp->auth_keylen, 'A', c->hello, c->nonce_c,
+                                    c->nonce_a, want);
+                    if (!loom_equal_ct(theirs, want, sizeof(want))) {
+                        st = loom_err_set(tp->err, LOOM_ERR_AUTH,
+                                          "the process at %s (rank %d) cannot prove "
+                                          "LOOM_AUTH_KEY: a different key?", addrs[c->peer],
+                                          c->peer);
+                        goto out;
+                    }
+                    loom_auth_proof(tp->auth_key, tp->auth_keylen, 'C', c->hello, c->nonce_c,
+                                    c->nonce_a, mine);
+                    loom_proof_encode(mine, msg);
+                    if (send(c->fd, msg, sizeof(msg), MSG_NOSIGNAL) != (ssize_t)sizeof(msg)) {
+                        st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT,
+                                          "handshake with rank %d: %s", c->peer, strerror(errno));
+                        goto out;
+                    }
+                    c->state = HS_WAIT_FINAL_ACK;
+                    c->have = 0;
+                    c->need = LOOM_ACK_BYTES;
+                    continue;
+                }
                 loom_ack_code_t code;
                 uint32_t who;
                 if (loom_ack_decode(c->buf, &code, &who) != 0 || who != (uint32_t)c->peer) {
@@ -489,6 +575,8 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                                       c->peer);
                     goto out;
                 }
+                if (code == LOOM_ACK_OK && tp->auth_key && c->state == HS_WAIT_ACK)
+                    code = LOOM_ACK_AUTH;   /* accepted without proving the key */
                 if (code != LOOM_ACK_OK) {
                     st = loom_err_set(tp->err, LOOM_ERR_AUTH,
                                       "rank %d refused the connection of rank %d: %s", c->peer,
@@ -501,25 +589,73 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                 established++;
                 continue;
             }
-            if (c->state == HS_WAIT_HELLO) {
-                ssize_t n = recv(c->fd, c->buf + c->have, LOOM_HELLO_BYTES - c->have, 0);
-                if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) {
+            if (c->state == HS_WAIT_HELLO || c->state == HS_WAIT_PROOF) {
+                int got = hs_read(c);
+                if (got < 0) {
+                    if (c->state == HS_WAIT_PROOF) {
+                        /* It hung up on our challenge: it does not trust our key. */
+                        refused = LOOM_ACK_AUTH;
+                        refused_st = LOOM_ERR_AUTH;
+                    }
                     close(c->fd);
                     c->fd = -1;
                     c->state = HS_DEAD;
                     continue;
                 }
-                if (n > 0)
-                    c->have += (size_t)n;
-                if (c->have < LOOM_HELLO_BYTES)
+                if (!got)
                     continue;
+                loom_ack_code_t code = LOOM_ACK_OK;
                 loom_hello_t h;
-                loom_ack_code_t code = loom_hello_decode(c->buf, tp->job_hash, tp->comm_hash,
-                                                         tp->rank, tp->size, &h);
-                if (code == LOOM_ACK_OK && (h.rank < (uint32_t)tp->rank || addrs[h.rank] == NULL))
-                    code = LOOM_ACK_BAD_RANK;  /* lower ranks are dialled, never accepted */
-                if (code == LOOM_ACK_OK && tp->peers[h.rank].fd >= 0)
-                    code = LOOM_ACK_DUPLICATE;
+                if (c->state == HS_WAIT_HELLO) {
+                    code = loom_hello_decode(c->buf, tp->job_hash, tp->comm_hash, tp->rank,
+                                             tp->size, &h);
+                    int authed = code == LOOM_ACK_OK && (h.stream & LOOM_HELLO_AUTH);
+                    if (code == LOOM_ACK_OK &&
+                        (h.rank < (uint32_t)tp->rank || addrs[h.rank] == NULL))
+                        code = LOOM_ACK_BAD_RANK;  /* lower ranks are dialled, never accepted */
+                    if (code == LOOM_ACK_OK && tp->peers[h.rank].fd >= 0)
+                        code = LOOM_ACK_DUPLICATE;
+                    if (code == LOOM_ACK_OK && authed != (tp->auth_key != NULL))
+                        code = LOOM_ACK_AUTH;
+                    if (code == LOOM_ACK_OK && authed && c->need == LOOM_HELLO_BYTES) {
+                        c->need += LOOM_NONCE_BYTES;   /* the connector's nonce follows */
+                        continue;
+                    }
+                    if (code == LOOM_ACK_OK && authed) {
+                        uint8_t proof[32], msg[LOOM_CHAL_BYTES];
+                        memcpy(c->hello, c->buf, LOOM_HELLO_BYTES);
+                        memcpy(c->nonce_c, c->buf + LOOM_HELLO_BYTES, LOOM_NONCE_BYTES);
+                        if (fresh_nonce(c->nonce_a) != 0) {
+                            st = loom_err_set(tp->err, LOOM_ERR_INTERNAL, "getrandom: %s",
+                                              strerror(errno));
+                            goto out;
+                        }
+                        loom_auth_proof(tp->auth_key, tp->auth_keylen, 'A', c->hello,
+                                        c->nonce_c, c->nonce_a, proof);
+                        loom_chal_encode(c->nonce_a, proof, msg);
+                        if (send(c->fd, msg, sizeof(msg), MSG_NOSIGNAL) != (ssize_t)sizeof(msg)) {
+                            close(c->fd);
+                            c->fd = -1;
+                            c->state = HS_DEAD;
+                            continue;
+                        }
+                        c->peer = (int)h.rank;
+                        c->state = HS_WAIT_PROOF;
+                        c->have = 0;
+                        c->need = LOOM_PROOF_BYTES;
+                        continue;
+                    }
+                    c->peer = (int)h.rank;
+                } else {
+                    uint8_t theirs[32], want[32];
+                    loom_auth_proof(tp->auth_key, tp->auth_keylen, 'C', c->hello, c->nonce_c,
+                                    c->nonce_a, want);
+                    if (loom_proof_decode(c->buf, theirs) != 0 ||
+                        !loom_equal_ct(theirs, want, sizeof(want)))
+                        code = LOOM_ACK_AUTH;
+                    else if (tp->peers[c->peer].fd >= 0)
+                        code = LOOM_ACK_DUPLICATE;
+                }
                 uint8_t ack[LOOM_ACK_BYTES];
                 loom_ack_encode(code, (uint32_t)tp->rank, ack);
                 ssize_t sent = send(c->fd, ack, sizeof(ack), MSG_NOSIGNAL);
@@ -527,12 +663,16 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                     /* A stranger or a confused process: refuse it, keep waiting for ours. */
                     LOOM_WARN("tcp", "rank %d refused a connection: %s", tp->rank,
                               loom_ack_reason(code));
+                    if (code == LOOM_ACK_AUTH) {
+                        refused = code;
+                        refused_st = LOOM_ERR_AUTH;
+                    }
                     close(c->fd);
                     c->fd = -1;
                     c->state = HS_DEAD;
                     continue;
                 }
-                tp->peers[h.rank].fd = c->fd;
+                tp->peers[c->peer].fd = c->fd;
                 c->fd = -1;
                 c->state = HS_DONE;
                 established++;
@@ -556,7 +696,8 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                     close(fd);
                     continue;
                 }
-                conns[slot] = (hs_conn_t){.fd = fd, .peer = -1, .state = HS_WAIT_HELLO};
+                conns[slot] = (hs_conn_t){.fd = fd, .peer = -1, .state = HS_WAIT_HELLO,
+                                          .need = LOOM_HELLO_BYTES};
             }
         }
     }
