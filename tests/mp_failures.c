@@ -221,11 +221,18 @@ static int mismatch_rank(loom_comm_t c, void *arg)
     int kind = *(int *)arg, r = loom_comm_rank(c);
     float buf[64] = {0};
     loom_status_t st;
+    double t0 = mp_now();
     if (kind == 0)   /* counts differ */
         st = loom_allreduce(LOOM_IN_PLACE, buf, r == 0 ? 40 : 41, LOOM_FLOAT32, LOOM_SUM, c);
-    else             /* dtypes differ, same byte count */
+    else if (kind == 1)   /* dtypes differ, same byte count */
         st = loom_allreduce(LOOM_IN_PLACE, buf, 40, r == 0 ? LOOM_FLOAT32 : LOOM_INT32, LOOM_SUM, c);
-    fprintf(stderr, "rank %d: %s: %s\n", r, loom_strerror(st), loom_comm_last_error(c));
+    else   /* three counts on three ranks: some pairs agree, every rank must still fail */
+        st = loom_allreduce(LOOM_IN_PLACE, buf, (size_t)(4 + r), LOOM_FLOAT32, LOOM_SUM, c);
+    double took = mp_now() - t0;
+    fprintf(stderr, "rank %d: after %.1f s: %s: %s\n", r, took, loom_strerror(st),
+            loom_comm_last_error(c));
+    if (kind == 2)   /* a rank may learn it from its neighbour's failure */
+        return st != LOOM_SUCCESS && took < 10 ? 0 : 1;
     return st == LOOM_ERR_MISMATCH && strstr(loom_comm_last_error(c), "mismatch") ? 0 : 1;
 }
 
@@ -237,6 +244,9 @@ static void test_mismatch(void)
     kind = 1;
     mp_result("ranks disagree on dtype: LOOM_ERR_MISMATCH on both",
               mp_run(2, mismatch_rank, &kind, 30) == 0);
+    kind = 2;
+    mp_result("3 ranks, 3 different counts: every rank fails at once, none waits for LOOM_TIMEOUT",
+              mp_run(3, mismatch_rank, &kind, 60) == 0);
 }
 
 static void *abort_later(void *arg)

@@ -47,6 +47,9 @@
 #define LIVENESS_CHECK_S 0.1
 
 enum { REC_PAD = 1, REC_EAGER, REC_START, REC_CONT, REC_RTS, REC_FIN, REC_BYE };
+/* segment_t.closed: a broken owner will never answer again, so its peers
+ * fail at once instead of after LOOM_TIMEOUT. */
+enum { SEG_OPEN = 0, SEG_DESTROYED = 1, SEG_BROKEN = 2 };
 
 typedef struct rec {
     uint32_t kind;
@@ -73,7 +76,7 @@ typedef struct segment {
     uint64_t size;                               /* communicator size: number of rings */
     _Alignas(64) _Atomic uint32_t doorbell;
     _Atomic uint32_t sleeping;
-    _Atomic uint32_t closed;                     /* the owner destroyed its communicator */
+    _Atomic uint32_t closed;                     /* SEG_OPEN, SEG_DESTROYED or SEG_BROKEN */
     _Alignas(64) ring_t rings[];
 } segment_t;
 
@@ -519,8 +522,8 @@ static loom_status_t shm_isend(loom_tp_t *tp, loom_tp_req_t *req)
     shm_peer_t *peer = &tp->peers[req->peer];
     if (peer->said_bye || atomic_load(&peer->seg->closed))
         return tp_fail(tp, LOOM_ERR_PEER_LOST,
-                       "rank %d sends to rank %d, which has destroyed its communicator", tp->rank,
-                       peer->rank);
+                       "rank %d sends to rank %d, which has destroyed or given up on its "
+                       "communicator", tp->rank, peer->rank);
     int was_idle = peer->sq.head == NULL;
     loom_req_queue_push(&peer->sq, req);
     int moved = 0;
@@ -749,6 +752,10 @@ static loom_status_t check_liveness(loom_tp_t *tp)
             return tp_fail(tp, LOOM_ERR_PEER_LOST,
                            "rank %d lost rank %d: its process (pid %d) exited without "
                            "loom_comm_destroy", tp->rank, r, (int)peer->pid);
+        if (atomic_load(&peer->seg->closed) == SEG_BROKEN)
+            return tp_fail(tp, LOOM_ERR_PEER_LOST,
+                           "rank %d gave up on this communicator (a failed call or "
+                           "loom_comm_abort there) while rank %d waits for it", r, tp->rank);
     }
     return LOOM_SUCCESS;
 }
@@ -813,11 +820,20 @@ static loom_status_t shm_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
     return tp->failed;
 }
 
+/* Called on every failure of the communicator (and by loom_comm_abort): we
+ * will not answer our peers again, so tell them and wake them to look. */
 static void shm_abort(loom_tp_t *tp, loom_status_t why)
 {
     atomic_store(&tp->abort_why, (int)why);
     atomic_fetch_add(&tp->seg->doorbell, 1);
     futex_wake(&tp->seg->doorbell);
+    uint32_t open = SEG_OPEN;
+    atomic_compare_exchange_strong(&tp->seg->closed, &open, (uint32_t)SEG_BROKEN);
+    for (int r = 0; r < tp->size; r++)
+        if (tp->peers[r].local) {
+            atomic_fetch_add(&tp->peers[r].seg->doorbell, 1);
+            futex_wake(&tp->peers[r].seg->doorbell);
+        }
 }
 
 static void shm_destroy(loom_tp_t *tp, double timeout_s)
@@ -828,7 +844,8 @@ static void shm_destroy(loom_tp_t *tp, double timeout_s)
      * be full of messages the peer never received; then it learns from our
      * closed flag or our pid. */
     double deadline = monotonic_s() + timeout_s;
-    atomic_store(&tp->seg->closed, 1u);
+    uint32_t open = SEG_OPEN;
+    atomic_compare_exchange_strong(&tp->seg->closed, &open, (uint32_t)SEG_DESTROYED);
     for (int r = 0; r < tp->size; r++) {
         shm_peer_t *peer = &tp->peers[r];
         if (!peer->local)

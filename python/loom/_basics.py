@@ -1,0 +1,290 @@
+"""Process-wide state shared by loom.numpy and loom.torch: the world
+communicator, process sets, and the Horovod-style rank/size queries."""
+import atexit
+import os
+import threading
+
+from . import _loom
+from ._loom import LoomError
+
+# Horovod's reduction op names; values are libloom's loom_op_t.
+Sum = _loom.SUM
+Average = _loom.AVG
+Min = _loom.MIN
+Max = _loom.MAX
+Product = _loom.PROD
+Adasum = None   # not implemented by Loom: passing it raises ValueError
+
+_lock = threading.RLock()
+_world = None            # the world Comm
+_sets = {}               # process_set_id -> ProcessSet
+_next_set_id = 1
+_shutdown_hooks = []     # callables run by shutdown(), last registered first
+
+
+class ProcessSet:
+    """A subset of the world's ranks with a communicator of its own (made by
+    loom_comm_split). Create it before or after init(); add_process_set (or
+    init(process_sets=...)) makes it usable, on every rank of the world."""
+
+    def __init__(self, ranks):
+        self.ranks = sorted(int(r) for r in ranks)
+        if len(set(self.ranks)) != len(self.ranks):
+            raise ValueError("ProcessSet: duplicate ranks in %r" % (ranks,))
+        self.process_set_id = None
+        self.comm = None           # None on ranks outside the set
+        self._engine_comm = None   # the torch engine's own communicator (a duplicate)
+
+    def included(self):
+        _check_init()
+        return _world.rank in self.ranks
+
+    def size(self):
+        return len(self.ranks)
+
+    def rank(self):
+        _check_init()
+        return self.ranks.index(_world.rank) if self.included() else -1
+
+    def __repr__(self):
+        return "ProcessSet(process_set_id=%r, ranks=%r)" % (self.process_set_id, self.ranks)
+
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+
+
+# Any of these tells loom_init which rank this is (DESIGN.md, "Starting a job").
+_LAUNCHER_VARS = ("LOOM_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def _check_init():
+    if _world is None or _world.closed:
+        raise ValueError("loom has not been initialized; call init() first")
+
+
+def init(comm=None, process_sets=None):
+    """Join the job described by the environment (loomrun, torchrun, Slurm,
+    mpirun: see DESIGN.md). comm: a list of world ranks to run on instead of all
+    (the others get no communicator), as Horovod's init(comm=[...]). process_sets:
+    ProcessSets to register at once. Calling init twice is harmless."""
+    global _world
+    with _lock:
+        if _world is not None and not _world.closed:
+            return
+        if any(os.environ.get(v) for v in _LAUNCHER_VARS):
+            _world = _loom.Comm()
+        else:
+            # Started by hand, as `python3 train.py`: a job of one, as Horovod does.
+            _world = _loom.Comm(rank=0, size=1)
+        if comm is not None and not isinstance(comm, _loom.Comm):
+            ranks = sorted(int(r) for r in comm)
+            sub = _world.split(0 if _world.rank in ranks else -1, _world.rank)
+            _world.close()
+            if sub is None:
+                raise ValueError("init: rank is not in comm=%r" % (comm,))
+            _world = sub
+        global_process_set.ranks = list(range(_world.size))
+        global_process_set.comm = _world
+        _sets[0] = global_process_set
+        for ps in process_sets or []:
+            add_process_set(ps)
+
+
+def is_initialized():
+    return _world is not None and not _world.closed
+
+
+def shutdown():
+    """Finish the adapters' background work, then release every communicator."""
+    global _world
+    with _lock:
+        if _world is None:
+            return
+        for hook in reversed(_shutdown_hooks):
+            hook()
+        for ps in list(_sets.values()):
+            if ps._engine_comm is not None:
+                ps._engine_comm.close()
+                ps._engine_comm = None
+            if ps is not global_process_set and ps.comm is not None:
+                ps.comm.close()
+            ps.comm = None
+            ps.process_set_id = None if ps is not global_process_set else 0
+        _sets.clear()
+        _world.close()
+        _world = None
+
+
+atexit.register(shutdown)
+
+
+def size():
+    _check_init()
+    return _world.size
+
+
+def rank():
+    _check_init()
+    return _world.rank
+
+
+def local_size():
+    _check_init()
+    return _world.local_size
+
+
+def local_rank():
+    _check_init()
+    return _world.local_rank
+
+
+def cross_size():
+    """Number of hosts (Horovod: ranks with this local_rank across hosts)."""
+    _check_init()
+    return _world.node_count
+
+
+def cross_rank():
+    """Index of this host among the job's hosts."""
+    _check_init()
+    return _world.node_rank
+
+
+def is_homogeneous():
+    _check_init()
+    counts = _world.size / max(_world.node_count, 1)
+    return counts == _world.local_size
+
+
+def add_process_set(process_set):
+    """Register a ProcessSet (or a list of ranks); collective over the world,
+    every rank must call it with the same ranks in the same order."""
+    global _next_set_id
+    _check_init()
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    with _lock:
+        if ps.process_set_id is not None and ps.process_set_id in _sets:
+            raise ValueError("add_process_set: %r is already registered" % (ps,))
+        for r in ps.ranks:
+            if not 0 <= r < _world.size:
+                raise ValueError("add_process_set: rank %d outside the world of %d" % (r, _world.size))
+        member = _world.rank in ps.ranks
+        ps.comm = _world.split(0 if member else -1, ps.ranks.index(_world.rank) if member else 0)
+        ps.process_set_id = _next_set_id
+        _next_set_id += 1
+        _sets[ps.process_set_id] = ps
+    return ps
+
+
+def remove_process_set(process_set):
+    """Unregister a ProcessSet; collective over the world."""
+    _check_init()
+    with _lock:
+        ps = process_set
+        if ps is global_process_set or ps.process_set_id not in _sets:
+            return False
+        for hook in reversed(_shutdown_hooks):
+            hook(ps)
+        if ps._engine_comm is not None:
+            ps._engine_comm.close()
+            ps._engine_comm = None
+        if ps.comm is not None:
+            ps.comm.close()
+        del _sets[ps.process_set_id]
+        ps.process_set_id = None
+        ps.comm = None
+        return True
+
+
+def _set_comm(process_set):
+    """The communicator of process_set on this rank, or an error if it is not a member."""
+    _check_init()
+    ps = process_set if process_set is not None else global_process_set
+    if ps.process_set_id is None or _sets.get(ps.process_set_id) is not ps:
+        raise ValueError("%r is not registered: call add_process_set first" % (ps,))
+    if ps.comm is None:
+        raise ValueError("rank %d is not a member of %r" % (_world.rank, ps))
+    return ps.comm
+
+
+# The build and runtime predicates a Horovod script may ask: Loom has no MPI,
+# NCCL, Gloo, CUDA or ROCm inside this package, whatever the machine has.
+def mpi_built():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_threads_supported():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built():
+    return 0
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+def loom_built():
+    return True
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Horovod's timeline: Loom writes its own per-rank Chrome trace when
+    LOOM_TIMELINE is set before init; it cannot be switched on later."""
+    raise NotImplementedError("set LOOM_TIMELINE=<file> before init() instead")
+
+
+def stop_timeline():
+    raise NotImplementedError("set LOOM_TIMELINE=<file> before init() instead")
+
+
+def _env_float(name, default):
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    try:
+        return float(v)
+    except ValueError:
+        raise ValueError("%s=%r is not a number" % (name, v)) from None
+
+
+def _env_size(name, default):
+    """A byte count with an optional K/M/G suffix (powers of 1024)."""
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    s = v.strip().upper().rstrip("B").rstrip("I")
+    mult = 1
+    if s and s[-1] in "KMG":
+        mult = 1024 ** ("KMG".index(s[-1]) + 1)
+        s = s[:-1]
+    try:
+        return int(float(s) * mult)
+    except ValueError:
+        raise ValueError("%s=%r is not a byte count" % (name, v)) from None

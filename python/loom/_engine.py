@@ -1,0 +1,525 @@
+"""The background engine behind the framework adapters' collectives (loom.torch,
+loom.tensorflow): Horovod's coordinator, over libloom.
+
+Every collective is an entry with a name. A thread per process set runs
+rounds: each round every rank contributes the entries submitted since the last
+one (name and metadata) through an allgather on the engine's own communicator,
+so every rank sees the same table and takes the same decisions from it. A name
+is ready once every rank has submitted it; ready names run in the order they
+became ready (ranks may submit in different orders). Ready allreduces of one
+type, op and scaling are packed into a fusion buffer of up to
+LOOM_FUSION_THRESHOLD bytes (default 64 MiB, 0 turns fusion off) and reduced in
+one call. A round starts at most every LOOM_CYCLE_TIME ms (default 1).
+
+Errors are raised, never turned into hangs: metadata that differs across ranks
+fails that name on every rank with a message naming it; names that cannot
+complete because every rank is blocked waiting (LOOM_STALL_TIMEOUT seconds,
+default 2, of rounds without progress) or has shut down fail likewise; a
+libloom failure (LOOM_TIMEOUT, a lost peer) fails everything pending.
+
+Tensors are handled through a Backend (torch tensors, NumPy arrays), chosen by
+the prefix of the type name that travels in the metadata ("torch.float32",
+"np.float32"), so one engine per process set serves every adapter.
+"""
+import array
+import pickle
+import threading
+import time
+
+from . import _basics, _loom
+from ._loom import LoomError
+
+JOIN = "__loom_join__"
+# Tensors larger than this are reduced in their own memory, never copied into a
+# fusion buffer: at 1 MiB an allreduce already takes about as long as copying
+# the tensor in and out of the buffer would (README, Performance), so fusing
+# them saves nothing and costs two copies.
+FUSE_MAX_TENSOR = 1 << 20
+
+
+class Backend:
+    """What the engine needs from a tensor library. Type names are
+    "<prefix>.<type>"; tensors are C-contiguous and on the CPU."""
+    prefix = None
+
+    def dtype_name(self, t):
+        raise NotImplementedError
+
+    def loom_dtype(self, name):
+        """libloom's dtype for a type name; TypeError if it has none."""
+        raise NotImplementedError
+
+    def esize(self, name):
+        raise NotImplementedError
+
+    def empty(self, shape, name):
+        raise NotImplementedError
+
+    def zeros(self, shape, name):
+        raise NotImplementedError
+
+    def cap(self, t):
+        """The object handed to loom._loom for t's memory (no copy)."""
+        raise NotImplementedError
+
+    def flat(self, t):
+        """A 1-D view of t."""
+        return t.reshape(-1)
+
+    def copy_(self, dst, src):
+        raise NotImplementedError
+
+    def scale_(self, t, factor):
+        raise NotImplementedError
+
+    def clone(self, t):
+        raise NotImplementedError
+
+    def int_vector(self, values):
+        raise NotImplementedError
+
+
+BACKENDS = {}
+
+
+def register_backend(b):
+    BACKENDS[b.prefix] = b
+
+
+def backend_of(name):
+    return BACKENDS[name.split(".", 1)[0]]
+
+
+class Handle:
+    __slots__ = ("event", "result", "error", "name")
+
+    def __init__(self, name):
+        self.event = threading.Event()
+        self.result = None
+        self.error = None
+        self.name = name
+
+
+class Entry:
+    """One submitted collective. output is written in place (it is the input
+    tensor for the in-place calls); meta travels to the other ranks."""
+    __slots__ = ("kind", "name", "tensor", "output", "op", "pre", "post", "root", "splits",
+                 "handle", "finish", "backend")
+
+    def __init__(self, kind, name, tensor=None, output=None, op=None, pre=1.0, post=1.0,
+                 root=-1, splits=None, finish=None, backend=None):
+        self.kind, self.name, self.backend = kind, name, backend
+        self.tensor, self.output = tensor, output
+        self.op, self.pre, self.post, self.root, self.splits = op, pre, post, root, splits
+        self.handle = Handle(name)
+        self.finish = finish   # optional: called on the result before the handle completes
+
+    def meta(self):
+        t = self.tensor
+        return (self.kind, self.backend.dtype_name(t) if t is not None else "",
+                tuple(t.shape) if t is not None else (),
+                self.op, self.root, float(self.pre), float(self.post),
+                tuple(int(s) for s in self.splits) if self.splits is not None else None)
+
+
+def _describe(meta):
+    kind, dtype, shape, op, root, pre, post, splits = meta
+    s = "%s %s%s" % (kind, dtype.split(".", 1)[-1], list(shape))
+    if kind in ("allreduce", "reducescatter"):
+        s += " op=%s" % {_loom.SUM: "Sum", _loom.AVG: "Average", _loom.MIN: "Min",
+                         _loom.MAX: "Max", _loom.PROD: "Product"}.get(op, op)
+        if pre != 1.0 or post != 1.0:
+            s += " scale=%g/%g" % (pre, post)
+    if kind == "broadcast":
+        s += " root=%d" % root
+    if splits is not None:
+        s += " splits=%s" % list(splits)
+    return s
+
+
+def _mismatch(name, metas, joined):
+    """None when the submissions of name agree, else the error text."""
+    present = [(r, m) for r, m in enumerate(metas) if m is not None]
+    kinds = {m[0] for _, m in present}
+
+    def key(m):
+        kind, dtype, shape, op, root, pre, post, splits = m
+        if kind in ("allgather", "alltoall"):
+            return (kind, dtype, shape[1:])
+        if kind == "broadcast":
+            return (kind, dtype, shape, root)
+        if kind in ("barrier", JOIN):
+            return (kind,)
+        return (kind, dtype, shape, op, pre, post)
+
+    if len({key(m) for _, m in present}) > 1:
+        by = {}
+        for r, m in present:
+            by.setdefault(_describe(m), []).append(r)
+        return ("loom: ranks disagree on tensor '%s': %s" %
+                (name, "; ".join("ranks %s: %s" % (rs, d) for d, rs in by.items())))
+    kind = kinds.pop()
+    if joined and len(present) < len(metas) and kind != "allreduce":
+        return ("loom: tensor '%s' (%s) cannot run while ranks %s have joined: only allreduce can"
+                % (name, kind, sorted(joined)))
+    if kind == "alltoall":
+        n = len(metas)
+        for r, m in present:
+            if len(m[7]) != n:
+                return "loom: alltoall '%s': rank %d gave %d splits for %d ranks" % (name, r, len(m[7]), n)
+    return None
+
+
+class Engine:
+    def __init__(self, process_set):
+        self.ps = process_set
+        comm = _basics._set_comm(process_set)
+        if process_set._engine_comm is None:
+            # Its own communicator, so the engine's collectives never interleave
+            # with calls the program makes on the set's one (loom.numpy).
+            process_set._engine_comm = comm.split(0, comm.rank)
+        self.comm = process_set._engine_comm
+        self.n = self.comm.size
+        self.me = self.comm.rank
+        self.cycle = max(_basics._env_float("LOOM_CYCLE_TIME", 1.0), 0.0) / 1000.0
+        self.threshold = _basics._env_size("LOOM_FUSION_THRESHOLD", 64 << 20)
+        stall = _basics._env_float("LOOM_STALL_TIMEOUT", 2.0)
+        self.stall_rounds = max(10, int(stall / max(self.cycle, 1e-4)))
+        self.cond = threading.Condition()
+        self.queue = []          # submitted, not yet announced
+        self.local = {}          # announced, waiting for the other ranks
+        self.names = set()       # every name pending here (queue and local)
+        self.waiting = 0         # user threads blocked in synchronize
+        self.stop_req = False
+        self.broken = None       # the LoomError that ended the engine
+        self.thread = None
+        self.counter = 0
+        # State every rank keeps identical: it is computed from the round's messages only.
+        self.table = {}          # name -> [meta or None] per rank, in the order names appeared
+        self.join_round = {}     # rank -> round its join arrived
+        self.shut = set()        # ranks that asked to stop
+        self.stalled = 0
+        self.round = 0
+        self.fusion = {}         # dtype -> reusable fusion buffer
+        self.stats = {"rounds": 0, "fused_calls": 0, "tensors": 0}
+
+    # ---- the program's side ------------------------------------------------
+
+    def auto_name(self, kind):
+        self.counter += 1
+        return "%s.noname.%d" % (kind, self.counter)
+
+    def submit(self, entry):
+        with self.cond:
+            if self.broken is not None:
+                raise LoomError("loom: the engine stopped after an error: %s" % self.broken)
+            if self.stop_req:
+                raise ValueError("loom: submit after shutdown")
+            if entry.name in self.names:
+                raise ValueError("loom: a collective named '%s' is already pending on this rank; "
+                                 "names must be unique among unfinished operations" % entry.name)
+            self.names.add(entry.name)
+            self.queue.append(entry)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="loom-engine", daemon=True)
+                self.thread.start()
+            self.cond.notify_all()
+        return entry.handle
+
+    def wait(self, handle):
+        if not handle.event.is_set():
+            with self.cond:
+                self.waiting += 1
+                self.cond.notify_all()
+            try:
+                handle.event.wait()
+            finally:
+                with self.cond:
+                    self.waiting -= 1
+        if handle.error is not None:
+            raise handle.error
+        return handle.result
+
+    def stop(self):
+        with self.cond:
+            if self.thread is None or self.stop_req:
+                return
+            self.stop_req = True
+            self.cond.notify_all()
+        self.thread.join()
+
+    # ---- the engine thread -------------------------------------------------
+
+    def _run(self):
+        last = 0.0
+        try:
+            while True:
+                with self.cond:
+                    while not (self.queue or self.local or self.stop_req):
+                        self.cond.wait()
+                delay = last + self.cycle - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                last = time.monotonic()
+                with self.cond:
+                    new, self.queue = self.queue, []
+                    for e in new:
+                        self.local[e.name] = e
+                    msg = ([(e.name, e.meta()) for e in new], self.stop_req,
+                           self.waiting > 0 or self.stop_req)
+                if self._round(msg):
+                    return
+        except LoomError as exc:
+            self._break(exc)
+        except BaseException as exc:   # a bug must not leave the program waiting forever
+            self._break(LoomError("loom engine failed: %r" % (exc,)))
+            raise
+
+    def _break(self, exc):
+        with self.cond:
+            self.broken = exc
+            pending = list(self.local.values()) + self.queue
+            self.local, self.queue = {}, []
+            self.names.clear()
+        for e in pending:
+            self._complete(e, error=LoomError("loom: '%s' failed: %s" % (e.name, exc)))
+
+    def _complete(self, e, result=None, error=None):
+        if error is None and e.finish is not None:
+            try:
+                result = e.finish(result)
+            except Exception as exc:   # noqa: BLE001 - handed to the waiting thread
+                error = exc
+        h = e.handle
+        h.result, h.error = result, error
+        with self.cond:
+            self.names.discard(e.name)
+        h.event.set()
+
+    def _exchange(self, msg):
+        data = bytearray(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+        lens = array.array("q", bytes(8 * self.n))
+        self.comm.allgather(array.array("q", [len(data)]), lens, dtype=_loom.INT64)
+        lens = lens.tolist()
+        out = bytearray(sum(lens))
+        self.comm.allgatherv(data, out, lens, dtype=_loom.UINT8)
+        msgs, off = [], 0
+        view = memoryview(out)
+        for n in lens:
+            msgs.append(pickle.loads(view[off:off + n]))
+            off += n
+        return msgs
+
+    def _round(self, msg):
+        """One negotiation round; True when the engine is to stop."""
+        msgs = self._exchange(msg)
+        self.round += 1
+        self.stats["rounds"] += 1
+        any_new = False
+        for r, (new, stopping, _) in enumerate(msgs):
+            for name, meta in new:
+                any_new = True
+                slot = self.table.setdefault(name, [None] * self.n)
+                slot[r] = meta
+                if meta[0] == JOIN:
+                    self.join_round[r] = self.round
+            if stopping:
+                self.shut.add(r)
+        joined = set(self.join_round)
+        ready, failed = [], []
+        for name, slot in self.table.items():
+            missing = [r for r in range(self.n) if slot[r] is None]
+            if name != JOIN:
+                missing = [r for r in missing if r not in joined]
+            if not missing:
+                ready.append(name)
+            elif all(r in self.shut for r in missing):
+                failed.append((name, "loom: tensor '%s' was submitted by ranks %s, but ranks %s shut "
+                               "down without submitting it" % (name, _ranks(slot), missing)))
+        if not ready and not any_new and self.table and all(w for _, _, w in msgs):
+            self.stalled += 1
+        else:
+            self.stalled = 0
+        if self.stalled >= self.stall_rounds:
+            # Every rank is blocked waiting and nothing moved: nothing pending can complete.
+            waits = {r: [nm for nm, s in self.table.items() if s[r] is not None] for r in range(self.n)}
+            for name, slot in self.table.items():
+                if name not in ready and all(name != f for f, _ in failed):
+                    missing = [r for r in range(self.n) if slot[r] is None]
+                    failed.append((name, "loom: tensor '%s' was submitted by ranks %s but not by ranks %s, "
+                                   "which are waiting on %s: every rank must submit the same names" %
+                                   (name, _ranks(slot), missing,
+                                    sorted({x for r in missing for x in waits[r]}) or "nothing")))
+            self.stalled = 0
+        for name, text in failed:
+            del self.table[name]
+            e = self.local.pop(name, None)
+            if e is not None:
+                self._complete(e, error=LoomError(text))
+        self._execute(ready, joined)
+        if len(self.shut) == self.n:
+            for name, slot in list(self.table.items()):
+                e = self.local.pop(name, None)
+                if e is not None:
+                    self._complete(e, error=LoomError(
+                        "loom: tensor '%s' never ran: every rank shut down" % name))
+            self.table.clear()
+            return True
+        return False
+
+    def _execute(self, ready, joined):
+        buckets = {}   # (dtype, op, pre, post) -> [(name, metas)], bytes
+        for name in ready:
+            metas = self.table.pop(name)
+            error = _mismatch(name, metas, joined)
+            e = self.local.pop(name, None)
+            if error is not None:
+                if e is not None:
+                    self._complete(e, error=LoomError(error))
+                continue
+            meta = next(m for m in metas if m is not None)
+            kind = meta[0]
+            if kind == "allreduce":
+                key = (meta[1], meta[3], meta[5], meta[6])
+                nbytes = _numel(meta[2]) * backend_of(meta[1]).esize(meta[1])
+                if nbytes > FUSE_MAX_TENSOR:
+                    self._allreduce([(e, meta)])
+                    continue
+                items, size = buckets.get(key, ([], 0))
+                if items and (size + nbytes > self.threshold):
+                    self._allreduce(items)
+                    items, size = [], 0
+                items.append((e, meta))
+                buckets[key] = (items, size + nbytes)
+                continue
+            result = self._other(kind, name, e, metas, meta)
+            if e is not None:
+                self._complete(e, result)
+        for items, _ in buckets.values():
+            self._allreduce(items)
+
+    def _allreduce(self, items):
+        """Reduce items (entries, or None where this rank joined) in one call."""
+        meta = items[0][1]
+        name, op, pre, post = meta[1], meta[3], meta[5], meta[6]
+        b = backend_of(name)
+        dt = b.loom_dtype(name)
+        self.stats["tensors"] += len(items)
+        if len(items) == 1:
+            e = items[0][0]
+            buf = e.output if e is not None else b.zeros(meta[2], name)
+            if pre != 1.0:
+                b.scale_(buf, pre)
+            self.comm.allreduce(None, b.cap(buf), op, dtype=dt)
+            if post != 1.0:
+                b.scale_(buf, post)
+            if e is not None:
+                self._complete(e, e.output)
+            return
+        self.stats["fused_calls"] += 1
+        total = sum(_numel(m[2]) for _, m in items)
+        fb = self.fusion.get(name)
+        if fb is None or fb.shape[0] < total:
+            fb = self.fusion[name] = b.empty((total,), name)
+        buf = fb[:total]
+        off = 0
+        for e, m in items:
+            k = _numel(m[2])
+            if e is not None:
+                b.copy_(buf[off:off + k], b.flat(e.output))
+            else:
+                b.copy_(buf[off:off + k], b.zeros((k,), name))
+            off += k
+        if pre != 1.0:
+            b.scale_(buf, pre)
+        self.comm.allreduce(None, b.cap(buf), op, dtype=dt)
+        if post != 1.0:
+            b.scale_(buf, post)
+        off = 0
+        for e, m in items:
+            k = _numel(m[2])
+            if e is not None:
+                b.copy_(b.flat(e.output), buf[off:off + k])
+                self._complete(e, e.output)
+            off += k
+
+    def _other(self, kind, name, e, metas, meta):
+        c = self.comm
+        if kind == JOIN:
+            last = max(self.join_round.items(), key=lambda kv: (kv[1], kv[0]))[0]
+            self.join_round.clear()
+            return last
+        if kind == "barrier":
+            c.barrier()
+            return None
+        t, b = e.tensor, e.backend
+        dt = b.loom_dtype(meta[1])
+        row = _numel(t.shape[1:])
+        if kind == "broadcast":
+            c.broadcast(b.cap(e.output), meta[4], dtype=dt)
+            return e.output
+        if kind == "allgather":
+            firsts = [m[2][0] for m in metas]
+            out = b.empty((sum(firsts),) + tuple(t.shape[1:]), meta[1])
+            c.allgatherv(b.cap(t), b.cap(out), [f * row for f in firsts], dtype=dt)
+            return out
+        if kind == "alltoall":
+            send = list(metas[self.me][7])
+            recv = [metas[r][7][self.me] for r in range(self.n)]
+            out = b.empty((sum(recv),) + tuple(t.shape[1:]), meta[1])
+            c.alltoallv(b.cap(t), [s * row for s in send], b.cap(out), [s * row for s in recv], dtype=dt)
+            return out, b.int_vector(recv)
+        if kind == "reducescatter":
+            a = e.output
+            if e.pre != 1.0:
+                b.scale_(a, e.pre)
+            shares = split_rows(t.shape[0], self.n)
+            if shares[0] == shares[-1]:
+                out = b.empty((shares[0],) + tuple(t.shape[1:]), meta[1])
+                c.reduce_scatter(b.cap(a), b.cap(out), e.op, dtype=dt)
+            else:
+                c.allreduce(None, b.cap(a), e.op, dtype=dt)
+                start = sum(shares[:self.me])
+                out = b.clone(a[start:start + shares[self.me]])
+            if e.post != 1.0:
+                b.scale_(out, e.post)
+            return out
+        raise LoomError("loom: unknown collective %r for '%s'" % (kind, name))
+
+
+def split_rows(rows, n):
+    base, extra = divmod(rows, n)
+    return [base + (1 if i < extra else 0) for i in range(n)]
+
+
+def _numel(shape):
+    k = 1
+    for s in shape:
+        k *= int(s)
+    return k
+
+
+def _ranks(slot):
+    return [r for r, m in enumerate(slot) if m is not None]
+
+
+engines = {}   # process_set_id -> Engine
+
+
+def engine_for(process_set):
+    """The engine of process_set (made at its first use: a collective over the set)."""
+    ps = process_set if process_set is not None else _basics.global_process_set
+    _basics._set_comm(ps)
+    eng = engines.get(ps.process_set_id)
+    if eng is None:
+        eng = engines[ps.process_set_id] = Engine(ps)
+    return eng
+
+
+def _stop_engines(process_set=None):
+    for sid in list(engines):
+        if process_set is None or sid == process_set.process_set_id:
+            engines.pop(sid).stop()
+
+
+_basics._shutdown_hooks.append(_stop_engines)

@@ -1,0 +1,29 @@
+"""Helpers shared by the Python tests: a tally of checks that prints one
+"N passed, N failed" line per rank and sets the exit code."""
+import sys
+import traceback
+
+
+class Tally:
+    def __init__(self, rank):
+        self.rank, self.passed, self.failed = rank, 0, 0
+
+    def check(self, cond, what):
+        if cond:
+            self.passed += 1
+        else:
+            self.failed += 1
+            print("rank %d FAIL: %s" % (self.rank, what), flush=True)
+
+    def run(self, fn, *args):
+        """Run one test function; an exception is a failure, not the end."""
+        try:
+            fn(*args)
+        except Exception:   # noqa: BLE001 - reported and counted
+            self.failed += 1
+            print("rank %d FAIL: %s raised:\n%s" % (self.rank, fn.__name__, traceback.format_exc()),
+                  flush=True)
+
+    def finish(self):
+        print("rank %d: %d passed, %d failed" % (self.rank, self.passed, self.failed), flush=True)
+        sys.exit(1 if self.failed else 0)

@@ -1,0 +1,172 @@
+#!/bin/sh
+# The ibverbs transport over the libibverbs test double (tests/verbs-provider):
+# loom-info lists its devices; the collective matrix on 2-5 ranks over
+# InfiniBand and RoCE ports, across ports of a two-port device and beside shm;
+# the failure tests (a killed rank, a rank that leaves, LOOM_AUTH_KEY,
+# mismatches, abort, timeouts); faults injected by the double (remote access
+# error, QP to the error state) end in errors within LOOM_TIMEOUT; loom-perf
+# p2p -t ibverbs. With the system's
+# libibverbs and no devices: LOOM_TRANSPORT=ibverbs fails with a clear error
+# and auto falls back to TCP.
+# What the double cannot show (DMA ordering, wire retries, GID routing,
+# GPUDirect) needs a real fabric: see README.md, "InfiniBand and RoCE".
+set -u
+top_builddir=${top_builddir:-.}
+provider="$top_builddir/tests/verbs-provider/.libs"
+[ -e "$provider/libibverbs.so.1" ] || [ -e "$provider/libibverbs.so" ] || {
+    echo "SKIP: the libibverbs test double was not built (no infiniband/verbs.h, or --disable-shared)"
+    exit 77
+}
+info="$top_builddir/tools/loom-info"
+perf="$top_builddir/tools/loom-perf"
+loomrun="$top_builddir/tools/loomrun"
+mpc="$top_builddir/tests/mp_collectives"
+mpf="$top_builddir/tests/mp_failures"
+for p in "$info" "$perf" "$loomrun" "$mpc" "$mpf"; do
+    [ -x "$p" ] || { echo "missing $p"; exit 1; }
+done
+tmp=$(mktemp -d)
+registry="/loomfake-test-$$"
+# The double's registry is a POSIX shm segment: nothing may be left behind.
+trap 'rm -rf "$tmp"; rm -f "/dev/shm${registry}"' EXIT
+trap 'exit 1' INT TERM
+passed=0
+failed=0
+result() {
+    if [ "$1" = 0 ]; then echo "PASS $2"; passed=$((passed + 1)); else echo "FAIL $2"; failed=$((failed + 1)); fi
+}
+now() { date +%s; }
+
+unset LOOM_TRANSPORT LOOM_SHM LOOM_IB_HCA LOOM_IB_GID_INDEX LOOM_AUTH_KEY FAKEVERBS_FAULT FAKEVERBS_DEVICES \
+      FAKEVERBS_LINK_LAYER LOOM_MP_NODES LOOM_MP_FULL
+export LOOM_TIMEOUT=${LOOM_TIMEOUT:-60}
+
+# libibverbs is loaded at run time, never linked.
+if [ -e "$top_builddir/.libs/libloom.so" ] && command -v ldd > /dev/null; then
+    ! ldd "$top_builddir/.libs/libloom.so" | grep -q libibverbs
+    result $? "libloom.so does not link libibverbs (it is dlopen'ed)"
+fi
+
+# ---- the system's libibverbs (or none): no devices on this machine ----------------
+"$info" > "$tmp/info" 2>&1
+if grep -q "no RDMA devices" "$tmp/info"; then
+    LOOM_TRANSPORT=ibverbs "$loomrun" -np 2 "$perf" allreduce -b 1K -e 1K -n 1 -w 0 \
+        > "$tmp/out" 2>&1
+    rc=$?
+    grep -q "ibverbs: \(no RDMA devices\|cannot load libibverbs\)" "$tmp/out"
+    ok=$?
+    [ $rc != 0 ] && [ $ok = 0 ]
+    result $? "LOOM_TRANSPORT=ibverbs without RDMA devices fails, saying why"
+    [ $ok = 0 ] || cat "$tmp/out"
+    LOOM_TRANSPORT=auto LOOM_SHM=0 LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=init "$loomrun" -np 2 "$perf" \
+        allreduce -b 1K -e 1K -n 1 -w 0 > "$tmp/out" 2>&1
+    rc=$?
+    [ $rc = 0 ] && grep -q "no InfiniBand/RoCE.*using TCP" "$tmp/out" && grep -q "transport tcp" "$tmp/out"
+    result $? "LOOM_TRANSPORT=auto without RDMA devices falls back to TCP with an INFO line"
+else
+    echo "(this machine has RDMA devices: the no-device checks are left out)"
+fi
+
+# ---- the test double ---------------------------------------------------------------
+LD_LIBRARY_PATH="$provider${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+FAKEVERBS_REGISTRY=$registry
+export LD_LIBRARY_PATH FAKEVERBS_REGISTRY
+
+FAKEVERBS_DEVICES=loomfake0:1,loomfake1:2 "$info" > "$tmp/info" 2>&1
+grep -q "loomfake0 .*1 port" "$tmp/info" && grep -q "loomfake1 .*2 port" "$tmp/info" &&
+    grep -q "port 2: ACTIVE, InfiniBand" "$tmp/info"
+result $? "loom-info lists the double's devices, ports and link layers"
+FAKEVERBS_LINK_LAYER=ethernet "$info" > "$tmp/info" 2>&1
+grep -q "Ethernet (RoCE)" "$tmp/info" && grep -q "gid\[1\] 0000:0000:0000:0000:0000:ffff:7f00:0001" "$tmp/info"
+result $? "loom-info lists RoCE GIDs"
+
+LOOM_TRANSPORT=auto LOOM_SHM=0 LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=init "$loomrun" -np 2 "$perf" \
+    allreduce -b 1K -e 1M -n 2 -w 0 > "$tmp/out" 2>&1
+rc=$?
+[ $rc = 0 ] && grep -q "transport ibverbs" "$tmp/out"
+result $? "LOOM_TRANSPORT=auto takes ibverbs when a port is active"
+
+# Every pair over ibverbs, also ranks of one host.
+export LOOM_TRANSPORT=ibverbs LOOM_SHM=0
+
+t0=$(now)
+LOOM_MP_SIZES="2 3 4 5" LOOM_MP_QUICK=1 "$mpc" > "$tmp/mpc" 2>&1
+rc=$?
+result $rc "collective matrix over ibverbs (InfiniBand port) on 2-5 ranks ($(( $(now) - t0 )) s)"
+[ $rc = 0 ] || grep -v '^PASS' "$tmp/mpc" | tail -20
+
+t0=$(now)
+FAKEVERBS_LINK_LAYER=ethernet LOOM_MP_SIZES="3" LOOM_MP_QUICK=1 "$mpc" > "$tmp/mpc" 2>&1
+rc=$?
+result $rc "collective matrix over ibverbs on RoCE ports (GID routing) on 3 ranks ($(( $(now) - t0 )) s)"
+[ $rc = 0 ] || grep -v '^PASS' "$tmp/mpc" | tail -20
+
+# Two emulated nodes: shared memory inside each, ibverbs across (some peers are
+# another transport's: the NULL addresses of transport.h).
+t0=$(now)
+LOOM_SHM=1 LOOM_MP_NODES=2 LOOM_MP_SIZES="4" LOOM_MP_QUICK=1 "$mpc" > "$tmp/mpc" 2>&1
+rc=$?
+result $rc "collective matrix on 2 nodes x 2 ranks: shm inside, ibverbs across ($(( $(now) - t0 )) s)"
+[ $rc = 0 ] || grep -v '^PASS' "$tmp/mpc" | tail -20
+
+# LOOM_IB_HCA picks the two-port device; ranks spread over its ports.
+t0=$(now)
+FAKEVERBS_DEVICES=loomfake0:1,loomfake1:2 LOOM_IB_HCA==loomfake1 LOOM_DEBUG=INFO \
+    LOOM_DEBUG_SUBSYS=ibverbs LOOM_MP_SIZES="2" LOOM_MP_QUICK=1 "$mpc" > "$tmp/mpc" 2>&1
+rc=$?
+grep -q "loomfake1:1" "$tmp/mpc" && grep -q "loomfake1:2" "$tmp/mpc" && ! grep -q "loomfake0:" "$tmp/mpc"
+ok=$?
+[ $rc = 0 ] && [ $ok = 0 ]
+result $? "LOOM_IB_HCA==loomfake1: ranks on both ports of loomfake1 ($(( $(now) - t0 )) s)"
+[ $rc = 0 ] || grep -v '^PASS' "$tmp/mpc" | grep -v INFO | tail -20
+
+LOOM_IB_HCA=nonesuch "$loomrun" -np 2 "$perf" allreduce -b 1K -e 1K -n 1 -w 0 > "$tmp/out" 2>&1
+rc=$?
+[ $rc != 0 ] && grep -q "no active RDMA port matches LOOM_IB_HCA=nonesuch" "$tmp/out"
+result $? "LOOM_IB_HCA naming no port: a clear error"
+LOOM_IB_HCA="mlx5_0:x" "$loomrun" -np 2 "$perf" allreduce -b 1K -e 1K -n 1 -w 0 > "$tmp/out" 2>&1
+rc=$?
+[ $rc != 0 ] && grep -q "LOOM_IB_HCA=\"mlx5_0:x\": bad port" "$tmp/out"
+result $? "a malformed LOOM_IB_HCA: a clear error"
+
+
+t0=$(now)
+"$mpf" > "$tmp/mpf" 2>&1
+rc=$?
+result $rc "failure tests over ibverbs: killed rank, early exit, LOOM_AUTH_KEY, mismatch, abort, timeout ($(( $(now) - t0 )) s)"
+[ $rc = 0 ] || grep -v '^PASS' "$tmp/mpf" | tail -20
+
+# Faults injected in rank 1 only: every rank must end with an error, within
+# LOOM_TIMEOUT (20 s). The ranks ignore loomrun's SIGTERM, so each one's own
+# verdict is kept in its own file.
+fault() {
+    spec=$1
+    want=$2
+    rm -f "$tmp"/err.*
+    t0=$(now)
+    LOOM_TIMEOUT=20 FAULT_SPEC=$spec OUTDIR=$tmp "$loomrun" -np 3 sh -c \
+        'trap "" TERM
+         if [ "$LOOM_RANK" = 1 ]; then FAKEVERBS_FAULT=$FAULT_SPEC; export FAKEVERBS_FAULT; fi
+         exec "$0" "$@" 2> "$OUTDIR/err.$LOOM_RANK"' \
+        "$perf" allreduce -b 1M -e 1M -n 50 -w 0 > "$tmp/out" 2>&1
+    rc=$?
+    dt=$(( $(now) - t0 ))
+    ok=0
+    for r in 0 1 2; do
+        grep -q "allreduce failed: \(transport error\|peer lost\)" "$tmp/err.$r" 2>/dev/null || ok=1
+    done
+    grep -q "$want" "$tmp/err.1" || ok=1
+    [ $rc != 0 ] && [ $dt -lt 20 ] && [ $ok = 0 ]
+    result $? "FAKEVERBS_FAULT=$spec in rank 1: every rank fails with an error, none hangs ($dt s)"
+    [ $ok = 0 ] || head -5 "$tmp"/err.*
+}
+fault rae@2 "remote access error"
+fault qperr@300 "Work Request Flushed Error.*error state"
+
+"$loomrun" -np 2 "$perf" p2p -t ibverbs -b 8 -e 1M -f 16 -n 5 -w 1 > "$tmp/out" 2>&1
+rc=$?
+[ $rc = 0 ] && grep -q "over ibverbs" "$tmp/out" && grep -q "Out of bounds values : 0 OK" "$tmp/out"
+result $? "loom-perf p2p -t ibverbs"
+
+echo "$passed passed, $failed failed"
+[ $failed = 0 ]

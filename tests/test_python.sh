@@ -1,0 +1,157 @@
+#!/bin/sh
+# The Python package (python/): builds the extension against this tree's
+# libloom into a scratch directory, then runs tests/python/*.py under loomrun on
+# 1, 2 and 3 ranks: the extension's Comm/Request API (blocking, non-blocking,
+# the GIL released), every collective and type through loom (NumPy) and
+# loom.torch, fusion and negotiation, the mismatch errors, and the
+# DistributedOptimizer equivalence test (fusion on and off); then
+# loom.tensorflow and loom.keras (their equivalence tests too) where an
+# interpreter with TensorFlow is found. The examples in examples/python run
+# too (2 ranks), and must end with the loss lower.
+# Automake TESTS protocol: 0 pass, 1 fail, 77 skip.
+top_builddir=${top_builddir:-.}
+top_srcdir=${top_srcdir:-$(dirname "$0")/..}
+srcdir=$(cd "$top_srcdir" && pwd)
+builddir=$(cd "$top_builddir" && pwd)
+LOOMRUN="$builddir/tools/loomrun"
+
+# The interpreter: the first of $PYTHON, python3 on PATH and Debian's (where
+# apt's python3-numpy and python3-torch land) that has NumPy and PyTorch, else
+# the first that has NumPy.
+py=""
+for need in 'import numpy, torch' 'import numpy'; do
+    for cand in ${PYTHON:-} python3 /usr/bin/python3; do
+        if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "$need" 2>/dev/null; then
+            py=$cand
+            break 2
+        fi
+    done
+done
+if [ -z "$py" ]; then
+    echo "test_python: SKIP: no python3 with NumPy (apt-get install python3-numpy python3-torch)"
+    exit 77
+fi
+if [ ! -e "$builddir/.libs/libloom.so" ]; then
+    echo "test_python: SKIP: no shared libloom in $builddir/.libs (configured with --disable-shared)"
+    exit 77
+fi
+if ! "$py" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
+    echo "test_python: SKIP: $py has no Python.h (apt-get install python3-dev)"
+    exit 77
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_python.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+if ! (cd "$srcdir/python" && LOOM_BUILD_DIR="$builddir/.libs" LOOM_INCLUDE_DIR="$srcdir/include" \
+        "$py" setup.py -q build --build-base "$tmp/build" --build-lib "$tmp/lib") > "$tmp/build.log" 2>&1; then
+    cat "$tmp/build.log"
+    echo "test_python: FAIL: the extension did not build"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+export PYTHONPATH="$tmp/lib:$srcdir/tests/python"
+export PYTHONDONTWRITEBYTECODE=1
+# The mismatch tests wait for this long of no progress before failing the names.
+export LOOM_STALL_TIMEOUT=0.5
+unset SLURM_JOB_ID
+
+passes=0
+failures=0
+run() {  # run NP SCRIPT [VAR=value...]: one loomrun job (PYTHON_FOR_TEST=... picks the interpreter)
+    np=$1 script=$2
+    shift 2
+    interp=$py
+    for a in "$@"; do
+        case $a in PYTHON_FOR_TEST=*) interp=${a#PYTHON_FOR_TEST=} ;; esac
+    done
+    if env "$@" "$LOOMRUN" -np "$np" "$interp" "$srcdir/$script" > "$tmp/out" 2>&1; then
+        echo "ok: $script on $np ranks $*"
+        passes=$((passes + 1))
+    else
+        echo "FAIL: $script on $np ranks $*"
+        tail -n 60 "$tmp/out"
+        failures=$((failures + 1))
+    fi
+    grep -h "passed, .* failed" "$tmp/out" | sed 's/^/    /'
+}
+
+for np in 1 2 3; do
+    run $np tests/python/test_comm.py
+    run $np tests/python/test_numpy.py
+done
+
+example() {  # example PYTHON SCRIPT: 2 ranks, 3 epochs, the loss must fall
+    if "$LOOMRUN" -np 2 "$1" "$srcdir/examples/python/$2" --epochs 3 > "$tmp/out" 2>&1 &&
+        grep -q "loss fell" "$tmp/out"; then
+        echo "ok: examples/python/$2"
+        passes=$((passes + 1))
+    else
+        echo "FAIL: examples/python/$2"
+        tail -n 40 "$tmp/out"
+        failures=$((failures + 1))
+    fi
+}
+
+torch_tests() {
+    for np in 1 2 3; do
+        run $np tests/python/test_torch.py
+        run $np tests/python/test_torch_equiv.py
+    done
+    run 2 tests/python/test_torch_equiv.py LOOM_FUSION_THRESHOLD=0
+    run 3 tests/python/test_torch.py LOOM_FUSION_THRESHOLD=64 LOOM_CYCLE_TIME=5
+
+    # A rank that dies: the other's calls raise at once (LOOM_* variables, tcp store).
+    port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    LOOM_SIZE=2 LOOM_STORE="tcp://127.0.0.1:$port" LOOM_RANK=1 \
+        "$py" "$srcdir/tests/python/test_torch_peer_lost.py" > "$tmp/out1" 2>&1 &
+    if LOOM_SIZE=2 LOOM_STORE="tcp://127.0.0.1:$port" LOOM_RANK=0 \
+            "$py" "$srcdir/tests/python/test_torch_peer_lost.py" > "$tmp/out" 2>&1; then
+        echo "ok: tests/python/test_torch_peer_lost.py"
+        passes=$((passes + 1))
+    else
+        echo "FAIL: tests/python/test_torch_peer_lost.py"
+        failures=$((failures + 1))
+    fi
+    wait
+    sed 's/^/    /' "$tmp/out"
+
+    example "$py" torch_train.py
+    example "$py" horovod_torch_mnist.py
+}
+
+have_torch=0
+if "$py" -c 'import torch' 2>/dev/null; then
+    have_torch=1
+    torch_tests
+fi
+
+# TensorFlow and Keras: PyPI's tensorflow-cpu brings NumPy 2, which Debian's
+# PyTorch cannot load, so they live in their own interpreter: $LOOM_TF_PYTHON,
+# else the virtual environment .ci/run makes, else this one.
+tfpy=""
+for cand in ${LOOM_TF_PYTHON:-} /opt/loom-tf/bin/python "$py"; do
+    if [ -x "$cand" ] || command -v "$cand" >/dev/null 2>&1; then
+        if "$cand" -c 'import tensorflow, keras, numpy' 2>/dev/null; then
+            tfpy=$cand
+            break
+        fi
+    fi
+done
+if [ -n "$tfpy" ]; then
+    for np in 1 2 3; do
+        run $np tests/python/test_tf.py TF_CPP_MIN_LOG_LEVEL=3 PYTHON_FOR_TEST="$tfpy"
+        run $np tests/python/test_keras.py TF_CPP_MIN_LOG_LEVEL=3 PYTHON_FOR_TEST="$tfpy"
+    done
+    example "$tfpy" tf_train.py
+    example "$tfpy" keras_train.py
+else
+    echo "test_python: TensorFlow tests not run: no python with tensorflow and keras" \
+        "(python3 -m venv /opt/loom-tf && /opt/loom-tf/bin/pip install tensorflow-cpu)"
+fi
+
+echo "$passes passed, $failures failed"
+[ "$failures" = 0 ] || exit 1
+if [ "$have_torch" = 0 ]; then
+    echo "test_python: SKIP: $py cannot import torch (apt-get install python3-torch): the PyTorch tests did not run"
+    exit 77
+fi

@@ -1,0 +1,56 @@
+/*
+ * ib_regcache.h - a registration cache: memory registrations are expensive
+ * (pinning, a system call, IOMMU updates), and collectives reuse the same
+ * buffers call after call. Ranges are widened to whole pages; an entry that
+ * covers a request is reused (hit), overlapping idle entries are merged into
+ * one new registration (miss), and idle entries are evicted least recently
+ * used first once the cache holds more than its byte or entry bound.
+ *
+ * Caveat (as for every verbs cache without memory hooks): memory that is freed
+ * and mapped again at the same address keeps the old pinned pages behind a
+ * cached entry. LOOM_IB_REG_CACHE=0 (max_bytes 0) registers per message.
+ *
+ * Register/deregister are callbacks, so the cache is tested without a device.
+ */
+#ifndef LOOM_IB_REGCACHE_H
+#define LOOM_IB_REGCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct loom_rc_entry {
+    uintptr_t start, end;       /* page-aligned, end exclusive */
+    void *mr;                   /* what reg returned */
+    uint32_t lkey, rkey;
+    int refs;
+    struct loom_rc_entry *prev, *next;   /* most recently used first */
+} loom_rc_entry_t;
+
+/* Register [addr, addr + len): 0 and *mr, keys set; -1 with errno set. */
+typedef int (*loom_rc_reg_fn)(void *arg, void *addr, size_t len, void **mr_p, uint32_t *lkey,
+                              uint32_t *rkey);
+typedef void (*loom_rc_dereg_fn)(void *arg, void *mr);
+
+typedef struct loom_rcache {
+    loom_rc_reg_fn reg;
+    loom_rc_dereg_fn dereg;
+    void *arg;
+    size_t page;
+    size_t max_bytes, max_entries;   /* max_bytes 0: nothing is kept once idle */
+    size_t bytes, entries;
+    loom_rc_entry_t *head, *tail;
+    uint64_t hits, misses, evictions;
+} loom_rcache_t;
+
+void loom_rcache_init(loom_rcache_t *rc, size_t max_bytes, size_t max_entries,
+                      loom_rc_reg_fn reg, loom_rc_dereg_fn dereg, void *arg);
+/* A referenced entry covering [addr, addr + len) (len 0 counts as 1 byte);
+ * 0 on success, -1 with errno when registration fails even after evicting
+ * every idle entry. */
+int loom_rcache_get(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_entry_t **e_p);
+/* Drop one reference; idle entries beyond the bounds are deregistered. */
+void loom_rcache_put(loom_rcache_t *rc, loom_rc_entry_t *e);
+/* Deregister everything (referenced entries too: the owner is going away). */
+void loom_rcache_fini(loom_rcache_t *rc);
+
+#endif

@@ -1,0 +1,295 @@
+/* ib_util.c - pure helpers of the verbs transport (see ib_util.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ib_util.h"
+
+/* ---- LOOM_IB_HCA ------------------------------------------------------------ */
+
+int loom_ib_hca_parse(const char *text, loom_ib_hca_list_t *l, char *err, size_t errlen)
+{
+    memset(l, 0, sizeof(*l));
+    if (text == NULL)
+        return 0;
+    const char *p = text;
+    while (*p == ' ')
+        p++;
+    if (*p == '^') {
+        l->exclude = 1;
+        p++;
+    }
+    if (*p == '=') {
+        l->exact = 1;
+        p++;
+    }
+    if (*p == '\0') {
+        if (l->exclude || l->exact) {
+            snprintf(err, errlen, "LOOM_IB_HCA=\"%s\" names no device", text);
+            return -1;
+        }
+        return 0;
+    }
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t itemlen = end ? (size_t)(end - p) : strlen(p);
+        const char *colon = memchr(p, ':', itemlen);
+        size_t namelen = colon ? (size_t)(colon - p) : itemlen;
+        if (namelen == 0 || namelen >= sizeof(l->v[0].name)) {
+            snprintf(err, errlen, "LOOM_IB_HCA=\"%s\": bad device name in \"%.*s\"", text,
+                     (int)itemlen, p);
+            return -1;
+        }
+        if (l->n == LOOM_IB_HCA_MAX) {
+            snprintf(err, errlen, "LOOM_IB_HCA=\"%s\": more than %d entries", text,
+                     LOOM_IB_HCA_MAX);
+            return -1;
+        }
+        loom_ib_hca_spec_t *s = &l->v[l->n];
+        memcpy(s->name, p, namelen);
+        s->name[namelen] = '\0';
+        s->port = -1;
+        if (colon) {
+            const char *q = colon + 1;
+            long port = 0;
+            int digits = 0;
+            while (q < p + itemlen && *q >= '0' && *q <= '9' && port < 1000) {
+                port = port * 10 + (*q - '0');
+                q++;
+                digits++;
+            }
+            if (!digits || q != p + itemlen || port < 1 || port > 255) {
+                snprintf(err, errlen, "LOOM_IB_HCA=\"%s\": bad port in \"%.*s\" (a number "
+                         "from 1)", text, (int)itemlen, p);
+                return -1;
+            }
+            s->port = (int)port;
+        }
+        l->n++;
+        p += itemlen;
+        if (*p == ',') {
+            p++;
+            if (*p == '\0') {
+                snprintf(err, errlen, "LOOM_IB_HCA=\"%s\": empty entry after ','", text);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+int loom_ib_hca_match(const loom_ib_hca_list_t *l, const char *dev, int port)
+{
+    if (l->n == 0)
+        return 1;
+    int listed = 0;
+    for (int i = 0; i < l->n && !listed; i++) {
+        const loom_ib_hca_spec_t *s = &l->v[i];
+        int name_ok = l->exact ? strcmp(s->name, dev) == 0
+                               : strncmp(s->name, dev, strlen(s->name)) == 0;
+        listed = name_ok && (s->port < 0 || s->port == port);
+    }
+    return l->exclude ? !listed : listed;
+}
+
+/* ---- GIDs ------------------------------------------------------------------- */
+
+int loom_ib_gid_is_zero(const uint8_t gid[16])
+{
+    for (int i = 0; i < 16; i++)
+        if (gid[i])
+            return 0;
+    return 1;
+}
+
+static int gid_is_v4mapped(const uint8_t gid[16])
+{
+    static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    return memcmp(gid, prefix, 12) == 0;
+}
+
+static int gid_is_linklocal(const uint8_t gid[16])
+{
+    return gid[0] == 0xfe && (gid[1] & 0xc0) == 0x80;
+}
+
+void loom_ib_gid_format(const uint8_t gid[16], char out[40])
+{
+    for (int i = 0; i < 8; i++)
+        snprintf(out + 5 * i, 6, i < 7 ? "%02x%02x:" : "%02x%02x", gid[2 * i], gid[2 * i + 1]);
+}
+
+int loom_ib_gid_parse(const char *text, uint8_t gid[16])
+{
+    for (int i = 0; i < 8; i++) {
+        unsigned hi, lo;
+        if (sscanf(text + 5 * i, "%2x%2x", &hi, &lo) != 2)
+            return -1;
+        if (i < 7 && text[5 * i + 4] != ':')
+            return -1;
+        gid[2 * i] = (uint8_t)hi;
+        gid[2 * i + 1] = (uint8_t)lo;
+    }
+    return text[39] == '\0' || text[39] == ' ' ? 0 : -1;
+}
+
+int loom_ib_choose_gid(const uint8_t (*gids)[16], const int *types, int n, int forced,
+                       const uint8_t *pref, char *err, size_t errlen)
+{
+    if (forced >= 0) {
+        if (forced >= n || loom_ib_gid_is_zero(gids[forced])) {
+            snprintf(err, errlen, "LOOM_IB_GID_INDEX=%d: no such GID on the port (%d entries)",
+                     forced, n);
+            return -1;
+        }
+        return forced;
+    }
+    /* Scores: the address the job uses carried by a RoCE v2 entry wins, then any
+     * routable (non-link-local) v2 entry, then entries whose type is unknown
+     * ranked the same way (no sysfs: an IPv4-mapped GID is RoCE v2 in practice),
+     * and RoCE v1 only as a last resort. */
+    int best = -1, best_score = 0;
+    for (int i = 0; i < n; i++) {
+        if (loom_ib_gid_is_zero(gids[i]))
+            continue;
+        int score;
+        int routable = gid_is_v4mapped(gids[i]) || !gid_is_linklocal(gids[i]);
+        int is_pref = pref && memcmp(gids[i], pref, 16) == 0;
+        if (types[i] == 2)
+            score = is_pref ? 60 : routable ? 50 : 20;
+        else if (types[i] == 0)
+            score = is_pref ? 55 : gid_is_v4mapped(gids[i]) ? 45 : routable ? 30 : 10;
+        else
+            score = 5;
+        if (score > best_score) {
+            best = i;
+            best_score = score;
+        }
+    }
+    if (best < 0)
+        snprintf(err, errlen, "the port's GID table is empty (no IP address on the RoCE "
+                 "interface?); set LOOM_IB_GID_INDEX");
+    return best;
+}
+
+/* ---- GPUDirect -------------------------------------------------------------- */
+
+static void say(char *why, size_t whylen, const char *text)
+{
+    if (why && whylen)
+        snprintf(why, whylen, "%s", text);
+}
+
+loom_gdr_path_t loom_gdr_decide(const loom_gdr_caps_t *c, char *why, size_t whylen)
+{
+    if (!c->device_buffer) {
+        say(why, whylen, "host memory");
+        return LOOM_GDR_HOST;
+    }
+    if (c->forced == 0) {
+        say(why, whylen, "LOOM_NET_GDR=0: GPU buffers are staged through host memory");
+        return LOOM_GDR_STAGING;
+    }
+    /* NCCL's default: GPUDirect only when GPU and HCA are close, since a path
+     * through the CPU root complex is often slower than staging. LOOM_NET_GDR=1
+     * overrides the distance, never the capabilities. */
+    int allowed = c->forced == 1 || c->near;
+    int dmabuf = c->verbs_dmabuf && c->gpu_dmabuf;
+    if (allowed && dmabuf) {
+        say(why, whylen, "GPUDirect RDMA through dma-buf");
+        return LOOM_GDR_DMABUF;
+    }
+    if (allowed && c->peermem) {
+        say(why, whylen, "GPUDirect RDMA through nvidia-peermem");
+        return LOOM_GDR_PEERMEM;
+    }
+    if (c->forced == 1) {
+        say(why, whylen, "LOOM_NET_GDR=1 but neither dma-buf (rdma-core >= 34 and a GPU "
+            "driver that exports dma-bufs) nor the nvidia-peermem module is available");
+        return LOOM_GDR_IMPOSSIBLE;
+    }
+    if (dmabuf || c->peermem)
+        say(why, whylen, "GPU and HCA are not under one PCIe switch: staging through host "
+            "memory (LOOM_NET_GDR=1 forces GPUDirect)");
+    else
+        say(why, whylen, "no GPUDirect RDMA support (no dma-buf, no nvidia-peermem): staging "
+            "through host memory");
+    return LOOM_GDR_STAGING;
+}
+
+const char *loom_gdr_path_name(loom_gdr_path_t p)
+{
+    switch (p) {
+    case LOOM_GDR_HOST: return "host";
+    case LOOM_GDR_DMABUF: return "dmabuf";
+    case LOOM_GDR_PEERMEM: return "peermem";
+    case LOOM_GDR_STAGING: return "staging";
+    case LOOM_GDR_IMPOSSIBLE: return "impossible";
+    }
+    return "?";
+}
+
+/* ---- headers ---------------------------------------------------------------- */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+void loom_ib_hdr_encode(const loom_ib_hdr_t *h, uint8_t out[LOOM_IB_HDR_BYTES])
+{
+    out[0] = LOOM_IB_HDR_MAGIC;
+    out[1] = h->type;
+    out[2] = out[3] = 0;
+    put32(out + 4, h->desc);
+    put64(out + 8, h->tag);
+    put64(out + 16, h->total);
+    put64(out + 24, h->len);
+    put32(out + 32, h->cookie);
+    put32(out + 36, h->peer_cookie);
+    put32(out + 40, h->rkey);
+    put32(out + 44, 0);
+    put64(out + 48, h->addr);
+}
+
+int loom_ib_hdr_decode(const uint8_t in[LOOM_IB_HDR_BYTES], loom_ib_hdr_t *h)
+{
+    if (in[0] != LOOM_IB_HDR_MAGIC || in[1] < LOOM_IB_EAGER || in[1] > LOOM_IB_CTS ||
+        in[2] != 0 || in[3] != 0 || get32(in + 44) != 0)
+        return -1;
+    h->type = in[1];
+    h->desc = get32(in + 4);
+    h->tag = get64(in + 8);
+    h->total = get64(in + 16);
+    h->len = get64(in + 24);
+    h->cookie = get32(in + 32);
+    h->peer_cookie = get32(in + 36);
+    h->rkey = get32(in + 40);
+    h->addr = get64(in + 48);
+    if (h->len > (UINT64_C(1) << 40))
+        return -1;   /* no honest message is that large (as LOOM_FRAME_MAX_LEN) */
+    return 0;
+}
