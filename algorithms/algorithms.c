@@ -36,6 +36,7 @@ const loom_algo_t loom_algorithms[] = {
     { LOOM_COLL_SCATTER, "linear", loom_scatter_linear, NULL },
     { LOOM_COLL_BARRIER, "dissemination", loom_barrier_dissemination, NULL },
     { LOOM_COLL_ALLREDUCE, "direct", loom_allreduce_direct, loom_direct_can_run },
+    { LOOM_COLL_ALLREDUCE, "staged", loom_allreduce_staged, loom_staged_can_run },
     { LOOM_COLL_BROADCAST, "direct", loom_broadcast_direct, loom_direct_can_run },
     { LOOM_COLL_ALLGATHER, "direct", loom_allgather_direct, loom_direct_can_run },
 };
@@ -108,17 +109,26 @@ static const crossover_t crossovers[] = {
  * links per rank, the hierarchical one 2(M-1)/M of a 1/L slice). */
 #define HIERARCHICAL_MIN_BYTES ((size_t)256 << 10)
 
-/* Inside one node with cross-memory attach, the direct algorithms (one copy
- * of every byte, read from the buffer that holds it) from these sizes up;
- * below them a few small messages cost less than their address swap and
- * fences. Measured with loom-perf on 4 ranks, 2 cores (README). */
+/* Inside one node, over shared memory: the direct algorithms (each byte
+ * copied once, by cross-memory attach, from the buffer that holds it) and
+ * the staged allreduce (two memcpys through the node's staging windows, in
+ * chunks that stay in cache) from these sizes up, first row that fits and
+ * can run. Below them a few small messages cost less than their address
+ * swap and fences. loom-perf allreduce, 2-core VM, each algorithm forced,
+ * us per call (shared memory; machine not idle):
+ *            64 KiB: recdbl/rab/direct/staged  256 KiB          1 MiB           64 MiB
+ *   2 ranks  61 / 75 / 72 / 67                 95/92/90/98      325/291/261/273 37372/24647/22166/23702
+ *   4 ranks  157 / 209 / 208 / 205             356/343/317/227  1147/1180/915/620 131122/77516/60926/51988 */
 static const struct {
     loom_coll_t coll;
+    int min_ranks;
     size_t min_bytes;
+    const char *name;
 } direct_from[] = {
-    { LOOM_COLL_ALLREDUCE, (size_t)64 << 10 },
-    { LOOM_COLL_BROADCAST, (size_t)32 << 10 },
-    { LOOM_COLL_ALLGATHER, (size_t)64 << 10 },
+    { LOOM_COLL_ALLREDUCE, 3, (size_t)256 << 10, "staged" },
+    { LOOM_COLL_ALLREDUCE, 1, (size_t)256 << 10, "direct" },
+    { LOOM_COLL_BROADCAST, 1, (size_t)32 << 10, "direct" },
+    { LOOM_COLL_ALLGATHER, 1, (size_t)64 << 10, "direct" },
 };
 
 void loom_ctx_set_topology(loom_ctx_t *ctx, const int *node_of, int node_count)
@@ -179,9 +189,10 @@ const loom_algo_t *loom_algo_select(const loom_ctx_t *ctx, const loom_coll_args_
     if (a->coll == LOOM_COLL_ALLGATHER)
         bytes = mul_sat(bytes, (size_t)ctx->size);
     for (size_t i = 0; i < sizeof(direct_from) / sizeof(direct_from[0]); i++) {
-        if (direct_from[i].coll != a->coll || bytes < direct_from[i].min_bytes)
+        if (direct_from[i].coll != a->coll || bytes < direct_from[i].min_bytes ||
+            ctx->size < direct_from[i].min_ranks)
             continue;
-        algo = loom_algo_find(a->coll, "direct");
+        algo = loom_algo_find(a->coll, direct_from[i].name);
         if (runnable(algo, ctx, a))
             goto out;
     }

@@ -106,6 +106,9 @@ loom_status_t loom_p2p_sendrecv(loom_ctx_t *ctx, int dst, const void *sbuf, size
  * and a copy of bytes at address addr of peer into buf. */
 int loom_p2p_can_read(const loom_ctx_t *ctx, int peer);
 loom_status_t loom_p2p_read(loom_ctx_t *ctx, int peer, void *buf, uint64_t addr, size_t bytes);
+/* The staging window of peer (ourselves included) mapped in our memory, or
+ * NULL when the transport gives none; *len_p: its size. */
+void *loom_p2p_window(const loom_ctx_t *ctx, int peer, size_t *len_p);
 /* out = a (op) b through src/reduce.h, shown as a "reduce" span in LOOM_TIMELINE. */
 void loom_ctx_reduce(loom_ctx_t *ctx, void *out, const void *a, const void *b, size_t count,
                      loom_dtype_t dt, loom_op_t op);
@@ -182,5 +185,7 @@ int loom_direct_can_run(const loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_allreduce_direct(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_broadcast_direct(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_allgather_direct(loom_ctx_t *ctx, const loom_coll_args_t *a);
+int loom_staged_can_run(const loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_allreduce_staged(loom_ctx_t *ctx, const loom_coll_args_t *a);
 
 #endif

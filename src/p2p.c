@@ -109,6 +109,14 @@ int loom_p2p_can_read(const loom_ctx_t *ctx, int peer)
            ctx->tp_ops->peer_readable(ctx->tp, ctx->rank_map ? ctx->rank_map[peer] : peer);
 }
 
+void *loom_p2p_window(const loom_ctx_t *ctx, int peer, size_t *len_p)
+{
+    const loom_transport_ops_t *ops = ctx->tp_ops;
+    if (!ops || ops->size < sizeof(loom_transport_ops_t) || !ops->window)
+        return NULL;
+    return ops->window(ctx->tp, ctx->rank_map ? ctx->rank_map[peer] : peer, len_p);
+}
+
 loom_status_t loom_p2p_read(loom_ctx_t *ctx, int peer, void *buf, uint64_t addr, size_t bytes)
 {
     loom_status_t st = check_peer(ctx, peer);

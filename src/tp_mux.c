@@ -79,6 +79,12 @@ static loom_status_t mux_peer_read(loom_tp_t *m, int peer, void *buf, uint64_t a
     return m->ops[i]->peer_read(m->tps[i], peer, buf, addr, len);
 }
 
+static void *mux_window(loom_tp_t *m, int peer, size_t *len_p)
+{
+    int i = m->route[peer];
+    return m->ops[i]->window ? m->ops[i]->window(m->tps[i], peer, len_p) : NULL;
+}
+
 static void mux_abort(loom_tp_t *m, loom_status_t why)
 {
     for (int i = 0; i < m->ntp; i++)
@@ -105,4 +111,5 @@ const loom_transport_ops_t loom_mux_transport = {
     .destroy = mux_destroy,
     .peer_readable = mux_peer_readable,
     .peer_read = mux_peer_read,
+    .window = mux_window,
 };

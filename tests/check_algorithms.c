@@ -1022,6 +1022,22 @@ static const loom_transport_ops_t readable_transport = {
     .peer_read = never_read,
 };
 
+static void *some_window(loom_tp_t *tp, int peer, size_t *len_p)
+{
+    static char window[4096];
+    (void)tp, (void)peer;
+    *len_p = sizeof(window);
+    return window;
+}
+
+static const loom_transport_ops_t windowed_transport = {
+    .size = sizeof(loom_transport_ops_t),
+    .name = "windowed",
+    .peer_readable = always_readable,
+    .peer_read = never_read,
+    .window = some_window,
+};
+
 START_TEST(test_select)
 {
     static const int sizes[] = { 1, 2, 3, 8, 64, 1000 };
@@ -1108,10 +1124,19 @@ START_TEST(test_select)
     ctx.tp_ops = &readable_transport;
     ctx.tp = NULL;
     loom_ctx_set_topology(&ctx, one_node, 1);
-    r.count = 16 << 10;   /* 64 KiB */
+    r.count = 64 << 10;   /* 256 KiB */
     ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "direct");
+    r.count = 16 << 10;   /* 64 KiB: a few messages are cheaper */
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "rabenseifner");
     r.count = 1024;
     ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "recdbl");
+    /* with staging windows: staged from 3 ranks, direct on 2 */
+    ctx.tp_ops = &windowed_transport;
+    r.count = 64 << 10;
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "staged");
+    ctx.size = 2;
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "direct");
+    ctx.size = 8;
     bc.count = 8 << 10;   /* 32 KiB */
     ck_assert_str_eq(loom_algo_select(&ctx, &bc, NULL)->name, "direct");
     g.count = 2048;       /* 64 KiB gathered */

@@ -44,6 +44,7 @@ struct world {
     int nposted;               /* receives posted and not matched yet, in all lists */
     int nmatched;              /* requests on the ranks' matched lists */
     loom_tp_t *tps;            /* [rank] */
+    char *windows;             /* [rank]: HARNESS_WINDOW bytes of staging window each */
 };
 
 /* Fill receive r from a message (lock held). On a mismatch the sender's
@@ -275,6 +276,15 @@ static void h_destroy(loom_tp_t *tp, double timeout_s)
 {
 }
 
+/* Small, so the staged algorithms go through many chunks even in unit tests. */
+#define HARNESS_WINDOW 4096
+
+static void *h_window(loom_tp_t *tp, int peer, size_t *len_p)
+{
+    *len_p = HARNESS_WINDOW;
+    return peer >= 0 && peer < tp->w->n ? tp->w->windows + (size_t)peer * HARNESS_WINDOW : NULL;
+}
+
 /* Ranks are threads of one process: a peer's memory is ours to read. */
 static int h_peer_readable(loom_tp_t *tp, int peer)
 {
@@ -304,6 +314,7 @@ const loom_transport_ops_t loom_harness_transport = {
     .destroy = h_destroy,
     .peer_readable = h_peer_readable,
     .peer_read = h_peer_read,
+    .window = h_window,
 };
 
 typedef struct rank_thread {
@@ -349,8 +360,9 @@ int loom_harness_run_nodes(int nranks, int flags, int per_node,
     w.queue = calloc((size_t)nranks * (size_t)nranks, sizeof(*w.queue));
     w.posted = calloc((size_t)nranks * (size_t)nranks, sizeof(*w.posted));
     w.tps = calloc((size_t)nranks, sizeof(*w.tps));
+    w.windows = calloc((size_t)nranks, HARNESS_WINDOW);
     threads = calloc((size_t)nranks, sizeof(*threads));
-    if (w.queue == NULL || w.posted == NULL || w.tps == NULL || threads == NULL)
+    if (w.queue == NULL || w.posted == NULL || w.tps == NULL || w.windows == NULL || threads == NULL)
         goto free_world;
     pthread_mutex_init(&w.lock, NULL);
     pthread_cond_init(&w.cond, NULL);
@@ -406,6 +418,7 @@ int loom_harness_run_nodes(int nranks, int flags, int per_node,
     pthread_mutex_destroy(&w.lock);
 free_world:
     free(threads);
+    free(w.windows);
     free(w.tps);
     free(w.posted);
     free(w.queue);

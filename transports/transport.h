@@ -86,6 +86,10 @@ typedef struct loom_transport_ops {
      * peer; peer_read copies len bytes at the peer's address addr into buf. */
     int (*peer_readable)(loom_tp_t *tp, int peer);
     loom_status_t (*peer_read)(loom_tp_t *tp, int peer, void *buf, uint64_t addr, size_t len);
+    /* Optional (may be NULL): a memory window of peer (ourselves included)
+     * mapped in our address space, that node-local algorithms stage data in;
+     * NULL when that peer has none. *len_p: its size. */
+    void *(*window)(loom_tp_t *tp, int peer, size_t *len_p);
 } loom_transport_ops_t;
 
 extern const loom_transport_ops_t loom_tcp_transport;

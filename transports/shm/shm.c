@@ -45,6 +45,9 @@
 #define CHUNK_BYTES (RING_BYTES / 4)
 #define SEGMENT_MAGIC UINT64_C(0x4c4f4f4d53484d31)   /* "LOOMSHM1" */
 #define LIVENESS_CHECK_S 0.1
+/* After the rings: a window that node-local algorithms stage data in, which
+ * every peer maps. Its pages are only touched when an algorithm uses it. */
+#define WINDOW_BYTES ((size_t)2 << 20)
 
 enum { REC_PAD = 1, REC_EAGER, REC_START, REC_CONT, REC_RTS, REC_FIN, REC_BYE };
 /* segment_t.closed: a broken owner will never answer again, so its peers
@@ -173,7 +176,7 @@ static loom_status_t shm_create(const loom_tp_params_t *p, char *addr, size_t ad
     tp->probe = SEGMENT_MAGIC ^ (uint64_t)getpid();
     tp->use_cma = p->settings ? p->settings->shm_cma : 1;
     tp->peers = calloc((size_t)p->size, sizeof(shm_peer_t));
-    tp->seg_bytes = sizeof(segment_t) + (size_t)p->size * sizeof(ring_t);
+    tp->seg_bytes = sizeof(segment_t) + (size_t)p->size * sizeof(ring_t) + WINDOW_BYTES;
     if (!tp->peers) {
         free(tp);
         return loom_err_set(p->err, LOOM_ERR_NO_MEMORY, "out of memory");
@@ -354,6 +357,21 @@ static int shm_peer_readable(loom_tp_t *tp, int peer)
     /* Both ways, so the two ranks agree on which algorithms can run. */
     return peer >= 0 && peer < tp->size && tp->peers[peer].local &&
            tp->peers[peer].cma_to_peer && atomic_load(&tp->seg->rings[peer].consumer_cma);
+}
+
+static void *window_of(segment_t *seg, size_t seg_bytes)
+{
+    return (char *)seg + seg_bytes - WINDOW_BYTES;
+}
+
+static void *shm_window(loom_tp_t *tp, int peer, size_t *len_p)
+{
+    *len_p = WINDOW_BYTES;
+    if (peer == tp->rank)
+        return window_of(tp->seg, tp->seg_bytes);
+    if (peer < 0 || peer >= tp->size || !tp->peers[peer].local)
+        return NULL;
+    return window_of(tp->peers[peer].seg, tp->peers[peer].seg_bytes);
 }
 
 static loom_status_t shm_peer_read(loom_tp_t *tp, int peer, void *buf, uint64_t addr, size_t len)
@@ -897,4 +915,5 @@ const loom_transport_ops_t loom_shm_transport = {
     .destroy = shm_destroy,
     .peer_readable = shm_peer_readable,
     .peer_read = shm_peer_read,
+    .window = shm_window,
 };
