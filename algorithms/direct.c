@@ -200,7 +200,8 @@ loom_status_t loom_allgather_direct(loom_ctx_t *ctx, const loom_coll_args_t *a)
  * staged allreduce: the vector goes through the node-wide staging windows the
  * transport shares (every rank maps every peer's), in chunks of half a window
  * so that two chunks alternate:
- *  1. each rank copies its chunk into its window;              fence
+ *  1. each rank copies its chunk into its window (but for its own slice,
+ *     which only it reads, straight from its input);          fence
  *  2. rank i reduces slice i of the chunk from all windows into slice i of
  *     its own window (read in place: no per-peer copy at all);  fence
  *  3. every rank copies all the reduced slices from their owners' windows.
@@ -246,14 +247,18 @@ loom_status_t loom_allreduce_staged(loom_ctx_t *ctx, const loom_coll_args_t *a)
     for (size_t off = 0, k = 0; off < a->count && st == LOOM_SUCCESS; off += chunk, k++) {
         const size_t m = a->count - off < chunk ? a->count - off : chunk;
         const size_t base = (k & 1) * half;
-        memcpy(win[me] + base, in + off * es, m * es);
+        size_t first, mine = slice(m, n, me, &first);
+        /* Peers read every slice but ours from our window; ours we read from in. */
+        memcpy(win[me] + base, in + off * es, first * es);
+        memcpy(win[me] + base + (first + mine) * es, in + (off + first + mine) * es,
+               (m - first - mine) * es);
         if ((st = fence(ctx, step++)) != LOOM_SUCCESS)
             break;
-        size_t first, mine = slice(m, n, me, &first);
         char *acc = win[me] + base + first * es;
         for (int j = 1; j < n && mine; j++) {
             int p = (me + j) % n;
-            loom_ctx_reduce(ctx, acc, acc, win[p] + base + first * es, mine, a->dtype, a->op);
+            loom_ctx_reduce(ctx, acc, j == 1 ? in + (off + first) * es : acc,
+                            win[p] + base + first * es, mine, a->dtype, a->op);
         }
         if (a->op == LOOM_AVG && mine)
             loom_reduce_avg_finalize(acc, mine, a->dtype, n);
