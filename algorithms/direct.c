@@ -16,6 +16,9 @@
  * the other slices from their owners' outputs (an allgather).
  */
 #include <string.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #include "algorithms.h"
 #include "reduce.h"
@@ -211,6 +214,39 @@ loom_status_t loom_allgather_direct(loom_ctx_t *ctx, const loom_coll_args_t *a)
  * the fence of step 1 of the one between, by which time every rank has
  * copied out of it; a last fence keeps windows steady until everybody is done.
  */
+/* memcpy with non-temporal stores where the CPU has them: the result is not
+ * read again during the collective, and a normal store would first read
+ * every destination line from memory (half of the copy's memory traffic). */
+static void copy_out(char *dst, const char *src, size_t len)
+{
+#if defined(__x86_64__)
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+    if (len < 256 + head) {
+        memcpy(dst, src, len);
+        return;
+    }
+    memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    len -= head;
+    size_t body = len & ~(size_t)63;
+    for (size_t i = 0; i < body; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+        _mm_stream_si128((__m128i *)(dst + i), a);
+        _mm_stream_si128((__m128i *)(dst + i + 16), b);
+        _mm_stream_si128((__m128i *)(dst + i + 32), c);
+        _mm_stream_si128((__m128i *)(dst + i + 48), d);
+    }
+    memcpy(dst + body, src + body, len - body);
+    _mm_sfence();   /* streamed stores are ordered before whatever we do next */
+#else
+    memcpy(dst, src, len);
+#endif
+}
+
 int loom_staged_can_run(const loom_ctx_t *ctx, const loom_coll_args_t *a)
 {
     (void)a;
@@ -268,7 +304,7 @@ loom_status_t loom_allreduce_staged(loom_ctx_t *ctx, const loom_coll_args_t *a)
             int p = (me + j) % n;
             size_t pfirst, pcount = slice(m, n, p, &pfirst);
             if (pcount)
-                memcpy(out + (off + pfirst) * es, win[p] + base + pfirst * es, pcount * es);
+                copy_out(out + (off + pfirst) * es, win[p] + base + pfirst * es, pcount * es);
         }
     }
     return st == LOOM_SUCCESS ? fence(ctx, step) : st;
