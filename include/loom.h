@@ -102,6 +102,48 @@ LOOM_API loom_status_t loom_comm_destroy(loom_comm_t c);
  *  meant to be called from another thread than the one blocked in a collective. */
 LOOM_API loom_status_t loom_comm_abort(loom_comm_t c);
 
+/* ---- Elastic jobs. ---------------------------------------------------------
+ * With LOOM_ELASTIC=1 (loomrun --elastic sets it) loom_init forms the world
+ * communicator through a membership round in the store instead of a fixed
+ * rank count, and it belongs to epoch 0. A process started later with
+ * LOOM_ELASTIC=1 joins the same way: its loom_init returns once the members
+ * rebuild (loom_comm_join_pending tells them someone waits), bounded by
+ * LOOM_ELASTIC_TIMEOUT (default LOOM_TIMEOUT). The store must be served
+ * outside the ranks (loomrun, loom-store, redis): rank 0 does not serve it.
+ * LOOM_ELASTIC_ID names the process for the launcher (else the store numbers
+ * it); LOOM_ELASTIC_MIN_NP is the fewest ranks an epoch may have (default 1).
+ * A typical loop: on any failure, roll back to the last commit, call
+ * loom_comm_rebuild, destroy the old communicator, broadcast the committed
+ * state from rank 0 (a survivor), carry on. */
+
+/** Give up on c for every rank: every pending and later call on c fails with
+ *  LOOM_ERR_PEER_LOST, here at once and, when c is elastic, on every other
+ *  rank within a fraction of a second (the epoch is marked revoked in the
+ *  store, which a watcher thread of each rank reads). An elastic communicator
+ *  also revokes itself when one of its calls fails. Thread-safe. */
+LOOM_API loom_status_t loom_comm_revoke(loom_comm_t c);
+/** Form the next epoch of the elastic communicator old (revoking old first):
+ *  the members of old that call it and any processes waiting to join agree on
+ *  the membership through the store, and *out gets the new communicator.
+ *  Members keep their relative order and come first (so rank 0 of the new
+ *  epoch is a member of the old one whenever any is left); newcomers follow.
+ *  The round waits for every member of old that the launcher has not reported
+ *  dead; one that does not come within LOOM_ELASTIC_TIMEOUT is left out when
+ *  at least LOOM_ELASTIC_MIN_NP ranks are there, else the call fails with
+ *  LOOM_ERR_TIMEOUT naming who was waited for. A member that dies during the
+ *  rebuild sends the others on to the following round. A process left out of
+ *  an epoch is stale: its rebuild fails with LOOM_ERR_ABORTED ("stale rank"),
+ *  and its connections are refused by the new epoch's handshake. old stays
+ *  valid (revoked) until loom_comm_destroy. */
+LOOM_API loom_status_t loom_comm_rebuild(loom_comm_t old, loom_comm_t *out);
+/** The epoch of c: 0 for the first elastic communicator (and any that is not
+ *  elastic), one more for each loom_comm_rebuild round that formed. */
+LOOM_API uint64_t loom_comm_epoch(loom_comm_t c);
+/** Collective over c: *pending is the number of processes waiting to join
+ *  the next epoch, the same on every rank; call it at a commit point and
+ *  rebuild when it is > 0. 0 for a communicator that is not elastic. */
+LOOM_API loom_status_t loom_comm_join_pending(loom_comm_t c, int *pending);
+
 LOOM_API int loom_comm_rank(loom_comm_t c);
 LOOM_API int loom_comm_size(loom_comm_t c);
 LOOM_API int loom_comm_local_rank(loom_comm_t c);

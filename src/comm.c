@@ -119,6 +119,11 @@ static void store_unref(loom_store_ref_t *ref)
     }
 }
 
+void loom_store_ref_release(loom_store_ref_t *ref)
+{
+    store_unref(ref);
+}
+
 static loom_comm_t comm_alloc(void)
 {
     loom_comm_t c = calloc(1, sizeof(*c));
@@ -470,6 +475,31 @@ err_free:
     return st;
 }
 
+loom_status_t loom_comm_form(const loom_settings_t *cfg, int rank, int size,
+                             loom_store_ref_t *store, const char *prefix, loom_comm_t *out,
+                             loom_err_t *err)
+{
+    loom_comm_t c = comm_alloc();
+    if (!c)
+        return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+    c->cfg = *cfg;
+    c->rank = rank;
+    c->size = size;
+    loom_err_clear(&c->work_err);
+    snprintf(c->prefix, sizeof(c->prefix), "%s", prefix);
+    c->store = store;
+    atomic_fetch_add(&store->refs, 1);
+    loom_status_t st = comm_finish(c);
+    if (st != LOOM_SUCCESS) {
+        loom_err_set(err, st, "%s", c->work_err.msg[0] ? c->work_err.msg : loom_strerror(st));
+        store_unref(c->store);
+        comm_free(c);
+        return st;
+    }
+    *out = c;
+    return LOOM_SUCCESS;
+}
+
 LOOM_API loom_status_t loom_init(loom_comm_t *comm)
 {
     if (!comm)
@@ -483,6 +513,12 @@ LOOM_API loom_status_t loom_init(loom_comm_t *comm)
         return loom_global_fail(st, "loom_init: %s", err.msg);
     LOOM_INFO("init", "rank %d of %d from %s variables, store %s", b.rank, b.size, b.source,
               b.store[0] ? b.store : "(none)");
+    const char *elastic = getenv("LOOM_ELASTIC");
+    if (elastic && strcmp(elastic, "1") == 0) {
+        if ((st = loom_elastic_init(&cfg, &b, comm, &err)) != LOOM_SUCCESS)
+            return loom_global_fail(st, "loom_init: %s", err.msg);
+        return LOOM_SUCCESS;
+    }
     return create_from(&cfg, b.rank, b.size, b.store, comm);
 }
 
@@ -609,6 +645,7 @@ LOOM_API loom_status_t loom_comm_destroy(loom_comm_t c)
 {
     if (!c)
         return LOOM_SUCCESS;
+    loom_elastic_detach(c);   /* its watcher may still abort the transport */
     /* Queued operations finish first (or fail within LOOM_TIMEOUT). */
     loom_comm_stop_worker(c);
     if (c->tp)

@@ -65,6 +65,7 @@ struct loom_comm {
     int worker_started, stopping;
     pthread_t worker;
     _Atomic int aborted;
+    struct loom_elastic *elastic; /* epoch and watcher of an elastic communicator (elastic.c) */
 };
 
 /* Record a failure of a public call as the communicator's last error. */
@@ -82,5 +83,17 @@ void loom_comm_publish_error(loom_comm_t c, loom_status_t st);
 loom_status_t loom_comm_execute(loom_comm_t c, struct loom_request *op, int wait);
 /* Stop the worker after it finished everything queued (destroy). */
 void loom_comm_stop_worker(loom_comm_t c);
+
+/* Form a communicator on an open store under prefix (elastic.c forms each
+ * epoch this way); takes its own reference on store. */
+loom_status_t loom_comm_form(const loom_settings_t *cfg, int rank, int size,
+                             loom_store_ref_t *store, const char *prefix, loom_comm_t *out,
+                             loom_err_t *err);
+void loom_store_ref_release(loom_store_ref_t *ref);
+/* elastic.c: the world communicator of an elastic job (LOOM_ELASTIC=1), and
+ * the release of a communicator's elastic state (its watcher thread). */
+loom_status_t loom_elastic_init(const loom_settings_t *cfg, const loom_bootstrap_t *b,
+                                loom_comm_t *out, loom_err_t *err);
+void loom_elastic_detach(loom_comm_t c);
 
 #endif

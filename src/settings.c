@@ -39,6 +39,8 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_NET_GDR", NULL, "GPUDirect RDMA for GPU buffers: 1 forces, 0 stages through host memory (else when GPU and HCA are close)"},
     {"LOOM_CUDA_CHUNK_BYTES", "4194304", "GPU buffers: bytes per pass through the pinned host staging buffers, the same on every rank (builds with CUDA)"},
     {"LOOM_IB_REG_CACHE", "1073741824", "bytes of idle memory registrations ibverbs keeps for reuse; 0 registers per message"},
+    {"LOOM_IB_TC", "0", "traffic class of ibverbs packets (RoCE: DSCP << 2, e.g. 106 for a lossless class)"},
+    {"LOOM_IB_SL", "0", "InfiniBand service level (RoCE: priority) of ibverbs queue pairs"},
     {"LOOM_DEBUG", NULL, "WARN|INFO|TRACE log level (stderr)"},
     {"LOOM_DEBUG_SUBSYS", NULL, "comma list of subsystems to log: init,tcp,store,coll"},
     {"LOOM_DEBUG_FILE", NULL, "log to this file instead of stderr (%h host, %p pid)"},
@@ -212,6 +214,12 @@ loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *a
     if ((st = int_setting(get, arg, "LOOM_IB_REG_CACHE", 0, LONG_MAX, &v, err)) != LOOM_SUCCESS)
         return st;
     s->ib_reg_cache = (size_t)v;
+    if ((st = int_setting(get, arg, "LOOM_IB_TC", 0, 255, &v, err)) != LOOM_SUCCESS)
+        return st;
+    s->ib_tc = (int)v;
+    if ((st = int_setting(get, arg, "LOOM_IB_SL", 0, 15, &v, err)) != LOOM_SUCCESS)
+        return st;
+    s->ib_sl = (int)v;
 
     /* The job id keeps jobs sharing a store (or a stale file:// directory) apart. */
     static const char *const job_vars[] = {"LOOM_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"};

@@ -10,6 +10,11 @@ int main(void)
     srunner_add_suite(sr, loom_env_suite());
     srunner_add_suite(sr, loom_wire_suite());
     srunner_add_suite(sr, loom_algorithms_suite());
+    srunner_add_suite(sr, loom_ibverbs_suite());
+    srunner_add_suite(sr, loom_elastic_suite());
+#ifdef LOOM_HAVE_CUDA
+    srunner_add_suite(sr, loom_cuda_suite());
+#endif
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

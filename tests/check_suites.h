@@ -9,5 +9,10 @@ Suite *loom_store_redis_suite(void);
 Suite *loom_env_suite(void);
 Suite *loom_wire_suite(void);
 Suite *loom_algorithms_suite(void);
+Suite *loom_ibverbs_suite(void);
+Suite *loom_elastic_suite(void);
+#ifdef LOOM_HAVE_CUDA
+Suite *loom_cuda_suite(void);
+#endif
 
 #endif

@@ -27,6 +27,9 @@
 #include <unistd.h>
 
 #include <loom.h>
+#ifdef LOOM_HAVE_CUDA
+#include <loom_cuda.h>
+#endif
 
 /* Exit codes: results were wrong; bad usage or a Loom error. */
 #define EXIT_WRONG 1
@@ -106,6 +109,7 @@ typedef struct {
     int root;        /* -1: all */
     const char *json, *csv, *plot;
     const char *transport;   /* -t; NULL: LOOM_TRANSPORT or Loom's default */
+    int gpu;                 /* -g: device buffers */
 } opts_t;
 
 static void usage(FILE *f)
@@ -131,7 +135,11 @@ static void usage(FILE *f)
         "                        (nccl-tests' -z 1 means the opposite: wait after each call.)\n"
         "  -a, --average 0..3    time reported: 0 rank 0's, 1 mean (default), 2 min, 3 max\n"
         "                        over the ranks\n"
-        "  -t, --transport NAME  tcp (the only transport so far)\n"
+        "  -t, --transport NAME  tcp, ibverbs or auto (sets LOOM_TRANSPORT); tcp and ibverbs\n"
+        "                        also carry the ranks of one node (LOOM_SHM=0 unless set),\n"
+        "                        so the network is measured\n"
+        "  -g, --gpu             buffers in GPU memory (CUDA builds): local rank k uses\n"
+        "                        GPU k modulo the GPU count; results are checked on the host\n"
         "  -J, --json FILE       also write the results as JSON\n"
         "      --csv FILE        also write the results as CSV\n"
         "      --plot FILE.svg   draw busbw and time against size (SVG)\n"
@@ -246,9 +254,10 @@ static void parse_args(int argc, char **argv, opts_t *o)
         {"blocking", required_argument, 0, 'z'},   {"average", required_argument, 0, 'a'},
         {"transport", required_argument, 0, 't'},  {"json", required_argument, 0, 'J'},
         {"csv", required_argument, 0, OPT_CSV},    {"plot", required_argument, 0, OPT_PLOT},
-        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+        {"help", no_argument, 0, 'h'},             {"gpu", no_argument, 0, 'g'},
+        {0, 0, 0, 0}};
     int saw_f = 0, saw_i = 0, opt;
-    while ((opt = getopt_long(argc, argv, ":b:e:f:i:n:w:c:d:o:r:z:a:t:J:h", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, ":b:e:f:i:n:w:c:d:o:r:z:a:t:J:gh", longopts, NULL)) != -1) {
         switch (opt) {
         case 'b':
             if (parse_size(optarg, &o->minbytes))
@@ -314,13 +323,19 @@ static void parse_args(int argc, char **argv, opts_t *o)
                           optarg);
             break;
         case 't':
-            if (strcmp(optarg, "tcp") != 0 && strcmp(optarg, "auto") != 0)
-                die_usage("transport '%s' is not available: this build of Loom has tcp only",
-                          optarg);
+            if (strcmp(optarg, "tcp") != 0 && strcmp(optarg, "auto") != 0 &&
+                strcmp(optarg, "ibverbs") != 0)
+                die_usage("unknown transport '%s' (tcp, ibverbs or auto)", optarg);
             o->transport = optarg;
             break;
         case 'J':
             o->json = optarg;
+            break;
+        case 'g':
+#ifndef LOOM_HAVE_CUDA
+            die_usage("-g/--gpu: this build of Loom has no CUDA support (configure --with-cuda)");
+#endif
+            o->gpu = 1;
             break;
         case OPT_CSV:
             o->csv = optarg;
@@ -356,9 +371,13 @@ static void parse_args(int argc, char **argv, opts_t *o)
     if (o->minbytes > o->maxbytes)
         die_usage("-b/--minbytes (%zu) is larger than -e/--maxbytes (%zu)", o->minbytes,
                   o->maxbytes);
+    if (o->gpu && (o->coll == C_SENDRECV || o->coll == C_P2P))
+        die_usage("-g/--gpu: %s uses non-blocking send/recv, which GPU buffers do not support",
+                  coll_names[o->coll]);
 }
 
-/* What carries the bytes: "auto" is tcp while tcp is the only transport. */
+/* What carries the bytes, as asked for ("auto" is reported as tcp, its usual outcome
+ * without RDMA devices). */
 static const char *transport_name(const opts_t *o)
 {
     const char *t = o->transport ? o->transport : getenv("LOOM_TRANSPORT");
@@ -526,6 +545,7 @@ typedef struct {
     loom_comm_t comm;
     int rank, n;
     char *sbuf, *rbuf;
+    char *dsbuf, *drbuf;   /* -g: the buffers the calls get; sbuf/rbuf stage and check */
     size_t buf_bytes;
     loom_request_t *reqs;
     int nreq;
@@ -710,7 +730,7 @@ static void issue(bench_t *b, int in_place)
     loom_request_t *q = &b->reqs[b->nreq];
     size_t c = b->count, ts = b->ts;
     int root = b->root, rank = b->rank, n = b->n;
-    char *sb = b->sbuf, *rb = b->rbuf;
+    char *sb = b->o.gpu ? b->dsbuf : b->sbuf, *rb = b->o.gpu ? b->drbuf : b->rbuf;
     const void *in = in_place ? LOOM_IN_PLACE : sb;
     loom_dtype_t dt = b->dt;
     loom_op_t op = b->op;
@@ -924,6 +944,43 @@ static void add_row(bench_t *b, const row_t *w)
     b->rows[b->nrows++] = *w;
 }
 
+/* -g: the prepared inputs to the GPU, the results back for checking. */
+#ifdef LOOM_HAVE_CUDA
+static size_t gpu_bytes(const bench_t *b)
+{
+    size_t bytes = b->count * b->ts * (size_t)b->n;
+    return bytes < b->buf_bytes ? bytes : b->buf_bytes;
+}
+#endif
+
+static void to_device(bench_t *b)
+{
+#ifdef LOOM_HAVE_CUDA
+    cudaError_t e = cudaSuccess;
+    if (b->o.gpu && (e = cudaMemcpy(b->dsbuf, b->sbuf, gpu_bytes(b), cudaMemcpyHostToDevice)) == cudaSuccess)
+        e = cudaMemcpy(b->drbuf, b->rbuf, gpu_bytes(b), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "loom-perf: rank %d: cudaMemcpy: %s\n", b->rank, cudaGetErrorString(e));
+        exit(EXIT_ERROR);
+    }
+#else
+    (void)b;
+#endif
+}
+
+static void from_device(bench_t *b)
+{
+#ifdef LOOM_HAVE_CUDA
+    cudaError_t e;
+    if (b->o.gpu && (e = cudaMemcpy(b->rbuf, b->drbuf, gpu_bytes(b), cudaMemcpyDeviceToHost)) != cudaSuccess) {
+        fprintf(stderr, "loom-perf: rank %d: cudaMemcpy: %s\n", b->rank, cudaGetErrorString(e));
+        exit(EXIT_ERROR);
+    }
+#else
+    (void)b;
+#endif
+}
+
 /* One type x op x root: warm up, then sweep the sizes (nccl-tests' TimeTest). */
 static void time_test(bench_t *b, int type, int op, int root)
 {
@@ -953,11 +1010,15 @@ static void time_test(bench_t *b, int type, int op, int root)
         for (int m = 0; m < 2; m++) {
             /* The first run both synchronises and is the one checked. */
             prepare(b, m);
+            to_device(b);
             issue(b, m);
             complete(b);
+            from_device(b);
             int64_t wrong = checkable(b, m) ? verify(b, m) : 0;
-            if (m == 1 && b->o.check)
+            if (m == 1 && b->o.check) {
                 prepare(b, m);   /* in place, the check run consumed the inputs */
+                to_device(b);
+            }
 
             LCHECK(b, "barrier", loom_barrier(b->comm));
             double t0 = now_s();
@@ -1564,6 +1625,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "loom-perf: setenv: %s\n", strerror(errno));
         return EXIT_ERROR;
     }
+    /* A named network transport is measured between every pair, also inside a node. */
+    if (o->transport && strcmp(o->transport, "auto") != 0 && setenv("LOOM_SHM", "0", 0) != 0) {
+        fprintf(stderr, "loom-perf: setenv: %s\n", strerror(errno));
+        return EXIT_ERROR;
+    }
 
     loom_status_t st = loom_init(&b.comm);
     if (st != LOOM_SUCCESS) {
@@ -1600,6 +1666,25 @@ int main(int argc, char **argv)
     }
     memset(b.sbuf, 0, b.buf_bytes);
     memset(b.rbuf, 0, b.buf_bytes);
+#ifdef LOOM_HAVE_CUDA
+    if (o->gpu) {
+        int ngpus = 0, local = loom_comm_local_rank(b.comm);
+        cudaError_t e = cudaGetDeviceCount(&ngpus);
+        if (e == cudaSuccess && ngpus == 0)
+            e = cudaErrorNoDevice;
+        if (e == cudaSuccess)
+            e = cudaSetDevice((local < 0 ? 0 : local) % ngpus);
+        if (e == cudaSuccess)
+            e = cudaMalloc((void **)&b.dsbuf, b.buf_bytes);
+        if (e == cudaSuccess)
+            e = cudaMalloc((void **)&b.drbuf, b.buf_bytes);
+        if (e != cudaSuccess) {
+            fprintf(stderr, "loom-perf: rank %d: -g: %s\n", b.rank, cudaGetErrorString(e));
+            return EXIT_ERROR;
+        }
+        LCHECK(&b, "loom_comm_set_device", loom_comm_set_device(b.comm, (local < 0 ? 0 : local) % ngpus));
+    }
+#endif
 
     print_header(&b);
 
@@ -1654,6 +1739,12 @@ int main(int argc, char **argv)
     }
     free(b.sbuf);
     free(b.rbuf);
+#ifdef LOOM_HAVE_CUDA
+    if (b.dsbuf)
+        cudaFree(b.dsbuf);
+    if (b.drbuf)
+        cudaFree(b.drbuf);
+#endif
     free(b.reqs);
     free(b.rows);
     free(b.infos);
