@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #endif
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -44,11 +45,27 @@ static _Atomic(cu_attrs_fn) driver_attrs;
  * Loom never loads it (RTLD_NOLOAD) nor initialises it (no cuInit): a CPU-only
  * program keeps a process without CUDA, which it may still fork. Until the
  * driver shows up the lookup is repeated (a cheap dlopen of a loaded name). */
+static int count_loads(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    *(unsigned long long *)data = info->dlpi_adds;
+    return 1;   /* the counter is the same in every entry: one is enough */
+}
+
+/* dlopen of a name that is not loaded still searches the library path (tens
+ * of microseconds, twice per collective); it is only worth repeating once
+ * something new was loaded, which the loader's own counter tells. */
+static _Atomic unsigned long long loads_seen = ~0ULL;
+
 static cu_attrs_fn driver_pointer_attrs(void)
 {
     cu_attrs_fn f = atomic_load(&driver_attrs);
     if (f)
         return f;
+    unsigned long long loads = 0;
+    dl_iterate_phdr(count_loads, &loads);
+    if (loads != 0 && atomic_exchange(&loads_seen, loads) == loads)
+        return NULL;
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
     if (!lib)
         return NULL;
