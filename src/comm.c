@@ -192,6 +192,7 @@ static loom_status_t create_net_transport(loom_comm_t c, const loom_tp_params_t 
         else
             LOOM_WARN("init", "rank %d: ibverbs failed (%s); using TCP", c->rank,
                       params->err->msg);
+        loom_err_clear(params->err);   /* the first failure recorded is what users read */
     }
 #else
     if (strcmp(want, "ibverbs") == 0)
@@ -285,6 +286,7 @@ static loom_status_t rendezvous(loom_comm_t c)
         loom_shm_transport.create(&params, shm_addr, sizeof(shm_addr), &tps[SHM]) != LOOM_SUCCESS) {
         LOOM_WARN("init", "rank %d: no shared memory, ranks of this node talk over the "
                   "network: %s", c->rank, err->msg);
+        loom_err_clear(err);
         snprintf(shm_addr, sizeof(shm_addr), "-");
     }
 
