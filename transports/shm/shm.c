@@ -766,14 +766,15 @@ static loom_status_t check_liveness(loom_tp_t *tp)
         shm_peer_t *peer = &tp->peers[r];
         if (!peer->local || !has_work(peer))
             continue;
-        if (kill(peer->pid, 0) != 0 && errno == ESRCH)
-            return tp_fail(tp, LOOM_ERR_PEER_LOST,
-                           "rank %d lost rank %d: its process (pid %d) exited without "
-                           "loom_comm_destroy", tp->rank, r, (int)peer->pid);
+        /* The flag first: a rank that gave up may have exited by now too. */
         if (atomic_load(&peer->seg->closed) == SEG_BROKEN)
             return tp_fail(tp, LOOM_ERR_PEER_LOST,
                            "rank %d gave up on this communicator (a failed call or "
                            "loom_comm_abort there) while rank %d waits for it", r, tp->rank);
+        if (kill(peer->pid, 0) != 0 && errno == ESRCH)
+            return tp_fail(tp, LOOM_ERR_PEER_LOST,
+                           "rank %d lost rank %d: its process (pid %d) exited without "
+                           "loom_comm_destroy", tp->rank, r, (int)peer->pid);
     }
     return LOOM_SUCCESS;
 }
