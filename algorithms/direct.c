@@ -81,6 +81,16 @@ static loom_status_t fence(loom_ctx_t *ctx, uint32_t step)
     return loom_p2p_waitall(ctx, reqs, nreq);
 }
 
+/* An allreduce with nothing to exchange: one rank, or no elements. */
+static loom_status_t alone(const loom_coll_args_t *a, int n)
+{
+    if (a->count && a->sendbuf != a->recvbuf)
+        memcpy(a->recvbuf, a->sendbuf, a->count * a->esize);
+    if (a->op == LOOM_AVG && a->count)
+        loom_reduce_avg_finalize(a->recvbuf, a->count, a->dtype, n);
+    return LOOM_SUCCESS;
+}
+
 /* Slice b of count elements split n ways (the first count % n get one more). */
 static size_t slice(size_t count, int n, int b, size_t *first_p)
 {
@@ -95,13 +105,8 @@ loom_status_t loom_allreduce_direct(loom_ctx_t *ctx, const loom_coll_args_t *a)
     const size_t es = a->esize;
     const char *in = a->sendbuf;
     char *out = a->recvbuf;
-    if (n == 1 || a->count == 0) {
-        if (in != out && a->count)
-            memcpy(out, in, a->count * es);
-        if (a->op == LOOM_AVG && a->count)
-            loom_reduce_avg_finalize(out, a->count, a->dtype, n);
-        return LOOM_SUCCESS;
-    }
+    if (n == 1 || a->count == 0)
+        return alone(a, n);
     uint64_t addrs[2 * MAX_DIRECT_RANKS];
     loom_status_t st = swap_addrs(ctx, in, out, addrs);
     if (st != LOOM_SUCCESS)
@@ -266,13 +271,8 @@ loom_status_t loom_allreduce_staged(loom_ctx_t *ctx, const loom_coll_args_t *a)
     const size_t es = a->esize;
     const char *in = a->sendbuf;
     char *out = a->recvbuf;
-    if (n == 1 || a->count == 0) {
-        if (in != out && a->count)
-            memcpy(out, in, a->count * es);
-        if (a->op == LOOM_AVG && a->count)
-            loom_reduce_avg_finalize(out, a->count, a->dtype, n);
-        return LOOM_SUCCESS;
-    }
+    if (n == 1 || a->count == 0)
+        return alone(a, n);
     char *win[MAX_DIRECT_RANKS];
     size_t wlen = 0;
     for (int p = 0; p < n; p++)

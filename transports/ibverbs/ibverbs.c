@@ -41,7 +41,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,23 +206,8 @@ static double monotonic_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static loom_status_t tp_fail(loom_tp_t *tp, loom_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static loom_status_t tp_fail(loom_tp_t *tp, loom_status_t st, const char *fmt, ...)
-{
-    if (tp->failed == LOOM_SUCCESS) {
-        char msg[LOOM_ERRMSG_MAX];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
-        va_end(ap);
-        loom_err_set(tp->err, st, "%s", msg);
-        LOOM_INFO("ibverbs", "rank %d: %s", tp->rank, msg);
-        tp->failed = st;
-    }
-    return tp->failed;
-}
+#define tp_fail(tp, st, ...) \
+    loom_tp_fail(&(tp)->failed, (tp)->err, "ibverbs", (tp)->rank, st, __VA_ARGS__)
 
 static uint8_t *recv_slot(loom_tp_t *tp, const ib_peer_t *p, int i)
 {
