@@ -617,6 +617,11 @@ LOOM_API loom_status_t loom_comm_split(loom_comm_t c, int color, int key, loom_c
     }
     st = comm_finish(child);
     child->ctx.timeline_tid = (int)(c->ctx.timeline_tid * 16 + (int)split_id + 1);
+    if (st == LOOM_SUCCESS && (st = loom_elastic_inherit(c, child, &child->work_err)) != LOOM_SUCCESS) {
+        loom_comm_fail(c, st, "loom_comm_split: %s", child->work_err.msg);
+        loom_comm_destroy(child);
+        goto out;
+    }
     if (st != LOOM_SUCCESS) {
         loom_comm_fail(c, st, "loom_comm_split: %s", child->work_err.msg);
         store_unref(child->store);

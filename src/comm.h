@@ -95,5 +95,7 @@ void loom_store_ref_release(loom_store_ref_t *ref);
 loom_status_t loom_elastic_init(const loom_settings_t *cfg, const loom_bootstrap_t *b,
                                 loom_comm_t *out, loom_err_t *err);
 void loom_elastic_detach(loom_comm_t c);
+/* A split of an elastic communicator joins its parent's epoch (revocation both ways). */
+loom_status_t loom_elastic_inherit(loom_comm_t parent, loom_comm_t child, loom_err_t *err);
 
 #endif

@@ -57,6 +57,7 @@ struct loom_elastic {
     uint64_t epoch;
     double timeout_s;           /* LOOM_ELASTIC_TIMEOUT */
     int min_np;                 /* LOOM_ELASTIC_MIN_NP */
+    int derived;                /* a split of an elastic communicator: watched, not rebuilt */
     loom_store_t *watch_store;
     pthread_t watcher;
     int watcher_started;
@@ -480,6 +481,20 @@ static loom_status_t attach(loom_comm_t c, const struct loom_elastic *tmpl, uint
     return LOOM_SUCCESS;
 }
 
+/* A communicator split from an elastic one shares its epoch: the same
+ * revoked key ends its calls, and its own failure revokes the epoch, so a
+ * rank blocked on a split (the Python engine's, say) is freed as fast as one
+ * blocked on the world. */
+loom_status_t loom_elastic_inherit(loom_comm_t parent, loom_comm_t child, loom_err_t *err)
+{
+    if (!parent->elastic || child->size < 2)
+        return LOOM_SUCCESS;
+    loom_status_t st = attach(child, parent->elastic, parent->elastic->epoch, err);
+    if (st == LOOM_SUCCESS)
+        child->elastic->derived = 1;
+    return st;
+}
+
 void loom_elastic_detach(loom_comm_t c)
 {
     struct loom_elastic *e = c->elastic;
@@ -766,6 +781,10 @@ LOOM_API loom_status_t loom_comm_rebuild(loom_comm_t old, loom_comm_t *out)
         return loom_comm_fail(old, LOOM_ERR_INVALID_ARG,
                               "loom_comm_rebuild: not an elastic communicator (start the job "
                               "with loomrun --elastic, or set LOOM_ELASTIC=1 and LOOM_STORE)");
+    if (old->elastic->derived)
+        return loom_comm_fail(old, LOOM_ERR_INVALID_ARG,
+                              "loom_comm_rebuild: this communicator was split from an elastic "
+                              "one: rebuild that one and split the new epoch again");
     /* Whoever is still inside the old epoch must leave it now. */
     loom_comm_revoke(old);
     struct loom_elastic *e = old->elastic;

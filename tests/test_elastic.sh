@@ -18,17 +18,24 @@
 # loomrun job), within a time bound, with no process of the job left.
 # LOOM_ELASTIC_REPEAT=N runs the shrink scenario N more times and prints the
 # median time from the death to the resumed training.
+# LOOM_ELASTIC_WORKER (an executable) replaces mp_elastic: the Python worker
+# (tests/test_elastic_python.sh); LOOM_ELASTIC_SCENARIOS picks scenarios.
 # Automake TESTS protocol: 0 pass, 1 fail, 77 skip.
 # shellcheck disable=SC2086
 
 top_builddir=${top_builddir:-.}
 LOOMRUN="$top_builddir/tools/loomrun"
-WORKER="$top_builddir/tests/mp_elastic"
+WORKER=${LOOM_ELASTIC_WORKER:-$top_builddir/tests/mp_elastic}
 if [ ! -x "$LOOMRUN" ] || [ ! -x "$WORKER" ]; then
     echo "test_elastic: $LOOMRUN or $WORKER is not built (make check builds them)" >&2
     exit 1
 fi
-WORKER=$(cd "$(dirname "$WORKER")" && pwd)/mp_elastic
+WORKER=$(cd "$(dirname "$WORKER")" && pwd)/$(basename "$WORKER")
+scenarios=" ${LOOM_ELASTIC_SCENARIOS:-grow shrink remove rebuild stale minnp resets} "
+want() {
+    case $scenarios in *" $1 "*) return 0 ;; esac
+    return 1
+}
 unset SLURM_JOB_ID
 if ! command -v pgrep >/dev/null 2>&1 || ! command -v timeout >/dev/null 2>&1; then
     echo "test_elastic: skipped: needs pgrep (procps) and timeout (coreutils)"
@@ -128,17 +135,19 @@ fi
 echo "ok: fault-free run, model $ref"
 
 # grow: 3 -> 2 -> 3
-mkdir -p "$tmp/grow" && printf 'localhost\n127.0.0.2\n127.0.0.3\n' >"$tmp/grow/hosts"
-t=$(date +%s)
-MPE_KILL_ID=1 MPE_KILL_STEP=6 start grow -np 3
-if wait_step "$tmp/grow" 14 60; then
-    echo 127.0.0.4 >>"$tmp/grow/hosts"
+if want grow; then
+    mkdir -p "$tmp/grow" && printf 'localhost\n127.0.0.2\n127.0.0.3\n' >"$tmp/grow/hosts"
+    t=$(date +%s)
+    MPE_KILL_ID=1 MPE_KILL_STEP=6 start grow -np 3
+    if wait_step "$tmp/grow" 14 60; then
+        echo 127.0.0.4 >>"$tmp/grow/hosts"
+    fi
+    finish "$t" 0 90
+    [ "$(sizes grow)" = "3 2 3" ] || fail "grow: sizes $(sizes grow), expected 3 2 3"
+    check_model grow
+    grep -q "blacklisted" "$tmp/grow/out" || fail "grow: the failed host was not blacklisted"
+    [ "$failures" -eq 0 ] && echo "ok: 3 -> 2 -> 3 (kill mid-allreduce, host added): $(grep resumed "$tmp/grow/out" | sed 's/.*resumed/resumed/')"
 fi
-finish "$t" 0 90
-[ "$(sizes grow)" = "3 2 3" ] || fail "grow: sizes $(sizes grow), expected 3 2 3"
-check_model grow
-grep -q "blacklisted" "$tmp/grow/out" || fail "grow: the failed host was not blacklisted"
-[ "$failures" -eq 0 ] && echo "ok: 3 -> 2 -> 3 (kill mid-allreduce, host added): $(grep resumed "$tmp/grow/out" | sed 's/.*resumed/resumed/')"
 
 # shrink: 4 -> 3
 shrink() {
@@ -149,76 +158,88 @@ shrink() {
     [ "$(sizes "$1")" = "4 3" ] || fail "$1: sizes $(sizes "$1"), expected 4 3"
     check_model "$1"
 }
-f0=$failures
-shrink shrink
-[ "$failures" -eq "$f0" ] && echo "ok: 4 -> 3 (kill mid-allreduce): $(grep resumed "$tmp/shrink/out" | sed 's/.*resumed/resumed/')"
+if want shrink; then
+    f0=$failures
+    shrink shrink
+    [ "$failures" -eq "$f0" ] && echo "ok: 4 -> 3 (kill mid-allreduce): $(grep resumed "$tmp/shrink/out" | sed 's/.*resumed/resumed/')"
+fi
 
 # remove: 3 -> 2, a host leaves the discovery script
-f0=$failures
-mkdir -p "$tmp/remove" && printf 'localhost\n127.0.0.2\n127.0.0.3\n' >"$tmp/remove/hosts"
-t=$(date +%s)
-start remove -np 3
-if wait_step "$tmp/remove" 8 60; then
-    printf 'localhost\n127.0.0.2\n' >"$tmp/remove/hosts"
+if want remove; then
+    f0=$failures
+    mkdir -p "$tmp/remove" && printf 'localhost\n127.0.0.2\n127.0.0.3\n' >"$tmp/remove/hosts"
+    t=$(date +%s)
+    start remove -np 3
+    if wait_step "$tmp/remove" 8 60; then
+        printf 'localhost\n127.0.0.2\n' >"$tmp/remove/hosts"
+    fi
+    finish "$t" 0 90
+    [ "$(sizes remove)" = "3 2" ] || fail "remove: sizes $(sizes remove), expected 3 2"
+    grep -q "host 127.0.0.3 left" "$tmp/remove/out" || fail "remove: loomrun did not stop the rank of the host that left"
+    check_model remove
+    [ "$failures" -eq "$f0" ] && echo "ok: 3 -> 2 (host removed from the discovery script)"
 fi
-finish "$t" 0 90
-[ "$(sizes remove)" = "3 2" ] || fail "remove: sizes $(sizes remove), expected 3 2"
-grep -q "host 127.0.0.3 left" "$tmp/remove/out" || fail "remove: loomrun did not stop the rank of the host that left"
-check_model remove
-[ "$failures" -eq "$f0" ] && echo "ok: 3 -> 2 (host removed from the discovery script)"
 
 # rebuild: 4 -> 3 -> 2, the second death during the rebuild
-f0=$failures
-mkdir -p "$tmp/rebuild" && printf 'localhost\n127.0.0.2\n127.0.0.3\n127.0.0.4\n' >"$tmp/rebuild/hosts"
-t=$(date +%s)
-MPE_KILL_ID=1 MPE_KILL_STEP=6 MPE_REBUILD_DIE_ID=3 start rebuild -np 4
-finish "$t" 0 90
-s=$(sizes rebuild)
-case $s in
-"4 2" | "4 3 2") ;;
-*)
-    fail "rebuild: sizes $s, expected 4 2 or 4 3 2"
-    sed 's/^/    /' "$tmp/rebuild/out" >&2
-    ;;
-esac
-[ "$(grep -c 'killed by signal SIGKILL' "$tmp/rebuild/out")" -eq 2 ] ||
-    fail "rebuild: expected two ranks killed"
-check_model rebuild
-[ "$failures" -eq "$f0" ] && echo "ok: sizes $s (a rank killed during the rebuild)"
+if want rebuild; then
+    f0=$failures
+    mkdir -p "$tmp/rebuild" && printf 'localhost\n127.0.0.2\n127.0.0.3\n127.0.0.4\n' >"$tmp/rebuild/hosts"
+    t=$(date +%s)
+    MPE_KILL_ID=1 MPE_KILL_STEP=6 MPE_REBUILD_DIE_ID=3 start rebuild -np 4
+    finish "$t" 0 90
+    s=$(sizes rebuild)
+    case $s in
+    "4 2" | "4 3 2") ;;
+    *)
+        fail "rebuild: sizes $s, expected 4 2 or 4 3 2"
+        sed 's/^/    /' "$tmp/rebuild/out" >&2
+        ;;
+    esac
+    [ "$(grep -c 'killed by signal SIGKILL' "$tmp/rebuild/out")" -eq 2 ] ||
+        fail "rebuild: expected two ranks killed"
+    check_model rebuild
+    [ "$failures" -eq "$f0" ] && echo "ok: sizes $s (a rank killed during the rebuild)"
+fi
 
 # stale: a rank revokes and comes back after the others rebuilt without it;
 # its rebuild is refused, the others were not held up until LOOM_TIMEOUT.
-f0=$failures
-mkdir -p "$tmp/stale" && printf 'localhost\n127.0.0.2\n127.0.0.3\n' >"$tmp/stale/hosts"
-t=$(date +%s)
-MPE_STALE_ID=2 MPE_STALE_STEP=5 MPE_STALE_SLEEP=6 start stale -np 3 --elastic-timeout 2
-finish "$t" 0 40
-[ "$(sizes stale)" = "3 2" ] || fail "stale: sizes $(sizes stale), expected 3 2"
-grep -q "refused as stale: .*stale rank: id 2 (rank 2 of epoch 0) was left out of epoch 1" \
-    "$tmp/stale/out" || fail "stale: the late rank was not refused as stale"
-grep -q "allreduce of step 5 failed: peer lost: .*epoch 0 was revoked by rank 2" "$tmp/stale/out" ||
-    fail "stale: the other ranks' allreduce did not fail with \"peer lost\" naming the revoke"
-check_model stale
-[ "$failures" -eq "$f0" ] && echo "ok: a rank of an older epoch is refused: $(sed -n 's/.*refused as stale: //p' "$tmp/stale/out")"
+if want stale; then
+    f0=$failures
+    mkdir -p "$tmp/stale" && printf 'localhost\n127.0.0.2\n127.0.0.3\n' >"$tmp/stale/hosts"
+    t=$(date +%s)
+    MPE_STALE_ID=2 MPE_STALE_STEP=5 MPE_STALE_SLEEP=6 start stale -np 3 --elastic-timeout 2
+    finish "$t" 0 40
+    [ "$(sizes stale)" = "3 2" ] || fail "stale: sizes $(sizes stale), expected 3 2"
+    grep -q "refused as stale: .*stale rank: id 2 (rank 2 of epoch 0) was left out of epoch 1" \
+        "$tmp/stale/out" || fail "stale: the late rank was not refused as stale"
+    grep -q "allreduce of step 5 failed: peer lost: .*epoch 0 was revoked by rank 2" "$tmp/stale/out" ||
+        fail "stale: the other ranks' allreduce did not fail with \"peer lost\" naming the revoke"
+    check_model stale
+    [ "$failures" -eq "$f0" ] && echo "ok: a rank of an older epoch is refused: $(sed -n 's/.*refused as stale: //p' "$tmp/stale/out")"
+fi
 
 # min-np: 2 -> 1 below --min-np 2 fails the job, saying so
-f0=$failures
-mkdir -p "$tmp/minnp" && printf 'localhost\n127.0.0.2\n' >"$tmp/minnp/hosts"
-t=$(date +%s)
-MPE_KILL_ID=1 MPE_KILL_STEP=4 start minnp -np 2 --min-np 2 --elastic-timeout 3
-finish "$t" 1 60
-grep -q "below --min-np 2" "$tmp/minnp/out" || fail "minnp: no word about --min-np"
-[ "$failures" -eq "$f0" ] && echo "ok: below --min-np the job fails: $(grep 'elastic job failed' "$tmp/minnp/out" | head -1)"
+if want minnp; then
+    f0=$failures
+    mkdir -p "$tmp/minnp" && printf 'localhost\n127.0.0.2\n' >"$tmp/minnp/hosts"
+    t=$(date +%s)
+    MPE_KILL_ID=1 MPE_KILL_STEP=4 start minnp -np 2 --min-np 2 --elastic-timeout 3
+    finish "$t" 1 60
+    grep -q "below --min-np 2" "$tmp/minnp/out" || fail "minnp: no word about --min-np"
+    [ "$failures" -eq "$f0" ] && echo "ok: below --min-np the job fails: $(grep 'elastic job failed' "$tmp/minnp/out" | head -1)"
+fi
 
 # reset-limit: the first membership change past --reset-limit ends the job
-f0=$failures
-mkdir -p "$tmp/resets" && printf 'localhost\n127.0.0.2\n127.0.0.3\n' >"$tmp/resets/hosts"
-t=$(date +%s)
-MPE_KILL_ID=1 MPE_KILL_STEP=4 start resets -np 3 --reset-limit 0
-finish "$t" 1 60
-grep -q "elastic job failed: 1 membership changes exceed --reset-limit 0" "$tmp/resets/out" ||
-    fail "resets: no word about --reset-limit"
-[ "$failures" -eq "$f0" ] && echo "ok: past --reset-limit the job fails"
+if want resets; then
+    f0=$failures
+    mkdir -p "$tmp/resets" && printf 'localhost\n127.0.0.2\n127.0.0.3\n' >"$tmp/resets/hosts"
+    t=$(date +%s)
+    MPE_KILL_ID=1 MPE_KILL_STEP=4 start resets -np 3 --reset-limit 0
+    finish "$t" 1 60
+    grep -q "elastic job failed: 1 membership changes exceed --reset-limit 0" "$tmp/resets/out" ||
+        fail "resets: no word about --reset-limit"
+    [ "$failures" -eq "$f0" ] && echo "ok: past --reset-limit the job fails"
+fi
 
 # Recovery time, median of N (not part of make check's default).
 if [ "${LOOM_ELASTIC_REPEAT:-0}" -gt 0 ]; then

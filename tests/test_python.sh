@@ -4,53 +4,14 @@
 # 1, 2 and 3 ranks: the extension's Comm/Request API (blocking, non-blocking,
 # the GIL released), every collective and type through loom (NumPy) and
 # loom.torch, fusion and negotiation, the mismatch errors, and the
-# DistributedOptimizer equivalence test (fusion on and off); then
+# DistributedOptimizer equivalence test (fusion on and off), the elastic
+# API's state handling in a plain job; then
 # loom.tensorflow and loom.keras (their equivalence tests too) where an
 # interpreter with TensorFlow is found. The examples in examples/python run
 # too (2 ranks), and must end with the loss lower.
 # Automake TESTS protocol: 0 pass, 1 fail, 77 skip.
-top_builddir=${top_builddir:-.}
-top_srcdir=${top_srcdir:-$(dirname "$0")/..}
-srcdir=$(cd "$top_srcdir" && pwd)
-builddir=$(cd "$top_builddir" && pwd)
-LOOMRUN="$builddir/tools/loomrun"
-
-# The interpreter: the first of $PYTHON, python3 on PATH and Debian's (where
-# apt's python3-numpy and python3-torch land) that has NumPy and PyTorch, else
-# the first that has NumPy.
-py=""
-for need in 'import numpy, torch' 'import numpy'; do
-    for cand in ${PYTHON:-} python3 /usr/bin/python3; do
-        if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "$need" 2>/dev/null; then
-            py=$cand
-            break 2
-        fi
-    done
-done
-if [ -z "$py" ]; then
-    echo "test_python: SKIP: no python3 with NumPy (apt-get install python3-numpy python3-torch)"
-    exit 77
-fi
-if [ ! -e "$builddir/.libs/libloom.so" ]; then
-    echo "test_python: SKIP: no shared libloom in $builddir/.libs (configured with --disable-shared)"
-    exit 77
-fi
-if ! "$py" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
-    echo "test_python: SKIP: $py has no Python.h (apt-get install python3-dev)"
-    exit 77
-fi
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_python.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-if ! (cd "$srcdir/python" && LOOM_BUILD_DIR="$builddir/.libs" LOOM_INCLUDE_DIR="$srcdir/include" \
-        "$py" setup.py -q build --build-base "$tmp/build" --build-lib "$tmp/lib") > "$tmp/build.log" 2>&1; then
-    cat "$tmp/build.log"
-    echo "test_python: FAIL: the extension did not build"
-    echo "0 passed, 1 failed"
-    exit 1
-fi
-export PYTHONPATH="$tmp/lib:$srcdir/tests/python"
-export PYTHONDONTWRITEBYTECODE=1
+name=test_python
+. "${top_srcdir:-$(dirname "$0")/..}/tests/python_build.sh"
 # The mismatch tests wait for this long of no progress before failing the names.
 export LOOM_STALL_TIMEOUT=0.5
 unset SLURM_JOB_ID
@@ -98,6 +59,8 @@ torch_tests() {
         run $np tests/python/test_torch_equiv.py
     done
     run 2 tests/python/test_torch_equiv.py LOOM_FUSION_THRESHOLD=0
+    run 1 tests/python/test_elastic_api.py
+    run 3 tests/python/test_elastic_api.py
     run 3 tests/python/test_torch.py LOOM_FUSION_THRESHOLD=64 LOOM_CYCLE_TIME=5
 
     # A rank that dies: the other's calls raise at once (LOOM_* variables, tcp store).
@@ -117,6 +80,7 @@ torch_tests() {
 
     example "$py" torch_train.py
     example "$py" horovod_torch_mnist.py
+    example "$py" elastic_torch.py
 }
 
 have_torch=0

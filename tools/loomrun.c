@@ -1926,8 +1926,18 @@ static int elastic_main(options_t *o)
                 exit_code = 1;
             }
             int live = live_ranks();
+            int usable = 0;
+            for (int h = 0; h < g_nhosts; h++)
+                usable += g_eh[h].present && g_eh[h].banned_until <= now;
             if (live >= min_np) {
                 below_since = -1;
+            } else if (live == 0 && usable == 0 && nfailed > 0) {
+                /* Every rank failed and took its host with it: a program that
+                 * fails everywhere (a bad argument, say) fails the job now, not
+                 * after the blacklist cooldown. */
+                fprintf(stderr, "loomrun: elastic job failed: every rank failed and every host is "
+                        "blacklisted (--blacklist-cooldown %g s)\n", cooldown_s);
+                exit_code = 1;
             } else if (below_since < 0) {
                 below_since = now;
                 fprintf(stderr, "loomrun: %d rank(s) left, below --min-np %d; waiting up to "

@@ -20,6 +20,7 @@ _world = None            # the world Comm
 _sets = {}               # process_set_id -> ProcessSet
 _next_set_id = 1
 _shutdown_hooks = []     # callables run by shutdown(), last registered first
+_reset_hooks = []        # callables run after an elastic rebuild (adapters drop stale handles)
 
 
 class ProcessSet:
@@ -89,6 +90,46 @@ def init(comm=None, process_sets=None):
         _sets[0] = global_process_set
         for ps in process_sets or []:
             add_process_set(ps)
+
+
+def _elastic():
+    """True in an elastic job (loomrun --elastic, or LOOM_ELASTIC=1)."""
+    return os.environ.get("LOOM_ELASTIC") == "1"
+
+
+def _rebuild():
+    """Move to the next elastic epoch: stop the engines, release every
+    communicator of this epoch and replace the world by the rebuilt one
+    (survivors keep their order and come first, newcomers follow). Process
+    sets other than the global one end here: their ranks were the old epoch's;
+    add them again after the reset. Raises LoomError when the round fails
+    (fewer than the minimum of ranks, or this rank was left out as stale)."""
+    global _world
+    with _lock:
+        _check_init()
+        old = _world
+        old.revoke()   # frees any thread still blocked in a call of this epoch
+        for hook in reversed(_shutdown_hooks):
+            hook()
+        for ps in list(_sets.values()):
+            if ps._engine_comm is not None:
+                ps._engine_comm.close()
+                ps._engine_comm = None
+            if ps is not global_process_set:
+                if ps.comm is not None:
+                    ps.comm.close()
+                ps.process_set_id = None
+            ps.comm = None
+        _sets.clear()
+        try:
+            _world = old.rebuild()
+            old.close()
+        finally:
+            global_process_set.ranks = list(range(_world.size))
+            global_process_set.comm = _world
+            _sets[0] = global_process_set
+        for hook in _reset_hooks:
+            hook()
 
 
 def is_initialized():

@@ -212,7 +212,7 @@ class Engine:
     def submit(self, entry):
         with self.cond:
             if self.broken is not None:
-                raise LoomError("loom: the engine stopped after an error: %s" % self.broken)
+                raise _like(self.broken, "loom: the engine stopped after an error: %s" % self.broken)
             if self.stop_req:
                 raise ValueError("loom: submit after shutdown")
             if entry.name in self.names:
@@ -282,7 +282,7 @@ class Engine:
             self.local, self.queue = {}, []
             self.names.clear()
         for e in pending:
-            self._complete(e, error=LoomError("loom: '%s' failed: %s" % (e.name, exc)))
+            self._complete(e, error=_like(exc, "loom: '%s' failed: %s" % (e.name, exc)))
 
     def _complete(self, e, result=None, error=None):
         if error is None and e.finish is not None:
@@ -485,6 +485,15 @@ class Engine:
                 b.scale_(out, e.post)
             return out
         raise LoomError("loom: unknown collective %r for '%s'" % (kind, name))
+
+
+def _like(exc, text):
+    """A new error of exc's class (LoomInternalError stays one: elastic code
+    recovers from those only) with text and exc's status."""
+    cls = type(exc) if isinstance(exc, LoomError) else LoomError
+    new = cls(text)
+    new.status = getattr(exc, "status", None)
+    return new
 
 
 def split_rows(rows, n):

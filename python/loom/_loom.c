@@ -37,6 +37,10 @@ enum { kDLCPU = 1, kDLCUDAHost = 3 };
 enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };
 
 static PyObject *LoomError;
+/* The failures an elastic job recovers from by rolling back and rebuilding:
+ * a peer lost, a revoked epoch, a transport failure, a peer that stopped
+ * answering. Horovod's name for it is HorovodInternalError. */
+static PyObject *LoomInternalError;
 
 /* ---- buffers -------------------------------------------------------------- */
 
@@ -277,7 +281,9 @@ static PyObject *raise_status(loom_comm_t c, loom_status_t st, const char *what)
     if (!msg)
         return NULL;
     /* LoomError(message) with .status set, so str(e) reads naturally. */
-    PyObject *exc = PyObject_CallFunctionObjArgs(LoomError, msg, NULL);
+    PyObject *cls = st == LOOM_ERR_PEER_LOST || st == LOOM_ERR_TRANSPORT || st == LOOM_ERR_TIMEOUT
+                        ? LoomInternalError : LoomError;
+    PyObject *exc = PyObject_CallFunctionObjArgs(cls, msg, NULL);
     Py_DECREF(msg);
     if (!exc)
         return NULL;
@@ -286,7 +292,7 @@ static PyObject *raise_status(loom_comm_t c, loom_status_t st, const char *what)
         PyObject_SetAttrString(exc, "status", s);
         Py_DECREF(s);
     }
-    PyErr_SetObject(LoomError, exc);
+    PyErr_SetObject(cls, exc);
     Py_DECREF(exc);
     return NULL;
 }
@@ -423,6 +429,24 @@ static PyObject *Comm_get_closed(CommObject *self, void *closure)
     return PyBool_FromLong(self->comm == NULL);
 }
 
+/* A Python Comm owning out (destroyed here when that fails). */
+static PyObject *wrap_comm(loom_comm_t out)
+{
+    CommObject *child = (CommObject *)CommType.tp_alloc(&CommType, 0);
+    if (!child) {
+        loom_comm_destroy(out);
+        return NULL;
+    }
+    child->lock = PyThread_allocate_lock();
+    if (!child->lock) {
+        loom_comm_destroy(out);
+        Py_DECREF(child);
+        return PyErr_NoMemory();
+    }
+    child->comm = out;
+    return (PyObject *)child;
+}
+
 static PyObject *Comm_split(CommObject *self, PyObject *args)
 {
     int color, key;
@@ -439,19 +463,63 @@ static PyObject *Comm_split(CommObject *self, PyObject *args)
         return raise_status(self->comm, st, "split");
     if (!out)
         Py_RETURN_NONE;
-    CommObject *child = (CommObject *)CommType.tp_alloc(&CommType, 0);
-    if (!child) {
-        loom_comm_destroy(out);
+    return wrap_comm(out);
+}
+
+static PyObject *Comm_revoke(CommObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!comm_ok(self))
         return NULL;
-    }
-    child->lock = PyThread_allocate_lock();
-    if (!child->lock) {
-        loom_comm_destroy(out);
-        Py_DECREF(child);
-        return PyErr_NoMemory();
-    }
-    child->comm = out;
-    return (PyObject *)child;
+    /* Without the lock, like abort: it exists to free a thread blocked in a call. */
+    loom_status_t st = loom_comm_revoke(self->comm);
+    if (st != LOOM_SUCCESS)
+        return raise_status(self->comm, st, "revoke");
+    Py_RETURN_NONE;
+}
+
+static PyObject *Comm_rebuild(CommObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!comm_ok(self))
+        return NULL;
+    /* Revoke first: a thread blocked in a call on self holds the lock. */
+    loom_comm_revoke(self->comm);
+    loom_comm_t out = NULL;
+    loom_status_t st;
+    comm_lock(self);
+    Py_BEGIN_ALLOW_THREADS
+    st = loom_comm_rebuild(self->comm, &out);
+    Py_END_ALLOW_THREADS
+    comm_unlock(self);
+    if (st != LOOM_SUCCESS)
+        return raise_status(self->comm, st, "rebuild");
+    return wrap_comm(out);
+}
+
+static PyObject *Comm_join_pending(CommObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!comm_ok(self))
+        return NULL;
+    int pending = 0;
+    loom_status_t st;
+    comm_lock(self);
+    Py_BEGIN_ALLOW_THREADS
+    st = loom_comm_join_pending(self->comm, &pending);
+    Py_END_ALLOW_THREADS
+    comm_unlock(self);
+    if (st != LOOM_SUCCESS)
+        return raise_status(self->comm, st, "join_pending");
+    return PyLong_FromLong(pending);
+}
+
+static PyObject *Comm_get_epoch(CommObject *self, void *closure)
+{
+    (void)closure;
+    if (!comm_ok(self))
+        return NULL;
+    return PyLong_FromUnsignedLongLong((unsigned long long)loom_comm_epoch(self->comm));
 }
 
 /* ---- calling a collective ---------------------------------------------------
@@ -898,6 +966,12 @@ static PyMethodDef Comm_methods[] = {
     {"abort", (PyCFunction)Comm_abort, METH_NOARGS, "Fail every pending and later operation."},
     {"split", (PyCFunction)Comm_split, METH_VARARGS,
      "split(color, key) -> Comm or None (color < 0: not a member)."},
+    {"revoke", (PyCFunction)Comm_revoke, METH_NOARGS,
+     "Give up on this communicator on every rank (elastic jobs: the whole epoch)."},
+    {"rebuild", (PyCFunction)Comm_rebuild, METH_NOARGS,
+     "rebuild() -> Comm of the next elastic epoch (survivors first, then newcomers)."},
+    {"join_pending", (PyCFunction)Comm_join_pending, METH_NOARGS,
+     "Collective: how many processes wait to join the next epoch (0 unless elastic)."},
     {"allreduce", (PyCFunction)(void (*)(void))Comm_allreduce, METH_VARARGS | METH_KEYWORDS,
      "allreduce(send, recv, op=SUM, dtype=-1, nonblocking=False); send None or recv: in place."},
     {"reduce", (PyCFunction)(void (*)(void))Comm_reduce, METH_VARARGS | METH_KEYWORDS,
@@ -934,6 +1008,7 @@ static PyGetSetDef Comm_getset[] = {
     {"node_rank", (getter)Comm_get_node_rank, NULL, "index of this host", NULL},
     {"node_count", (getter)Comm_get_node_count, NULL, "number of hosts", NULL},
     {"closed", (getter)Comm_get_closed, NULL, "True after close()", NULL},
+    {"epoch", (getter)Comm_get_epoch, NULL, "elastic epoch (0 when not elastic)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject CommType = {
@@ -1108,6 +1183,14 @@ PyMODINIT_FUNC PyInit__loom(void)
     if (!LoomError || PyModule_AddObject(m, "LoomError", LoomError) < 0)
         goto fail;
     Py_INCREF(LoomError);
+    LoomInternalError = PyErr_NewExceptionWithDoc(
+        "loom.LoomInternalError",
+        "A collective failed because the job lost a rank or its network (peer lost, revoked\n"
+        "epoch, transport error, timeout): what an elastic job recovers from.\n"
+        "Horovod's HorovodInternalError.", LoomError, NULL);
+    if (!LoomInternalError || PyModule_AddObject(m, "LoomInternalError", LoomInternalError) < 0)
+        goto fail;
+    Py_INCREF(LoomInternalError);
     Py_INCREF(&CommType);
     if (PyModule_AddObject(m, "Comm", (PyObject *)&CommType) < 0)
         goto fail;

@@ -24,7 +24,9 @@
  *
  * Liveness: the side-channel socket stays open. A goodbye byte on it tells a
  * peer that left on purpose from one that died (EOF without goodbye: PEER_LOST
- * at once); a work request to a dead peer ends in a retry-exceeded completion.
+ * at once), a gave-up byte one whose communicator failed (a mismatch it found,
+ * an abort) from both; a work request to a dead peer ends in a retry-exceeded
+ * completion.
  * Like tcp.c, any failure is sticky for the instance and the requests that
  * were pending are never touched again.
  */
@@ -131,6 +133,7 @@ typedef struct ib_peer {
     int said_bye;
     double bye_at;
     int hung_up;             /* side channel closed without a goodbye */
+    int gave_up;             /* its communicator failed before it closed */
     double hangup_at;
     /* remote control region: our credit word in it */
     uint64_t remote_credit_addr;
@@ -1636,9 +1639,12 @@ static loom_status_t on_wc_error(loom_tp_t *tp, const struct ibv_wc *wc, int is_
     if (p && p->said_bye && nothing_pending(p))
         return LOOM_SUCCESS;
     if (p && p->hung_up)
-        return tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d lost rank %d: its side channel closed "
-                       "without a goodbye and its queue pair answers no more (%s)", tp->rank,
-                       p->rank, tp->api->wc_status_str(wc->status));
+        return tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d lost rank %d: %s and its queue pair "
+                       "answers no more (%s)", tp->rank, p->rank,
+                       p->gave_up ? "it gave up on this communicator (a failed call or "
+                                    "loom_comm_abort there)"
+                                  : "its side channel closed without a goodbye",
+                       tp->api->wc_status_str(wc->status));
     int lost = wc->status == IBV_WC_RETRY_EXC_ERR || wc->status == IBV_WC_RNR_RETRY_EXC_ERR;
     return tp_fail(tp, lost ? LOOM_ERR_PEER_LOST : LOOM_ERR_TRANSPORT,
                    "ibverbs: rank %d: a %s with rank %d failed on %s:%d: %s (status %d)%s",
@@ -1737,6 +1743,10 @@ static void check_sockets(loom_tp_t *tp, long timeout_us)
         char buf[16];
         ssize_t got = recv(p->fd, buf, sizeof(buf), MSG_DONTWAIT);
         for (ssize_t k = 0; k < got; k++) {
+            if (buf[k] == 'G') {
+                p->gave_up = 1;
+                continue;
+            }
             if (buf[k] != 'B') {
                 tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: protocol error on the side channel "
                         "of rank %d", p->rank);
@@ -1775,6 +1785,10 @@ static void check_goodbyes(loom_tp_t *tp, double now)
         if (p->said_bye && !nothing_pending(p) && now - p->bye_at > BYE_GRACE_S)
             tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d destroyed its communicator while rank %d "
                     "still exchanges messages with it", p->rank, tp->rank);
+        else if (p->hung_up && now - p->hangup_at > BYE_GRACE_S && p->gave_up)
+            tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d lost rank %d: rank %d gave up on this "
+                    "communicator (a failed call or loom_comm_abort there)", tp->rank, p->rank,
+                    p->rank);
         else if (p->hung_up && now - p->hangup_at > BYE_GRACE_S)
             tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d lost rank %d: its side channel closed "
                     "without a goodbye (the process died or exited without "
@@ -1938,9 +1952,10 @@ static void ib_destroy(loom_tp_t *tp, double timeout_s)
         ib_peer_t *p = &tp->peers[tp->active[i]];
         if (p->fd < 0)
             continue;
-        if (!tp->failed) {
-            /* Say goodbye, so the peer can tell a finished rank from a dead one. */
-            if (send(p->fd, "B", 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) { /* it is gone */ }
+        /* Say goodbye, so the peer can tell a finished rank from a dead one, or
+         * that this one gave up, so it does not wait for it past the grace. */
+        if (send(p->fd, tp->failed ? "G" : "B", 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+            /* it is gone */
         }
         close(p->fd);
     }

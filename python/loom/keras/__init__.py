@@ -15,7 +15,7 @@ from ..tensorflow import (  # noqa: F401
     ddl_built, ccl_built, cuda_built, rocm_built, loom_built,
     allreduce, grouped_allreduce, allgather, broadcast, alltoall, reducescatter, barrier, join,
     broadcast_variables, broadcast_object, allgather_object, Compression, HorovodInternalError,
-    LoomError, _allreduce_grads)
+    HostsUpdatedInterrupt, LoomError, LoomInternalError, _allreduce_grads)
 from .. import _engine
 
 
@@ -127,3 +127,6 @@ class callbacks:
     BroadcastGlobalVariablesCallback = BroadcastGlobalVariablesCallback
     MetricAverageCallback = MetricAverageCallback
     LearningRateWarmupCallback = LearningRateWarmupCallback
+
+
+from . import elastic  # noqa: E402,F401

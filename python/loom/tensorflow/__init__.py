@@ -17,11 +17,10 @@ from .._basics import (  # noqa: F401
     is_homogeneous, add_process_set, remove_process_set,
     mpi_built, mpi_enabled, mpi_threads_supported, gloo_built, gloo_enabled, nccl_built,
     ddl_built, ccl_built, cuda_built, rocm_built, loom_built, start_timeline, stop_timeline)
-from .._loom import LoomError
+from .._loom import LoomError, LoomInternalError  # noqa: F401
 from .. import numpy as _lnp
 from ..numpy import _NUMPY
-
-HorovodInternalError = LoomError
+from ..elastic import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 
 
 def _entry(kind, name, **kw):
@@ -297,3 +296,5 @@ def _fusion_stats(process_set=global_process_set):
     eng = _engine.engines.get(process_set.process_set_id)
     return dict(eng.stats) if eng else {}
 
+
+from . import elastic  # noqa: E402,F401  (uses the functions above)

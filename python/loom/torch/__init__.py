@@ -19,11 +19,9 @@ from .._basics import (  # noqa: F401
     is_homogeneous, remove_process_set,
     mpi_built, mpi_enabled, mpi_threads_supported, gloo_built, gloo_enabled, nccl_built,
     ddl_built, ccl_built, cuda_built, rocm_built, loom_built, start_timeline, stop_timeline)
-from .._loom import LoomError
+from .._loom import LoomError, LoomInternalError  # noqa: F401
 from .. import _engine, _loom
-
-# Horovod's elastic code catches this name.
-HorovodInternalError = LoomError
+from ..elastic import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 
 _handles = {}      # int handle -> (Engine, Handle)
 _handle_ids = itertools.count(1)   # next() is atomic under the GIL: hooks may run on other threads
@@ -607,6 +605,16 @@ def _fusion_stats(process_set=global_process_set):
     eng = _engine.engines.get(process_set.process_set_id)
     return dict(eng.stats) if eng else {}
 
+
+def _drop_stale_handles():
+    # After an elastic reset the handles of the old epoch can never complete.
+    _handles.clear()
+    _groups.clear()
+
+
+_basics._reset_hooks.append(_drop_stale_handles)
+
+from . import elastic  # noqa: E402,F401  (uses the functions above)
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
     "contextlib", "io", "itertools", "pickle", "torch", "Entry")]

@@ -1,0 +1,58 @@
+#!/bin/sh
+# Elastic training from Python: tests/test_elastic.sh's scenarios (3 -> 2 -> 3
+# with a rank SIGKILLed mid-step and a host added, 4 -> 3, a host removed from
+# the discovery script, a rank killed during the reset, below --min-np) run by
+# tests/python/elastic_worker.py, a Horovod-style script (hvd.elastic.run,
+# TorchState, DistributedOptimizer, commit), under loomrun --elastic. Each must
+# end with the model of a fault-free run, bit for bit, with no process left.
+# Automake TESTS protocol: 0 pass, 1 fail, 77 skip.
+name=test_elastic_python
+. "${top_srcdir:-$(dirname "$0")/..}/tests/python_build.sh"
+if ! "$py" -c 'import torch' 2>/dev/null; then
+    echo "$name: SKIP: $py has no PyTorch (apt-get install python3-torch)"
+    exit 77
+fi
+# loomrun runs an executable: the worker with this interpreter and tree.
+cat > "$tmp/elastic_worker" <<WORKER
+#!/bin/sh
+exec "$py" "$srcdir/tests/python/elastic_worker.py" "\$@"
+WORKER
+chmod +x "$tmp/elastic_worker"
+LOOM_ELASTIC_WORKER="$tmp/elastic_worker" \
+    LOOM_ELASTIC_SCENARIOS=${LOOM_ELASTIC_SCENARIOS:-"grow shrink remove rebuild minnp"} \
+    sh "$srcdir/tests/test_elastic.sh"
+rc=$?
+
+# examples/python/elastic_torch.py as its README tells: 3 ranks, one killed
+# during training, a host added later: 3 -> 2 -> 3, and the loss falls.
+# (A copy in $tmp: its path tells this job's processes apart.)
+ex=$tmp/example
+mkdir -p "$ex"
+cp "$srcdir/examples/python/elastic_torch.py" "$ex/"
+printf 'localhost\n127.0.0.2\n127.0.0.3\n' > "$ex/hosts"
+printf '#!/bin/sh\ncat %s/hosts\n' "$ex" > "$ex/discover"
+chmod +x "$ex/discover"
+timeout 150 "$builddir/tools/loomrun" --elastic --host-discovery-script "$ex/discover" \
+    --discovery-interval 0.3 --elastic-timeout 20 -np 3 \
+    "$py" "$ex/elastic_torch.py" --epochs 12 --samples 16384 > "$ex/out" 2>&1 &
+job=$!
+i=0
+while [ $i -lt 600 ] && ! grep -q "epoch 1:" "$ex/out"; do sleep 0.1; i=$((i + 1)); done
+victim=$(pgrep -f "$ex/elastic_torch.py" | tail -n 1)
+[ -n "$victim" ] && kill -KILL "$victim"
+i=0
+while [ $i -lt 300 ] && ! grep -q "reset: now 2 ranks" "$ex/out"; do sleep 0.1; i=$((i + 1)); done
+echo 127.0.0.4 >> "$ex/hosts"
+wait $job
+ex_rc=$?
+sleep 0.2
+if [ $ex_rc = 0 ] && grep -q "reset: now 2 ranks" "$ex/out" && grep -q "reset: now 3 ranks" "$ex/out" &&
+        grep -q "loss fell" "$ex/out" && ! pgrep -f "$ex/elastic_torch.py" > /dev/null; then
+    echo "ok: examples/python/elastic_torch.py: 3 -> 2 -> 3, the loss fell"
+else
+    echo "FAIL: examples/python/elastic_torch.py under loomrun --elastic (exit $ex_rc)"
+    sed 's/^/    /' "$ex/out"
+    pkill -KILL -f "$ex/elastic_torch.py"
+    rc=1
+fi
+exit $rc
