@@ -55,4 +55,46 @@ else
     pkill -KILL -f "$ex/elastic_torch.py"
     rc=1
 fi
+
+# Keras: model.fit inside hvd.elastic.run (KerasState and its callbacks); a
+# rank killed at a batch of epoch 1, so the others fail inside the compiled
+# train step; then a host is added: 3 -> 2 -> 3, every epoch done, the same
+# weights everywhere. In the TensorFlow interpreter test_python.sh uses.
+tfpy=""
+for cand in ${LOOM_TF_PYTHON:-} /opt/loom-tf/bin/python "$py"; do
+    if { [ -x "$cand" ] || command -v "$cand" >/dev/null 2>&1; } &&
+            "$cand" -c 'import tensorflow, keras, numpy' 2>/dev/null; then
+        tfpy=$cand
+        break
+    fi
+done
+if [ -n "$tfpy" ]; then
+    kd=$tmp/keras
+    mkdir -p "$kd"
+    cp "$srcdir/tests/python/elastic_keras.py" "$kd/"
+    printf 'localhost\n127.0.0.2\n127.0.0.3\n' > "$kd/hosts"
+    printf '#!/bin/sh\ncat %s/hosts\n' "$kd" > "$kd/discover"
+    chmod +x "$kd/discover"
+    MPE_KILL_ID=1 KERAS_EPOCHS=40 TF_CPP_MIN_LOG_LEVEL=3 timeout 200 "$builddir/tools/loomrun" --elastic \
+        --host-discovery-script "$kd/discover" --discovery-interval 0.3 --elastic-timeout 30 -np 3 \
+        "$tfpy" "$kd/elastic_keras.py" > "$kd/out" 2>&1 &
+    job=$!
+    i=0
+    while [ $i -lt 1200 ] && ! grep -q "epoch [0-9]* done on 2 ranks" "$kd/out"; do sleep 0.1; i=$((i + 1)); done
+    echo 127.0.0.4 >> "$kd/hosts"
+    wait $job
+    k_rc=$?
+    sleep 0.2
+    if [ $k_rc = 0 ] && grep -q "final: epoch 40, 3 ranks, resets \[2, 3\], weights the same everywhere.*ok" "$kd/out" &&
+            ! pgrep -f "$kd/elastic_keras.py" > /dev/null; then
+        echo "ok: Keras model.fit under hvd.elastic.run: 3 -> 2 -> 3, $(sed -n 's/.*final: //p' "$kd/out")"
+    else
+        echo "FAIL: Keras elastic training (exit $k_rc)"
+        grep -v "WARNING\|I0000\|E0000\|W0000" "$kd/out" | tail -n 40 | sed 's/^/    /'
+        pkill -KILL -f "$kd/elastic_keras.py"
+        rc=1
+    fi
+else
+    echo "(no interpreter with TensorFlow and Keras: the Keras scenario is left out)"
+fi
 exit $rc

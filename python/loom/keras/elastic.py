@@ -22,6 +22,11 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.batches_per_commit = batches_per_commit
         self.batches_remaining = batches_per_commit
 
+    def on_train_begin(self, logs=None):
+        # Every rank counts from here, survivors of a reset and newcomers alike:
+        # commit() is collective, all must reach it at the same batch.
+        self.batches_remaining = self.batches_per_commit
+
     def on_train_batch_end(self, batch, logs=None):
         self.batches_remaining -= 1
         if self.batches_remaining == 0:
@@ -48,6 +53,8 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
         self.state.batch = batch + 1
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.steps_per_epoch is not None:
+            self.params["steps"] = self.steps_per_epoch
         self.state.batch = 0
 
 
@@ -57,6 +64,10 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
     def __init__(self, state):
         super().__init__()
         self.state = state
+        self.initial_epoch = self.state.epoch
+
+    def on_train_begin(self, logs=None):
+        # model.fit starts over at its epoch 0 after a reset.
         self.initial_epoch = self.state.epoch
 
     def on_epoch_end(self, epoch, logs=None):

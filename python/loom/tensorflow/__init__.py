@@ -41,8 +41,11 @@ def _array(t):
     return np.array(a, copy=True, order="C")
 
 
-def _run(eng, entries):
-    """Submit entries (in this order) and wait for all of them."""
+def _run(process_set, entries):
+    """Submit entries (in this order) to process_set's engine and wait for all
+    of them. The engine is looked up here, when the py_function runs, not
+    when the graph was traced: an elastic reset replaces it."""
+    eng = _engine.engine_for(process_set)
     handles = [eng.submit(e) for e in entries]
     return [eng.wait(h) for h in handles]
 
@@ -53,9 +56,9 @@ def _py(fn, inputs, touts):
 
 # ---- collectives on NumPy values (what the py_functions run) ------------------
 
-def _np_allreduce(eng, a, name, op, pre, post):
+def _np_allreduce(process_set, a, name, op, pre, post):
     out = _array(a)
-    return _run(eng, [_entry("allreduce", name, tensor=out, output=out, op=op, pre=pre, post=post)])[0]
+    return _run(process_set, [_entry("allreduce", name, tensor=out, output=out, op=op, pre=pre, post=post)])[0]
 
 
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None, op=None,
@@ -74,7 +77,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
 
     @tf.custom_gradient
     def _allreduce(x):
-        y = _py(lambda v: _np_allreduce(eng, v, name, op, prescale_factor, postscale_factor),
+        y = _py(lambda v: _np_allreduce(process_set, v, name, op, prescale_factor, postscale_factor),
                 [x], x.dtype)
         y.set_shape(x.shape)
 
@@ -101,7 +104,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
 
     def run(*vals):
         outs = [_array(v) for v in vals]
-        return _run(eng, [_entry("allreduce", "%s.%d" % (base, i), tensor=o, output=o, op=op,
+        return _run(process_set, [_entry("allreduce", "%s.%d" % (base, i), tensor=o, output=o, op=op,
                                  pre=prescale_factor, post=postscale_factor)
                           for i, o in enumerate(outs)])
     ys = _py(run, tensors, [t.dtype for t in tensors])
@@ -123,7 +126,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
     def _allgather(x):
         def run(v):
             a = _array(v)
-            return _run(eng, [_entry("allgather", name, tensor=a)])[0]
+            return _run(process_set, [_entry("allgather", name, tensor=a)])[0]
         y = _py(run, [x], x.dtype)
         y.set_shape([None] + x.shape[1:].as_list())
 
@@ -146,7 +149,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
     def run(v):
         a = _array(v)
-        return _run(eng, [_entry("broadcast", name, tensor=a, output=a, root=int(root_rank))])[0]
+        return _run(process_set, [_entry("broadcast", name, tensor=a, output=a, root=int(root_rank))])[0]
     y = _py(run, [tensor], tensor.dtype)
     y.set_shape(tensor.shape)
     return tf.stop_gradient(y)
@@ -158,16 +161,16 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     eng = _engine.engine_for(process_set)
     name = name or eng.auto_name("alltoall")
     tensor = tf.convert_to_tensor(tensor)
-    n = eng.n
 
     def run(v, *sp):
+        n = _engine.engine_for(process_set).n
         a = _array(v)
         s = [int(x) for x in sp[0].numpy()] if sp else None
         if s is None:
             if a.shape[0] % n:
                 raise ValueError("alltoall: dimension 0 (%d) does not split over %d ranks" % (a.shape[0], n))
             s = [a.shape[0] // n] * n
-        out, rs = _run(eng, [_entry("alltoall", name, tensor=a, splits=s)])[0]
+        out, rs = _run(process_set, [_entry("alltoall", name, tensor=a, splits=s)])[0]
         return out, rs
     inputs = [tensor] + ([tf.convert_to_tensor(splits, dtype=tf.int32)] if splits is not None else [])
     y, rs = _py(run, inputs, [tensor.dtype, tf.int32])
@@ -184,7 +187,7 @@ def reducescatter(tensor, op=Average, name=None, process_set=global_process_set,
 
     def run(v):
         a = _array(v)
-        return _run(eng, [_entry("reducescatter", name, tensor=a, output=a, op=op,
+        return _run(process_set, [_entry("reducescatter", name, tensor=a, output=a, op=op,
                                  pre=prescale_factor, post=postscale_factor)])[0]
     y = _py(run, [tensor], tensor.dtype)
     y.set_shape([None] + tensor.shape[1:].as_list())
@@ -193,21 +196,20 @@ def reducescatter(tensor, op=Average, name=None, process_set=global_process_set,
 
 def barrier(process_set=global_process_set):
     eng = _engine.engine_for(process_set)
-    _run(eng, [_entry("barrier", eng.auto_name("barrier"))])
+    _run(process_set, [_entry("barrier", eng.auto_name("barrier"))])
 
 
 def join():
-    eng = _engine.engine_for(global_process_set)
-    return _run(eng, [_entry(_engine.JOIN, _engine.JOIN)])[0]
+    return _run(global_process_set, [_entry(_engine.JOIN, _engine.JOIN)])[0]
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set):
     """Assign root_rank's values to variables (tf.Variable or Keras variables)."""
     variables = list(variables)
-    eng = _engine.engine_for(process_set)
     arrays = [np.array(np.asarray(v), copy=True, order="C") for v in variables]
-    _run(eng, [_entry("broadcast", "broadcast_variables.%d" % i, tensor=a, output=a, root=int(root_rank))
-               for i, a in enumerate(arrays)])
+    _run(process_set, [_entry("broadcast", "broadcast_variables.%d" % i, tensor=a, output=a,
+                              root=int(root_rank))
+                       for i, a in enumerate(arrays)])
     for v, a in zip(variables, arrays):
         v.assign(a)
 

@@ -4,6 +4,7 @@ failure). Loom's collectives run inside tf.py_function, so a failure inside a
 tf.function reaches Python as a TensorFlow error: run() turns those that carry
 a LoomInternalError back into one."""
 import functools
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -98,11 +99,11 @@ class TensorFlowState(ObjectState):
 
 
 def _internal(exc):
-    """The LoomInternalError a TensorFlow error carries, or None."""
+    """The LoomInternalError a TensorFlow error carries (its text is in the
+    error's message, after the Python traceback), or None."""
     text = str(getattr(exc, "message", "") or exc)
-    if "LoomInternalError" in text:
-        return LoomInternalError(text)
-    return None
+    m = re.search(r"LoomInternalError: ([^\n]*)", text)
+    return LoomInternalError(m.group(1)) if m else None
 
 
 def run(func):
