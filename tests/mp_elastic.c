@@ -24,6 +24,8 @@
  *                                   step s, sleeps MPE_STALE_SLEEP (6) seconds,
  *                                   then rebuilds: it must be refused as stale
  *                                   (it exits 6 when it is)
+ *   MPE_SPLIT=1                     the steps' allreduces run on a split of the
+ *                                   world (which must be revoked with it)
  * MPE_DIR: where rank 0 writes "progress" (the committed step) and the victims
  * "death" (their time of death, for the recovery time rank 0 reports).
  * Exit codes: 0 the model matches, 3 loom_init failed, 4 a rebuild failed,
@@ -135,6 +137,8 @@ int main(void)
     long long kill_id = env_int("MPE_KILL_ID", -1), kill_step = env_int("MPE_KILL_STEP", -1);
     long long rebuild_die_id = env_int("MPE_REBUILD_DIE_ID", -1);
     long long stale_id = env_int("MPE_STALE_ID", -1), stale_step = env_int("MPE_STALE_STEP", -1);
+    int use_split = env_int("MPE_SPLIT", 0);
+    loom_comm_t work = NULL;   /* the split the steps run on, with MPE_SPLIT */
     setvbuf(stdout, NULL, _IOLBF, 0);
 
     int64_t *w = calloc((size_t)dim, sizeof(int64_t)), *wc = calloc((size_t)dim, sizeof(int64_t));
@@ -178,6 +182,8 @@ int main(void)
                 code = 4;
                 goto out;
             }
+            loom_comm_destroy(work);
+            work = NULL;
             loom_comm_destroy(comm);
             comm = next;
             need_sync = 1;
@@ -209,6 +215,11 @@ int main(void)
         }
         if (step >= steps)
             break;
+        if (use_split && !work && loom_comm_split(comm, 0, loom_comm_rank(comm), &work) != LOOM_SUCCESS) {
+            failed = 1;
+            continue;
+        }
+        loom_comm_t step_comm = work ? work : comm;
         int pending = 0;
         if ((st = loom_comm_join_pending(comm, &pending)) != LOOM_SUCCESS) {
             failed = 1;
@@ -240,15 +251,15 @@ int main(void)
         }
         if (my_id == kill_id && step == kill_step) {
             loom_request_t req;
-            if (loom_iallreduce(LOOM_IN_PLACE, g, (size_t)dim, LOOM_INT64, LOOM_SUM, comm,
+            if (loom_iallreduce(LOOM_IN_PLACE, g, (size_t)dim, LOOM_INT64, LOOM_SUM, step_comm,
                                 &req) == LOOM_SUCCESS)
                 usleep(1000);
             die_now();
         }
-        if ((st = loom_allreduce(LOOM_IN_PLACE, g, (size_t)dim, LOOM_INT64, LOOM_SUM, comm)) !=
+        if ((st = loom_allreduce(LOOM_IN_PLACE, g, (size_t)dim, LOOM_INT64, LOOM_SUM, step_comm)) !=
             LOOM_SUCCESS) {
             printf("[mpe] id %lld: allreduce of step %lld failed: %s: %s\n", my_id,
-                   (long long)step, loom_strerror(st), loom_comm_last_error(comm));
+                   (long long)step, loom_strerror(st), loom_comm_last_error(step_comm));
             failed = 1;
             continue;
         }
@@ -280,6 +291,7 @@ int main(void)
         free(ref);
     }
 out:
+    loom_comm_destroy(work);
     loom_comm_destroy(comm);
     free(w);
     free(wc);

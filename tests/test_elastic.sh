@@ -11,6 +11,8 @@
 #   rebuild 4 -> 3 -> 2: a rank dies mid-allreduce, another during the rebuild
 #   stale   3 -> 2: a rank revokes the epoch, the others go on without it
 #           after --elastic-timeout, and its late rebuild is refused as stale
+#   split   the stale scenario with the steps on a split of the world: the
+#           revoke reaches it (a split shares its parent's epoch)
 #   min-np  2 -> 1 with --min-np 2: the job fails, with loomrun saying why
 #   resets  a failure past --reset-limit 0 ends the job
 # Each must end with the model of a fault-free run (mp_elastic checks it
@@ -31,7 +33,7 @@ if [ ! -x "$LOOMRUN" ] || [ ! -x "$WORKER" ]; then
     exit 1
 fi
 WORKER=$(cd "$(dirname "$WORKER")" && pwd)/$(basename "$WORKER")
-scenarios=" ${LOOM_ELASTIC_SCENARIOS:-grow shrink remove rebuild stale minnp resets} "
+scenarios=" ${LOOM_ELASTIC_SCENARIOS:-grow shrink split remove rebuild stale minnp resets} "
 want() {
     case $scenarios in *" $1 "*) return 0 ;; esac
     return 1
@@ -203,19 +205,28 @@ fi
 
 # stale: a rank revokes and comes back after the others rebuilt without it;
 # its rebuild is refused, the others were not held up until LOOM_TIMEOUT.
-if want stale; then
+# split: the same with the steps' allreduces on a split of the world: the
+# revoke must reach the split, where the others wait for the stale rank.
+stale() {
     f0=$failures
-    mkdir -p "$tmp/stale" && printf 'localhost\n127.0.0.2\n127.0.0.3\n' >"$tmp/stale/hosts"
+    mkdir -p "$tmp/$1" && printf 'localhost\n127.0.0.2\n127.0.0.3\n' >"$tmp/$1/hosts"
     t=$(date +%s)
-    MPE_STALE_ID=2 MPE_STALE_STEP=5 MPE_STALE_SLEEP=6 start stale -np 3 --elastic-timeout 2
+    MPE_STALE_ID=2 MPE_STALE_STEP=5 MPE_STALE_SLEEP=6 start "$1" -np 3 --elastic-timeout 2
     finish "$t" 0 40
-    [ "$(sizes stale)" = "3 2" ] || fail "stale: sizes $(sizes stale), expected 3 2"
+    [ "$(sizes "$1")" = "3 2" ] || fail "$1: sizes $(sizes "$1"), expected 3 2"
     grep -q "refused as stale: .*stale rank: id 2 (rank 2 of epoch 0) was left out of epoch 1" \
-        "$tmp/stale/out" || fail "stale: the late rank was not refused as stale"
-    grep -q "allreduce of step 5 failed: peer lost: .*epoch 0 was revoked by rank 2" "$tmp/stale/out" ||
-        fail "stale: the other ranks' allreduce did not fail with \"peer lost\" naming the revoke"
-    check_model stale
+        "$tmp/$1/out" || fail "$1: the late rank was not refused as stale"
+    grep -q "allreduce of step 5 failed: peer lost: .*epoch 0 was revoked by rank 2" "$tmp/$1/out" ||
+        fail "$1: the other ranks' allreduce did not fail with \"peer lost\" naming the revoke"
+    check_model "$1"
+}
+if want stale; then
+    stale stale
     [ "$failures" -eq "$f0" ] && echo "ok: a rank of an older epoch is refused: $(sed -n 's/.*refused as stale: //p' "$tmp/stale/out")"
+fi
+if want split; then
+    MPE_SPLIT=1 stale split
+    [ "$failures" -eq "$f0" ] && echo "ok: the revoke reaches a split of the world communicator"
 fi
 
 # min-np: 2 -> 1 below --min-np 2 fails the job, saying so
