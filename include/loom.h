@@ -120,7 +120,9 @@ LOOM_API loom_status_t loom_comm_abort(loom_comm_t c);
  *  LOOM_ERR_PEER_LOST, here at once and, when c is elastic, on every other
  *  rank within a fraction of a second (the epoch is marked revoked in the
  *  store, which a watcher thread of each rank reads). An elastic communicator
- *  also revokes itself when one of its calls fails. Thread-safe. */
+ *  also revokes itself when one of its calls fails. Communicators split from
+ *  an elastic one share its epoch: revoking either revokes both (they cannot
+ *  be rebuilt themselves: split the rebuilt one again). Thread-safe. */
 LOOM_API loom_status_t loom_comm_revoke(loom_comm_t c);
 /** Form the next epoch of the elastic communicator old (revoking old first):
  *  the members of old that call it and any processes waiting to join agree on

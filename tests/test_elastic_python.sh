@@ -26,22 +26,30 @@ rc=$?
 # examples/python/elastic_torch.py as its README tells: 3 ranks, one killed
 # during training, a host added later: 3 -> 2 -> 3, and the loss falls.
 # (A copy in $tmp: its path tells this job's processes apart.)
+# job_dir DIR SCRIPT: DIR with a copy of SCRIPT and a discovery script that
+# lists DIR/hosts, three local hosts at first.
+job_dir() {
+    mkdir -p "$1"
+    cp "$2" "$1/"
+    printf 'localhost\n127.0.0.2\n127.0.0.3\n' > "$1/hosts"
+    printf '#!/bin/sh\ncat %s/hosts\n' "$1" > "$1/discover"
+    chmod +x "$1/discover"
+}
+# wait_for FILE PATTERN SECONDS
+wait_for() {
+    i=0
+    while [ $i -lt $(($3 * 10)) ] && ! grep -q "$2" "$1"; do sleep 0.1; i=$((i + 1)); done
+}
 ex=$tmp/example
-mkdir -p "$ex"
-cp "$srcdir/examples/python/elastic_torch.py" "$ex/"
-printf 'localhost\n127.0.0.2\n127.0.0.3\n' > "$ex/hosts"
-printf '#!/bin/sh\ncat %s/hosts\n' "$ex" > "$ex/discover"
-chmod +x "$ex/discover"
+job_dir "$ex" "$srcdir/examples/python/elastic_torch.py"
 timeout 150 "$builddir/tools/loomrun" --elastic --host-discovery-script "$ex/discover" \
     --discovery-interval 0.3 --elastic-timeout 20 -np 3 \
     "$py" "$ex/elastic_torch.py" --epochs 12 --samples 16384 > "$ex/out" 2>&1 &
 job=$!
-i=0
-while [ $i -lt 600 ] && ! grep -q "epoch 1:" "$ex/out"; do sleep 0.1; i=$((i + 1)); done
+wait_for "$ex/out" "epoch 1:" 60
 victim=$(pgrep -f "$ex/elastic_torch.py" | tail -n 1)
 [ -n "$victim" ] && kill -KILL "$victim"
-i=0
-while [ $i -lt 300 ] && ! grep -q "reset: now 2 ranks" "$ex/out"; do sleep 0.1; i=$((i + 1)); done
+wait_for "$ex/out" "reset: now 2 ranks" 30
 echo 127.0.0.4 >> "$ex/hosts"
 wait $job
 ex_rc=$?
@@ -70,17 +78,12 @@ for cand in ${LOOM_TF_PYTHON:-} /opt/loom-tf/bin/python "$py"; do
 done
 if [ -n "$tfpy" ]; then
     kd=$tmp/keras
-    mkdir -p "$kd"
-    cp "$srcdir/tests/python/elastic_keras.py" "$kd/"
-    printf 'localhost\n127.0.0.2\n127.0.0.3\n' > "$kd/hosts"
-    printf '#!/bin/sh\ncat %s/hosts\n' "$kd" > "$kd/discover"
-    chmod +x "$kd/discover"
+    job_dir "$kd" "$srcdir/tests/python/elastic_keras.py"
     MPE_KILL_ID=1 KERAS_EPOCHS=40 TF_CPP_MIN_LOG_LEVEL=3 timeout 200 "$builddir/tools/loomrun" --elastic \
         --host-discovery-script "$kd/discover" --discovery-interval 0.3 --elastic-timeout 30 -np 3 \
         "$tfpy" "$kd/elastic_keras.py" > "$kd/out" 2>&1 &
     job=$!
-    i=0
-    while [ $i -lt 1200 ] && ! grep -q "epoch [0-9]* done on 2 ranks" "$kd/out"; do sleep 0.1; i=$((i + 1)); done
+    wait_for "$kd/out" "epoch [0-9]* done on 2 ranks" 120
     echo 127.0.0.4 >> "$kd/hosts"
     wait $job
     k_rc=$?

@@ -92,6 +92,23 @@ def init(comm=None, process_sets=None):
             add_process_set(ps)
 
 
+def _release_sets():
+    """Stop the adapters' engines and close every communicator but the world's;
+    the process sets other than the global one are unregistered."""
+    for hook in reversed(_shutdown_hooks):
+        hook()
+    for ps in list(_sets.values()):
+        if ps._engine_comm is not None:
+            ps._engine_comm.close()
+            ps._engine_comm = None
+        if ps is not global_process_set:
+            if ps.comm is not None:
+                ps.comm.close()
+            ps.process_set_id = None
+        ps.comm = None
+    _sets.clear()
+
+
 def _elastic():
     """True in an elastic job (loomrun --elastic, or LOOM_ELASTIC=1)."""
     return os.environ.get("LOOM_ELASTIC") == "1"
@@ -109,18 +126,7 @@ def _rebuild():
         _check_init()
         old = _world
         old.revoke()   # frees any thread still blocked in a call of this epoch
-        for hook in reversed(_shutdown_hooks):
-            hook()
-        for ps in list(_sets.values()):
-            if ps._engine_comm is not None:
-                ps._engine_comm.close()
-                ps._engine_comm = None
-            if ps is not global_process_set:
-                if ps.comm is not None:
-                    ps.comm.close()
-                ps.process_set_id = None
-            ps.comm = None
-        _sets.clear()
+        _release_sets()
         try:
             _world = old.rebuild()
             old.close()
@@ -142,17 +148,7 @@ def shutdown():
     with _lock:
         if _world is None:
             return
-        for hook in reversed(_shutdown_hooks):
-            hook()
-        for ps in list(_sets.values()):
-            if ps._engine_comm is not None:
-                ps._engine_comm.close()
-                ps._engine_comm = None
-            if ps is not global_process_set and ps.comm is not None:
-                ps.comm.close()
-            ps.comm = None
-            ps.process_set_id = None if ps is not global_process_set else 0
-        _sets.clear()
+        _release_sets()
         _world.close()
         _world = None
 

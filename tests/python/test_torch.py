@@ -172,21 +172,24 @@ def test_errors():
     if N == 1:
         return
     # Same name, different shapes: every rank gets an error naming the tensor.
+    # They are LoomErrors, not HorovodInternalError: elastic training must not
+    # retry a program's bug as if a rank had died.
     try:
         hvd.allreduce(torch.ones(2 + R), name="bad.shape")
         T.check(False, "shape mismatch accepted")
-    except hvd.HorovodInternalError as e:
+    except hvd.LoomError as e:
         T.check("bad.shape" in str(e) and "disagree" in str(e), "shape mismatch message: %s" % e)
+        T.check(not isinstance(e, hvd.HorovodInternalError), "a mismatch is not HorovodInternalError")
     # Different names on each rank: no rank can proceed; an error, not a hang.
     try:
         hvd.allreduce(torch.ones(2), name="only.on.rank.%d" % R)
         T.check(False, "mismatched names completed")
-    except hvd.HorovodInternalError as e:
+    except hvd.LoomError as e:
         T.check("only.on.rank.%d" % R in str(e) and "not by ranks" in str(e), "name mismatch message: %s" % e)
     try:
         hvd.broadcast(torch.ones(2), root_rank=R)
         T.check(False, "different roots accepted")
-    except hvd.HorovodInternalError as e:
+    except hvd.LoomError as e:
         T.check("root" in str(e), "root mismatch message: %s" % e)
     T.check(torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(N))),
             "collectives work after the errors")
