@@ -65,10 +65,10 @@ torch_tests() {
 
     # A rank that dies: the other's calls raise at once (LOOM_* variables, tcp store).
     port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    LOOM_SIZE=2 LOOM_STORE="tcp://127.0.0.1:$port" LOOM_RANK=1 \
+    LOOM_SHM=0 LOOM_SIZE=2 LOOM_STORE="tcp://127.0.0.1:$port" LOOM_RANK=1 \
         "$py" "$srcdir/tests/python/test_torch_peer_lost.py" > "$tmp/out1" 2>&1 &
-    if LOOM_SIZE=2 LOOM_STORE="tcp://127.0.0.1:$port" LOOM_RANK=0 \
-            "$py" "$srcdir/tests/python/test_torch_peer_lost.py" > "$tmp/out" 2>&1; then
+    if LOOM_SHM=0 LOOM_SIZE=2 LOOM_STORE="tcp://127.0.0.1:$port" LOOM_RANK=0 \
+            timeout 60 "$py" "$srcdir/tests/python/test_torch_peer_lost.py" > "$tmp/out" 2>&1; then
         echo "ok: tests/python/test_torch_peer_lost.py"
         passes=$((passes + 1))
     else

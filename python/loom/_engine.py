@@ -293,6 +293,8 @@ class Engine:
         h = e.handle
         h.result, h.error = result, error
         with self.cond:
+            if self.local.get(e.name) is e:
+                del self.local[e.name]
             self.names.discard(e.name)
         h.event.set()
 
@@ -372,7 +374,9 @@ class Engine:
         for name in ready:
             metas = self.table.pop(name)
             error = _mismatch(name, metas, joined)
-            e = self.local.pop(name, None)
+            # Left in self.local until completed: should the collective fail,
+            # _break completes it with the error (nobody waits forever).
+            e = self.local.get(name)
             if error is not None:
                 if e is not None:
                     self._complete(e, error=LoomError(error))

@@ -17,6 +17,7 @@ right after the backward pass started the step's allreduce),
 MPE_REBUILD_DIE_ID (SIGKILL a few ms into the first reset), MPE_DIR/progress
 and MPE_DIR/death, "[mpe] ..." lines from rank 0. Exit codes: 0 the model
 matches, 5 it differs."""
+import faulthandler
 import hashlib
 import os
 import signal
@@ -38,6 +39,8 @@ KILL_ID = int(os.environ.get("MPE_KILL_ID", "-1"))
 KILL_STEP = int(os.environ.get("MPE_KILL_STEP", "-1"))
 REBUILD_DIE_ID = int(os.environ.get("MPE_REBUILD_DIE_ID", "-1"))
 LR, MOMENTUM = 2.0 ** -4, 0.5
+if os.environ.get("MPE_DUMP_AFTER"):   # for hunting a hang: every thread's stack, to stderr
+    faulthandler.dump_traceback_later(float(os.environ["MPE_DUMP_AFTER"]))
 
 
 def sample(step, j):
