@@ -32,8 +32,9 @@
  * A watcher thread per elastic communicator, on a store handle of its own,
  * turns the epoch's revoked key into LOOM_ERR_PEER_LOST for every call here,
  * and publishes the key when this rank's communicator breaks, so one rank's
- * failure reaches every survivor within a fraction of a second, not after
- * LOOM_TIMEOUT (the TCP transport's abort does not close its sockets).
+ * failure reaches every survivor within a fraction of a second, including
+ * the ones that exchange nothing with it directly. Communicators split from
+ * an elastic one get a watcher of their own on the same key.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE

@@ -122,7 +122,7 @@ loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, lo
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d sent a frame with bad magic 0x%08x", peer,
                             magic);
-    if (in[4] != LOOM_FRAME_DATA && in[4] != LOOM_FRAME_BYE)
+    if (in[4] != LOOM_FRAME_DATA && in[4] != LOOM_FRAME_BYE && in[4] != LOOM_FRAME_GAVE_UP)
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d sent a frame of unknown kind %u", peer, in[4]);
     if (in[5] != 0 || in[6] != 0 || in[7] != 0 || get32(in + 12) != 0)
@@ -133,7 +133,7 @@ loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, lo
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d announced a frame of %llu bytes", peer,
                             (unsigned long long)len);
-    if (in[4] == LOOM_FRAME_BYE && len != 0)
+    if (in[4] != LOOM_FRAME_DATA && len != 0)
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d sent a farewell frame with a payload", peer);
     f->kind = in[4];

@@ -75,7 +75,10 @@ const char *loom_ack_reason(loom_ack_code_t code);
  * caught before anything is allocated for it. */
 #define LOOM_FRAME_MAX_LEN (UINT64_C(1) << 40)
 
-typedef enum { LOOM_FRAME_DATA = 1, LOOM_FRAME_BYE = 2 } loom_frame_kind_t;
+/* BYE: the sender destroyed its communicator on purpose; GAVE_UP: its
+ * communicator failed (a mismatch it found, an abort, a lost peer), so no
+ * collective with it can complete. Neither carries a payload. */
+typedef enum { LOOM_FRAME_DATA = 1, LOOM_FRAME_BYE = 2, LOOM_FRAME_GAVE_UP = 3 } loom_frame_kind_t;
 
 typedef struct loom_frame {
     uint8_t kind;

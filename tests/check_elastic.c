@@ -24,6 +24,7 @@ typedef struct member {
     loom_status_t st;
     int pending;
     int op;             /* what the thread does, see member_main */
+    char msg[512];      /* the error of a failed op (errors are per thread) */
 } member_t;
 
 enum { OP_INIT, OP_REBUILD, OP_JOIN_THEN_REBUILD, OP_ALLREDUCE };
@@ -62,6 +63,9 @@ static void *member_main(void *arg)
         break;
     }
     }
+    if (m->st != LOOM_SUCCESS)
+        snprintf(m->msg, sizeof(m->msg), "%s",
+                 loom_comm_last_error(m->op == OP_INIT ? NULL : m->comm));
     return NULL;
 }
 
@@ -155,7 +159,7 @@ START_TEST(test_elastic_lifecycle)
     run_all(m, first, 3, OP_INIT);
     int seen = 0;
     for (int i = 0; i < 3; i++) {
-        ck_assert_msg(m[i].st == LOOM_SUCCESS, "loom_init: %s", loom_comm_last_error(NULL));
+        ck_assert_msg(m[i].st == LOOM_SUCCESS, "loom_init: %s", m[i].msg);
         ck_assert_int_eq(loom_comm_size(m[i].comm), 3);
         ck_assert_uint_eq(loom_comm_epoch(m[i].comm), 0);
         seen |= 1 << loom_comm_rank(m[i].comm);
@@ -205,7 +209,7 @@ START_TEST(test_elastic_lifecycle)
     ck_assert_int_eq(pthread_create(&nt, NULL, member_main, &m[3]), 0);
     run_all(m, rest, 2, OP_JOIN_THEN_REBUILD);
     pthread_join(nt, NULL);
-    ck_assert_msg(m[3].st == LOOM_SUCCESS, "newcomer: %s", loom_comm_last_error(NULL));
+    ck_assert_msg(m[3].st == LOOM_SUCCESS, "newcomer: %s", m[3].msg);
     adopt(m, rest, 2);
     ck_assert_int_eq(m[r0].pending, 1);
     ck_assert_int_eq(loom_comm_size(m[3].comm), 3);

@@ -110,6 +110,15 @@ START_TEST(test_frame_garbage)
     loom_frame_encode(&bye, buf);
     memset(&err, 0, sizeof(err));
     ck_assert_int_eq(loom_frame_decode(buf, 2, &g, &err), LOOM_ERR_TRANSPORT);
+
+    loom_frame_t gave_up = {.kind = LOOM_FRAME_GAVE_UP, .len = 1};   /* no payload either */
+    loom_frame_encode(&gave_up, buf);
+    memset(&err, 0, sizeof(err));
+    ck_assert_int_eq(loom_frame_decode(buf, 2, &g, &err), LOOM_ERR_TRANSPORT);
+    gave_up.len = 0;
+    loom_frame_encode(&gave_up, buf);
+    ck_assert_int_eq(loom_frame_decode(buf, 2, &g, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(g.kind, LOOM_FRAME_GAVE_UP);
 }
 END_TEST
 

@@ -2,7 +2,8 @@
 # Which transport carries a job, and the one not chosen by default still works:
 #  - a job on one node talks through shared memory (the collective matrix of
 #    tests/mp_collectives runs that way by default);
-#  - LOOM_SHM=0 sends the same matrix over loopback TCP (quick form), and
+#  - LOOM_SHM=0 sends the same matrix over loopback TCP (quick form), and the
+#    failure tests (tests/mp_failures) too; and
 #    LOOM_SHM_CMA=0 through the shared-memory rings only (as where the kernel
 #    forbids cross-memory attach);
 #  - emulated nodes mix both (tests/test_nodes.sh runs the whole matrix there);
@@ -31,6 +32,12 @@ fi
 
 echo "# the collective matrix over loopback TCP (LOOM_SHM=0)"
 LOOM_SHM=0 LOOM_MP_QUICK=1 LOOM_MP_SIZES="3 4" "$prog" || fail=1
+
+# What users and networks do wrong, over TCP too (mp_failures runs on shared
+# memory in make check): a killed rank, mismatches, a rank that gave up and
+# lingers, abort, timeouts.
+echo "# the failure tests over loopback TCP (LOOM_SHM=0)"
+LOOM_SHM=0 "$top_builddir/tests/mp_failures" || fail=1
 
 echo "# the collective matrix over shared memory without cross-memory attach (LOOM_SHM_CMA=0)"
 LOOM_SHM_CMA=0 LOOM_MP_QUICK=1 LOOM_MP_SIZES="2 4" "$prog" || fail=1

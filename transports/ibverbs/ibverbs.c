@@ -43,6 +43,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,7 +134,8 @@ typedef struct ib_peer {
     int said_bye;
     double bye_at;
     int hung_up;             /* side channel closed without a goodbye */
-    int gave_up;             /* its communicator failed before it closed */
+    int gave_up;             /* its communicator failed: it sends no more */
+    double gave_up_at;
     double hangup_at;
     /* remote control region: our credit word in it */
     uint64_t remote_credit_addr;
@@ -200,6 +202,8 @@ struct loom_tp {
     loom_status_t failed;
     uint64_t neager, nrdv, nunexpected;   /* for LOOM_DEBUG=INFO */
     _Atomic int abort_why;
+    int announced;           /* the peers were told of our failure */
+    _Atomic int owner;       /* 1: a thread is in isend/irecv/progress, 2: abort */
 };
 
 static double monotonic_s(void)
@@ -1387,7 +1391,7 @@ static int pump(loom_tp_t *tp, ib_peer_t *p)
 /* A message to ourselves: matched in memory, as in tcp.c. */
 static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req);
 
-static loom_status_t ib_isend(loom_tp_t *tp, loom_tp_req_t *req)
+static loom_status_t isend_owned(loom_tp_t *tp, loom_tp_req_t *req)
 {
     if (tp->failed)
         return tp->failed;
@@ -1401,6 +1405,10 @@ static loom_status_t ib_isend(loom_tp_t *tp, loom_tp_req_t *req)
     if (p->said_bye)
         return tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d sends to rank %d, which has destroyed "
                        "its communicator", tp->rank, p->rank);
+    if (p->gave_up)
+        return tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d lost rank %d: rank %d gave up on this "
+                       "communicator (a failed call or loom_comm_abort there)", tp->rank, p->rank,
+                       p->rank);
     if (req->len <= EAGER_MAX) {
         if (enqueue(tp, p, OP_EAGER, req, 0, NULL) != LOOM_SUCCESS)
             return tp->failed;
@@ -1510,7 +1518,7 @@ static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req)
     return LOOM_SUCCESS;
 }
 
-static loom_status_t ib_irecv(loom_tp_t *tp, loom_tp_req_t *req)
+static loom_status_t irecv_owned(loom_tp_t *tp, loom_tp_req_t *req)
 {
     if (tp->failed)
         return tp->failed;
@@ -1744,6 +1752,8 @@ static void check_sockets(loom_tp_t *tp, long timeout_us)
         ssize_t got = recv(p->fd, buf, sizeof(buf), MSG_DONTWAIT);
         for (ssize_t k = 0; k < got; k++) {
             if (buf[k] == 'G') {
+                if (!p->gave_up)
+                    p->gave_up_at = monotonic_s();
                 p->gave_up = 1;
                 continue;
             }
@@ -1785,7 +1795,8 @@ static void check_goodbyes(loom_tp_t *tp, double now)
         if (p->said_bye && !nothing_pending(p) && now - p->bye_at > BYE_GRACE_S)
             tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d destroyed its communicator while rank %d "
                     "still exchanges messages with it", p->rank, tp->rank);
-        else if (p->hung_up && now - p->hangup_at > BYE_GRACE_S && p->gave_up)
+        else if (p->gave_up && (p->hung_up || !nothing_pending(p)) &&
+                 now - p->gave_up_at > BYE_GRACE_S)
             tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d lost rank %d: rank %d gave up on this "
                     "communicator (a failed call or loom_comm_abort there)", tp->rank, p->rank,
                     p->rank);
@@ -1817,7 +1828,7 @@ static int service(loom_tp_t *tp)
     return moved;
 }
 
-static loom_status_t ib_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
+static loom_status_t progress_owned(loom_tp_t *tp, int timeout_ms, int *moved_p)
 {
     *moved_p = 0;
     if (!tp->failed) {
@@ -1854,12 +1865,69 @@ static loom_status_t ib_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
     return tp->failed;
 }
 
+/* A failed instance tells its peers at once, on the side channels, so that
+ * none waits for it until LOOM_TIMEOUT while this process lives on. */
+static void announce_failure(loom_tp_t *tp)
+{
+    if (tp->announced)
+        return;
+    tp->announced = 1;
+    for (int i = 0; i < tp->nactive; i++) {
+        ib_peer_t *p = &tp->peers[tp->active[i]];
+        if (p->fd >= 0 && send(p->fd, "G", 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+            /* it is gone, or its side channel is full of our bytes: it knows */
+        }
+    }
+}
+
+/* As tcp.c: the side channels and queues belong to the thread in
+ * isend/irecv/progress; abort, from any thread, uses them only while none is. */
+static void own(loom_tp_t *tp)
+{
+    int idle = 0;
+    while (!atomic_compare_exchange_weak(&tp->owner, &idle, 1)) {
+        idle = 0;
+        sched_yield();
+    }
+}
+
+static loom_status_t disown(loom_tp_t *tp, loom_status_t st)
+{
+    if (tp->failed)
+        announce_failure(tp);
+    atomic_store(&tp->owner, 0);
+    return st;
+}
+
+static loom_status_t ib_isend(loom_tp_t *tp, loom_tp_req_t *req)
+{
+    own(tp);
+    return disown(tp, isend_owned(tp, req));
+}
+
+static loom_status_t ib_irecv(loom_tp_t *tp, loom_tp_req_t *req)
+{
+    own(tp);
+    return disown(tp, irecv_owned(tp, req));
+}
+
+static loom_status_t ib_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
+{
+    own(tp);
+    return disown(tp, progress_owned(tp, timeout_ms, moved_p));
+}
+
 static void ib_abort(loom_tp_t *tp, loom_status_t why)
 {
     int expected = 0;
     atomic_compare_exchange_strong(&tp->abort_why, &expected, (int)why);
     uint64_t one = 1;
     if (write(tp->wake_fd, &one, sizeof(one)) < 0) { /* already signalled */ }
+    int idle = 0;
+    if (tp->pfds && atomic_compare_exchange_strong(&tp->owner, &idle, 2)) {
+        announce_failure(tp);
+        atomic_store(&tp->owner, 0);
+    }
 }
 
 /* ---- memory registration (for callers that pin buffers once) --------------- */
@@ -1954,7 +2022,8 @@ static void ib_destroy(loom_tp_t *tp, double timeout_s)
             continue;
         /* Say goodbye, so the peer can tell a finished rank from a dead one, or
          * that this one gave up, so it does not wait for it past the grace. */
-        if (send(p->fd, tp->failed ? "G" : "B", 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+        int gave_up = tp->failed || tp->announced || atomic_load(&tp->abort_why);
+        if (send(p->fd, gave_up ? "G" : "B", 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
             /* it is gone */
         }
         close(p->fd);

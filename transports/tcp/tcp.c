@@ -24,6 +24,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +68,7 @@ typedef struct tcp_peer {
     int rank;
     int epollout;       /* EPOLLOUT registered: a send is waiting for room */
     int said_bye;       /* the peer destroyed its communicator on purpose */
+    int gave_up;        /* the peer's communicator failed: it sends no more */
     int held;           /* a frame waits in the socket for its receive (set_held) */
     /* send side */
     loom_req_queue_t sq;
@@ -98,6 +100,8 @@ struct loom_tp {
     uint64_t nframes, nunexpected, unexpected_bytes;   /* for LOOM_DEBUG=INFO */
     struct { uint8_t *buf; size_t cap; } pool[POOL_SLOTS];
     _Atomic int abort_why;         /* set by loom_comm_abort from any thread */
+    int announced;                 /* the peers were told of our failure */
+    _Atomic int owner;             /* 1: a thread is in isend/irecv/progress, 2: abort */
 };
 
 static double monotonic_s(void)
@@ -938,7 +942,14 @@ static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req)
     return LOOM_SUCCESS;
 }
 
-static loom_status_t tcp_isend(loom_tp_t *tp, loom_tp_req_t *req)
+static loom_status_t gave_up_fail(loom_tp_t *tp, const tcp_peer_t *peer)
+{
+    return tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d lost rank %d: rank %d gave up on this "
+                   "communicator (a failed call or loom_comm_abort there)", tp->rank, peer->rank,
+                   peer->rank);
+}
+
+static loom_status_t isend_owned(loom_tp_t *tp, loom_tp_req_t *req)
 {
     if (tp->failed)
         return tp->failed;
@@ -950,6 +961,8 @@ static loom_status_t tcp_isend(loom_tp_t *tp, loom_tp_req_t *req)
         return tp_fail(tp, LOOM_ERR_PEER_LOST,
                        "rank %d sends to rank %d, which has destroyed its communicator", tp->rank,
                        peer->rank);
+    if (peer->gave_up)
+        return gave_up_fail(tp, peer);
     int was_idle = peer->sq.head == NULL;
     loom_req_queue_push(&peer->sq, req);
     /* Start writing now: for small messages this is the whole send. */
@@ -961,7 +974,7 @@ static loom_status_t tcp_isend(loom_tp_t *tp, loom_tp_req_t *req)
 
 static void handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved);
 
-static loom_status_t tcp_irecv(loom_tp_t *tp, loom_tp_req_t *req)
+static loom_status_t irecv_owned(loom_tp_t *tp, loom_tp_req_t *req)
 {
     if (tp->failed)
         return tp->failed;
@@ -1005,12 +1018,19 @@ static loom_status_t tcp_irecv(loom_tp_t *tp, loom_tp_req_t *req)
         return tp_fail(tp, LOOM_ERR_PEER_LOST,
                        "rank %d waits for a message from rank %d, which has destroyed its "
                        "communicator", tp->rank, peer->rank);
+    if (peer->gave_up)
+        return gave_up_fail(tp, peer);
     loom_req_queue_push(&peer->rq, req);
     return LOOM_SUCCESS;
 }
 
 static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_frame_t *f)
 {
+    /* What it sent before still counts; an exchange with it from now on fails. */
+    if (f->kind == LOOM_FRAME_GAVE_UP) {
+        peer->gave_up = 1;
+        return peer->rq.head ? gave_up_fail(tp, peer) : LOOM_SUCCESS;
+    }
     if (f->kind == LOOM_FRAME_BYE) {
         peer->said_bye = 1;
         if (peer->rq.head)
@@ -1060,7 +1080,7 @@ static void finish_frame(tcp_peer_t *peer)
 
 static loom_status_t peer_eof(loom_tp_t *tp, tcp_peer_t *peer)
 {
-    if (peer->said_bye && !peer->in_frame) {
+    if ((peer->said_bye || peer->gave_up) && !peer->in_frame) {
         epoll_ctl(tp->epfd, EPOLL_CTL_DEL, peer->fd, NULL);
         close(peer->fd);
         peer->fd = -1;
@@ -1159,7 +1179,31 @@ static void handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
     }
 }
 
-static loom_status_t tcp_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
+/* A failed instance tells its peers at once, so that none waits for it until
+ * LOOM_TIMEOUT while this process lives on (a rank that found a mismatch, or
+ * one busy rebuilding an elastic job): a gave-up frame where the stream is
+ * between two frames, then the write side shut, which ends the peer's stream. */
+static void announce_failure(loom_tp_t *tp)
+{
+    if (tp->announced)
+        return;
+    tp->announced = 1;
+    uint8_t gave_up[LOOM_FRAME_BYTES];
+    loom_frame_t f = {.kind = LOOM_FRAME_GAVE_UP};
+    loom_frame_encode(&f, gave_up);
+    for (int j = 0; j < tp->size; j++) {
+        tcp_peer_t *peer = &tp->peers[j];
+        if (peer->fd < 0 || j == tp->rank)
+            continue;
+        int between = !peer->shdr_ready || (peer->shdr_off == 0 && peer->sq.head->off == 0);
+        if (between && send(peer->fd, gave_up, sizeof(gave_up), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+            /* no room or gone: the shut write side says enough */
+        }
+        shutdown(peer->fd, SHUT_WR);
+    }
+}
+
+static loom_status_t progress_owned(loom_tp_t *tp, int timeout_ms, int *moved_p)
 {
     int moved = 0;
     if (!tp->failed) {
@@ -1198,12 +1242,57 @@ static loom_status_t tcp_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
     return tp->failed;
 }
 
+/* The sockets belong to the thread in isend/irecv/progress (the caller
+ * guarantees one at a time); abort, from any thread, uses them only while
+ * none is in there. The owner tells the peers of a failure on its way out. */
+static void own(loom_tp_t *tp)
+{
+    int idle = 0;
+    while (!atomic_compare_exchange_weak(&tp->owner, &idle, 1)) {
+        idle = 0;
+        sched_yield();   /* an abort is announcing: a few sends */
+    }
+}
+
+static loom_status_t disown(loom_tp_t *tp, loom_status_t st)
+{
+    if (tp->failed)
+        announce_failure(tp);
+    atomic_store(&tp->owner, 0);
+    return st;
+}
+
+static loom_status_t tcp_isend(loom_tp_t *tp, loom_tp_req_t *req)
+{
+    own(tp);
+    return disown(tp, isend_owned(tp, req));
+}
+
+static loom_status_t tcp_irecv(loom_tp_t *tp, loom_tp_req_t *req)
+{
+    own(tp);
+    return disown(tp, irecv_owned(tp, req));
+}
+
+static loom_status_t tcp_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
+{
+    own(tp);
+    return disown(tp, progress_owned(tp, timeout_ms, moved_p));
+}
+
 static void tcp_abort(loom_tp_t *tp, loom_status_t why)
 {
     int expected = 0;
     atomic_compare_exchange_strong(&tp->abort_why, &expected, (int)why);
     uint64_t one = 1;
     if (write(tp->wake_fd, &one, sizeof(one)) < 0) { /* already signalled */ }
+    /* Nobody progressing (the failed call has returned, or none runs): tell
+     * the peers now; otherwise the owner does when it sees abort_why. */
+    int idle = 0;
+    if (atomic_compare_exchange_strong(&tp->owner, &idle, 2)) {
+        announce_failure(tp);
+        atomic_store(&tp->owner, 0);
+    }
 }
 
 /* Write all of buf within the deadline (used for the farewell only). */
@@ -1233,11 +1322,13 @@ static void tcp_destroy(loom_tp_t *tp, double timeout_s)
               "(%llu bytes copied once more)", tp->rank, (unsigned long long)tp->nframes,
               (unsigned long long)tp->nunexpected, (unsigned long long)tp->unexpected_bytes);
     double deadline = monotonic_s() + (timeout_s < 5 ? timeout_s : 5);
+    if (tp->failed || atomic_load(&tp->abort_why))
+        announce_failure(tp);
     for (int j = 0; j < tp->size; j++) {
         tcp_peer_t *peer = &tp->peers[j];
         if (peer->fd < 0)
             continue;
-        if (!tp->failed && !peer->sq.head) {
+        if (!tp->failed && !tp->announced && !peer->sq.head) {
             /* Say goodbye, so the peer can tell a finished rank from a dead one. */
             uint8_t bye[LOOM_FRAME_BYTES];
             loom_frame_t f = {.kind = LOOM_FRAME_BYE};
