@@ -1,9 +1,31 @@
 /* tp_util.c - see tp_util.h. */
+#include <sched.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "log.h"
 #include "tp_util.h"
+
+void loom_tp_own(_Atomic int *owner)
+{
+    int idle = 0;
+    while (!atomic_compare_exchange_weak(owner, &idle, 1)) {
+        idle = 0;
+        sched_yield();   /* an abort is telling the peers: a few sends */
+    }
+}
+
+void loom_tp_disown(_Atomic int *owner)
+{
+    atomic_store(owner, 0);
+}
+
+int loom_tp_own_if_idle(_Atomic int *owner)
+{
+    int idle = 0;
+    return atomic_compare_exchange_strong(owner, &idle, 2);
+}
 
 loom_status_t loom_tp_fail(loom_status_t *failed, loom_err_t *err, const char *subsys, int rank,
                            loom_status_t st, const char *fmt, ...)

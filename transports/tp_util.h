@@ -13,6 +13,15 @@ loom_status_t loom_tp_fail(loom_status_t *failed, loom_err_t *err, const char *s
                            loom_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 
+/* The sockets and queues of an instance belong to the one thread inside its
+ * isend/irecv/progress (the caller runs one at a time); an abort, from any
+ * thread, may use them only while none is inside. owner: 0 free, 1 taken by
+ * that thread, 2 taken by an abort. */
+void loom_tp_own(_Atomic int *owner);
+void loom_tp_disown(_Atomic int *owner);
+/* Take owner for an abort if nobody is inside: 1 when taken. */
+int loom_tp_own_if_idle(_Atomic int *owner);
+
 typedef struct loom_req_queue {
     loom_tp_req_t *head, *tail;
 } loom_req_queue_t;

@@ -43,7 +43,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1880,40 +1879,30 @@ static void announce_failure(loom_tp_t *tp)
     }
 }
 
-/* As tcp.c: the side channels and queues belong to the thread in
- * isend/irecv/progress; abort, from any thread, uses them only while none is. */
-static void own(loom_tp_t *tp)
-{
-    int idle = 0;
-    while (!atomic_compare_exchange_weak(&tp->owner, &idle, 1)) {
-        idle = 0;
-        sched_yield();
-    }
-}
-
+/* Who may touch the side channels and queues: see loom_tp_own. */
 static loom_status_t disown(loom_tp_t *tp, loom_status_t st)
 {
     if (tp->failed)
         announce_failure(tp);
-    atomic_store(&tp->owner, 0);
+    loom_tp_disown(&tp->owner);
     return st;
 }
 
 static loom_status_t ib_isend(loom_tp_t *tp, loom_tp_req_t *req)
 {
-    own(tp);
+    loom_tp_own(&tp->owner);
     return disown(tp, isend_owned(tp, req));
 }
 
 static loom_status_t ib_irecv(loom_tp_t *tp, loom_tp_req_t *req)
 {
-    own(tp);
+    loom_tp_own(&tp->owner);
     return disown(tp, irecv_owned(tp, req));
 }
 
 static loom_status_t ib_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
 {
-    own(tp);
+    loom_tp_own(&tp->owner);
     return disown(tp, progress_owned(tp, timeout_ms, moved_p));
 }
 
@@ -1923,10 +1912,9 @@ static void ib_abort(loom_tp_t *tp, loom_status_t why)
     atomic_compare_exchange_strong(&tp->abort_why, &expected, (int)why);
     uint64_t one = 1;
     if (write(tp->wake_fd, &one, sizeof(one)) < 0) { /* already signalled */ }
-    int idle = 0;
-    if (tp->pfds && atomic_compare_exchange_strong(&tp->owner, &idle, 2)) {
+    if (tp->pfds && loom_tp_own_if_idle(&tp->owner)) {
         announce_failure(tp);
-        atomic_store(&tp->owner, 0);
+        loom_tp_disown(&tp->owner);
     }
 }
 

@@ -24,7 +24,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1242,41 +1241,31 @@ static loom_status_t progress_owned(loom_tp_t *tp, int timeout_ms, int *moved_p)
     return tp->failed;
 }
 
-/* The sockets belong to the thread in isend/irecv/progress (the caller
- * guarantees one at a time); abort, from any thread, uses them only while
- * none is in there. The owner tells the peers of a failure on its way out. */
-static void own(loom_tp_t *tp)
-{
-    int idle = 0;
-    while (!atomic_compare_exchange_weak(&tp->owner, &idle, 1)) {
-        idle = 0;
-        sched_yield();   /* an abort is announcing: a few sends */
-    }
-}
-
+/* Who may touch the sockets: see loom_tp_own. The owner tells the peers of a
+ * failure on its way out. */
 static loom_status_t disown(loom_tp_t *tp, loom_status_t st)
 {
     if (tp->failed)
         announce_failure(tp);
-    atomic_store(&tp->owner, 0);
+    loom_tp_disown(&tp->owner);
     return st;
 }
 
 static loom_status_t tcp_isend(loom_tp_t *tp, loom_tp_req_t *req)
 {
-    own(tp);
+    loom_tp_own(&tp->owner);
     return disown(tp, isend_owned(tp, req));
 }
 
 static loom_status_t tcp_irecv(loom_tp_t *tp, loom_tp_req_t *req)
 {
-    own(tp);
+    loom_tp_own(&tp->owner);
     return disown(tp, irecv_owned(tp, req));
 }
 
 static loom_status_t tcp_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
 {
-    own(tp);
+    loom_tp_own(&tp->owner);
     return disown(tp, progress_owned(tp, timeout_ms, moved_p));
 }
 
@@ -1288,10 +1277,9 @@ static void tcp_abort(loom_tp_t *tp, loom_status_t why)
     if (write(tp->wake_fd, &one, sizeof(one)) < 0) { /* already signalled */ }
     /* Nobody progressing (the failed call has returned, or none runs): tell
      * the peers now; otherwise the owner does when it sees abort_why. */
-    int idle = 0;
-    if (atomic_compare_exchange_strong(&tp->owner, &idle, 2)) {
+    if (loom_tp_own_if_idle(&tp->owner)) {
         announce_failure(tp);
-        atomic_store(&tp->owner, 0);
+        loom_tp_disown(&tp->owner);
     }
 }
 
