@@ -7,6 +7,14 @@
 #include "log.h"
 #include "tp_util.h"
 
+loom_status_t loom_tp_fail_gave_up(loom_status_t *failed, loom_err_t *err, const char *subsys,
+                                   int rank, int peer)
+{
+    return loom_tp_fail(failed, err, subsys, rank, LOOM_ERR_PEER_LOST,
+                        "rank %d lost rank %d: rank %d gave up on this communicator (a failed "
+                        "call or loom_comm_abort there)", rank, peer, peer);
+}
+
 void loom_tp_own(_Atomic int *owner)
 {
     int idle = 0;

@@ -13,6 +13,11 @@ loom_status_t loom_tp_fail(loom_status_t *failed, loom_err_t *err, const char *s
                            loom_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 
+/* Fail the instance because rank peer gave up on the communicator (its own
+ * call failed, or it was aborted): the message tcp.c and ibverbs.c give. */
+loom_status_t loom_tp_fail_gave_up(loom_status_t *failed, loom_err_t *err, const char *subsys,
+                                   int rank, int peer);
+
 /* The sockets and queues of an instance belong to the one thread inside its
  * isend/irecv/progress (the caller runs one at a time); an abort, from any
  * thread, may use them only while none is inside. owner: 0 free, 1 taken by

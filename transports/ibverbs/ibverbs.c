@@ -1405,9 +1405,7 @@ static loom_status_t isend_owned(loom_tp_t *tp, loom_tp_req_t *req)
         return tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d sends to rank %d, which has destroyed "
                        "its communicator", tp->rank, p->rank);
     if (p->gave_up)
-        return tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d lost rank %d: rank %d gave up on this "
-                       "communicator (a failed call or loom_comm_abort there)", tp->rank, p->rank,
-                       p->rank);
+        return loom_tp_fail_gave_up(&tp->failed, tp->err, "ibverbs", tp->rank, p->rank);
     if (req->len <= EAGER_MAX) {
         if (enqueue(tp, p, OP_EAGER, req, 0, NULL) != LOOM_SUCCESS)
             return tp->failed;
@@ -1796,9 +1794,7 @@ static void check_goodbyes(loom_tp_t *tp, double now)
                     "still exchanges messages with it", p->rank, tp->rank);
         else if (p->gave_up && (p->hung_up || !nothing_pending(p)) &&
                  now - p->gave_up_at > BYE_GRACE_S)
-            tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d lost rank %d: rank %d gave up on this "
-                    "communicator (a failed call or loom_comm_abort there)", tp->rank, p->rank,
-                    p->rank);
+            loom_tp_fail_gave_up(&tp->failed, tp->err, "ibverbs", tp->rank, p->rank);
         else if (p->hung_up && now - p->hangup_at > BYE_GRACE_S)
             tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d lost rank %d: its side channel closed "
                     "without a goodbye (the process died or exited without "

@@ -943,9 +943,7 @@ static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req)
 
 static loom_status_t gave_up_fail(loom_tp_t *tp, const tcp_peer_t *peer)
 {
-    return tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d lost rank %d: rank %d gave up on this "
-                   "communicator (a failed call or loom_comm_abort there)", tp->rank, peer->rank,
-                   peer->rank);
+    return loom_tp_fail_gave_up(&tp->failed, tp->err, "tcp", tp->rank, peer->rank);
 }
 
 static loom_status_t isend_owned(loom_tp_t *tp, loom_tp_req_t *req)
@@ -1316,7 +1314,7 @@ static void tcp_destroy(loom_tp_t *tp, double timeout_s)
         tcp_peer_t *peer = &tp->peers[j];
         if (peer->fd < 0)
             continue;
-        if (!tp->failed && !tp->announced && !peer->sq.head) {
+        if (!tp->announced && !peer->sq.head) {   /* (a failed instance has announced) */
             /* Say goodbye, so the peer can tell a finished rank from a dead one. */
             uint8_t bye[LOOM_FRAME_BYTES];
             loom_frame_t f = {.kind = LOOM_FRAME_BYE};

@@ -85,31 +85,31 @@ class ElasticSampler(torch.utils.data.Sampler):
 
 
 class _Handler:
+    """Keeps one object with a state_dict (model, optimizer, sampler): a deep
+    copy at each commit, loaded back on restore; subclasses say how to sync."""
+
     def __init__(self, value):
         self.value = value
         self.save()
 
-
-class _ModelHandler(_Handler):
     def save(self):
         self._saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self):
         self.value.load_state_dict(self._saved)
-
-    def sync(self):
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
 
     def reset(self):
         pass
 
 
-class _OptimizerHandler(_Handler):
-    def save(self):
-        self._saved = copy.deepcopy(self.value.state_dict())
+class _ModelHandler(_Handler):
+    def sync(self):
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
 
+
+class _OptimizerHandler(_Handler):
     def restore(self):
-        self.value.load_state_dict(self._saved)
+        super().restore()
         self._drop_pending()
 
     def sync(self):
@@ -130,12 +130,6 @@ class _OptimizerHandler(_Handler):
 
 
 class _SamplerHandler(_Handler):
-    def save(self):
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self):
-        self.value.load_state_dict(self._saved)
-
     def sync(self):
         self.value.load_state_dict(broadcast_object(self.value.state_dict(), name="sampler_state"))
 
