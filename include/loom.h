@@ -2,7 +2,7 @@
  * loom.h - the public C API of Loom, a collective-communication library for
  * data-parallel deep learning.
  *
- * Conventions (see DESIGN.md):
+ * Conventions (see docs/design.md):
  *  - argument order follows MPI/NCCL: buffers, count, dtype, op, (root), comm;
  *  - counts are elements, not bytes; a count of 0 is legal;
  *  - every call returns a loom_status_t and, on failure, leaves a readable
@@ -87,7 +87,7 @@ typedef struct loom_config {
 #define LOOM_CONFIG_INIT { sizeof(loom_config_t), -1, -1, NULL, 0.0 }
 
 /** Create the world communicator from the environment (LOOM_*, torchrun, Slurm,
- *  Open MPI, PMI; see DESIGN.md). */
+ *  Open MPI, PMI; see loom-info and docs/design.md). */
 LOOM_API loom_status_t loom_init(loom_comm_t *comm);
 /** Create a communicator from an explicit configuration. */
 LOOM_API loom_status_t loom_comm_create(const loom_config_t *cfg, loom_comm_t *comm);
