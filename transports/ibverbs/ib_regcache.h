@@ -8,7 +8,10 @@
  *
  * Caveat (as for every verbs cache without memory hooks): memory that is freed
  * and mapped again at the same address keeps the old pinned pages behind a
- * cached entry. LOOM_IB_REG_CACHE=0 (max_bytes 0) registers per message.
+ * cached entry. So ibverbs.c keeps idle entries only where that cannot
+ * happen (on-demand-paging registrations) or where the user asked for it
+ * (LOOM_IB_REG_CACHE); else max_bytes is 0 and an entry lives while a message
+ * or a loom_comm_register_buffer handle holds it (see ibverbs.c's top).
  *
  * Register/deregister are callbacks, so the cache is tested without a device.
  */
