@@ -5,8 +5,8 @@
 #
 #   vm.sh [--vms 1|2] [--timeout S] [--mem MB] --out DIR CMDS
 #
-# CMDS is a shell script run by /bin/sh inside every VM, in this tree's top
-# directory (the host's root is the VM's root, read-only, under a tmpfs
+# CMDS is a shell script run by /bin/sh inside every VM, in the directory
+# vm.sh was started from (the host's root is the VM's root, read-only, under a tmpfs
 # overlay: /usr, libibverbs with its rxe provider and the built tree are all
 # there). It sees RXE_VM (0 or 1), RXE_NVMS, RXE_IP, RXE_PEER_IP, RXE_OUT (its
 # own writable share, DIR/vmN on the host), RXE_SHARED (one writable share both
@@ -26,7 +26,6 @@
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
-top=$(cd "$here/../.." && pwd)
 nvms=1
 limit=600
 mem=1536
@@ -191,7 +190,7 @@ RXE_VM=$i
 RXE_NVMS=$nvms
 RXE_IP=10.11.0.$((i + 1))
 RXE_PEER_IP=10.11.0.$peer
-RXE_TOP=$top
+RXE_TOP=$(pwd)
 RXE_BOOT_START=$t_start
 EOF
     if [ "$nvms" = 1 ]; then
