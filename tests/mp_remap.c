@@ -10,7 +10,9 @@
  * Runs over whatever LOOM_TRANSPORT selects (tests/test_ibverbs.sh: the
  * libibverbs test double, which models pinned pages; tests/rxe: soft-RoCE).
  * LOOM_REMAP_RANKS (default 2), LOOM_REMAP_ROUNDS (default 5). Prints
- * PASS/FAIL lines and "N passed, N failed"; exit status 0 when all pass. */
+ * PASS/FAIL lines and "N passed, N failed"; exit status 0 when all pass.
+ * `mp_remap --launched`: one rank of a job a launcher started (LOOM_* or
+ * torchrun variables; tests/rxe runs it across two VMs), every case on it. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -143,13 +145,35 @@ static int env_int(const char *name, int dflt)
     return v && *v ? atoi(v) : dflt;
 }
 
-int main(void)
+/* Eager-sized pieces, the first count that takes the RDMA-write path in the
+ * collective matrix, 1 MiB (the issue's program), 4 MiB. */
+static const size_t counts[] = {1024, 100003, 262144, 1048576};
+
+int main(int argc, char **argv)
 {
     int nranks = env_int("LOOM_REMAP_RANKS", 2);
     int rounds = env_int("LOOM_REMAP_ROUNDS", 5);
-    /* Eager-sized pieces, the first count that takes the RDMA-write path in
-     * the collective matrix, 1 MiB (the issue's program), 4 MiB. */
-    static const size_t counts[] = {1024, 100003, 262144, 1048576};
+    if (argc > 1 && strcmp(argv[1], "--launched") == 0) {
+        loom_comm_t c;
+        loom_status_t st = loom_init(&c);
+        if (st != LOOM_SUCCESS) {
+            fprintf(stderr, "loom_init: %s: %s\n", loom_strerror(st), loom_comm_last_error(NULL));
+            return 2;
+        }
+        int bad = 0;
+        for (int mode = MODE_MMAP; mode <= MODE_REGISTERED; mode++)
+            for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+                if (mode != MODE_MMAP && counts[i] != 262144)
+                    continue;
+                remap_case_t k = {.mode = mode, .count = counts[i], .rounds = rounds};
+                int b = rank_main(c, &k);
+                printf("%s rank %d: %s, %zu-byte buffer, %d rounds\n", b ? "FAIL" : "PASS",
+                       loom_comm_rank(c), mode_names[mode], counts[i] * sizeof(int32_t), rounds);
+                bad |= b;
+            }
+        loom_comm_destroy(c);
+        return bad ? 1 : 0;
+    }
     for (int mode = MODE_MMAP; mode <= MODE_REGISTERED; mode++)
         for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
             if (mode != MODE_MMAP && counts[i] != 262144)
