@@ -51,6 +51,10 @@ void loom_rcache_init(loom_rcache_t *rc, size_t max_bytes, size_t max_entries,
  * 0 on success, -1 with errno when registration fails even after evicting
  * every idle entry. */
 int loom_rcache_get(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_entry_t **e_p);
+/* A new referenced entry for exactly the pages of [addr, addr + len), never
+ * an existing one: for memory whose owner vouches for its pages now (idle
+ * entries over them are dropped). As loom_rcache_get otherwise. */
+int loom_rcache_get_new(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_entry_t **e_p);
 /* Drop one reference; idle entries beyond the bounds are deregistered. */
 void loom_rcache_put(loom_rcache_t *rc, loom_rc_entry_t *e);
 /* Deregister everything (referenced entries too: the owner is going away). */

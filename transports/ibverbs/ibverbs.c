@@ -1790,6 +1790,8 @@ static void find_cause(loom_tp_t *tp, struct ibv_wc *first, int *is_recv)
     } while (monotonic_s() < until);
 }
 
+static loom_status_t report_wc(loom_tp_t *tp, const struct ibv_wc *wcp, int is_recv);
+
 static loom_status_t on_wc_error(loom_tp_t *tp, const struct ibv_wc *wc_in, int is_recv)
 {
     struct ibv_wc wc = *wc_in;
@@ -1804,8 +1806,14 @@ static loom_status_t on_wc_error(loom_tp_t *tp, const struct ibv_wc *wc_in, int 
     if (p && p->said_bye && nothing_pending(p))
         return LOOM_SUCCESS;
     find_cause(tp, &wc, &is_recv);
-    peer = WRID_PEER(wc.wr_id);
-    p = peer < tp->size ? &tp->peers[peer] : NULL;
+    return report_wc(tp, &wc, is_recv);
+}
+
+static loom_status_t report_wc(loom_tp_t *tp, const struct ibv_wc *wcp, int is_recv)
+{
+    struct ibv_wc wc = *wcp;
+    int peer = WRID_PEER(wc.wr_id);
+    ib_peer_t *p = peer < tp->size ? &tp->peers[peer] : NULL;
     char what[128];
     describe_wr(tp, &wc, is_recv, what, sizeof(what));
     int lost = wc.status == IBV_WC_RETRY_EXC_ERR || (p && p->hung_up);
@@ -1813,7 +1821,7 @@ static loom_status_t on_wc_error(loom_tp_t *tp, const struct ibv_wc *wc_in, int 
                    "ibverbs: rank %d: %s failed on %s:%d: %s (status %d, vendor error 0x%x)%s%s",
                    tp->rank, what, tp->dev_name, tp->port, tp->api->wc_status_str(wc.status),
                    (int)wc.status, wc.vendor_err, wc_hint(wc.status),
-                   !p || !p->hung_up ? ""
+                   !p || (!p->hung_up && !p->gave_up) ? ""
                    : p->gave_up ? "; that rank gave up on this communicator (a failed call or "
                                   "loom_comm_abort there)"
                                 : "; that rank's side channel closed without a goodbye");
@@ -1944,6 +1952,29 @@ static void check_sockets(loom_tp_t *tp, long timeout_us)
         tp_fail(tp, (loom_status_t)why, "the communicator was aborted");
 }
 
+/* Before blaming a peer that gave up: when our own queue pair with it broke,
+ * that is this rank's failure, reported with its own cause. */
+static int own_qp_failed(loom_tp_t *tp, ib_peer_t *p)
+{
+    struct ibv_qp_attr a;
+    struct ibv_qp_init_attr ia;
+    if (!p->qp || tp->api->query_qp(p->qp, &a, IBV_QP_STATE, &ia) != 0 ||
+        a.qp_state != IBV_QPS_ERR)
+        return 0;
+    struct ibv_wc wc = {.wr_id = WRID(WR_RECV, p->rank, 0), .status = IBV_WC_WR_FLUSH_ERR};
+    int is_recv = 1;
+    find_cause(tp, &wc, &is_recv);
+    if (wc.status == IBV_WC_WR_FLUSH_ERR) {
+        tp_fail(tp, LOOM_ERR_PEER_LOST, "ibverbs: rank %d: its queue pair with rank %d on %s:%d "
+                "is in the error state, with no error completion here (the peer may report the "
+                "cause); rank %d gave up on this communicator", tp->rank, p->rank, tp->dev_name,
+                tp->port, p->rank);
+        return 1;
+    }
+    report_wc(tp, &wc, is_recv);
+    return 1;
+}
+
 static void check_goodbyes(loom_tp_t *tp, double now)
 {
     for (int i = 0; i < tp->nactive && !tp->failed; i++) {
@@ -1953,8 +1984,10 @@ static void check_goodbyes(loom_tp_t *tp, double now)
                     "still exchanges messages with it", p->rank, tp->rank);
         else if (p->gave_up && (p->hung_up || !nothing_pending(p)) &&
                  now - p->gave_up_at > BYE_GRACE_S)
-            loom_tp_fail_gave_up(&tp->failed, tp->err, "ibverbs", tp->rank, p->rank);
-        else if (p->hung_up && now - p->hangup_at > BYE_GRACE_S)
+        {
+            if (!own_qp_failed(tp, p))
+                loom_tp_fail_gave_up(&tp->failed, tp->err, "ibverbs", tp->rank, p->rank);
+        } else if (p->hung_up && now - p->hangup_at > BYE_GRACE_S)
             tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d lost rank %d: its side channel closed "
                     "without a goodbye (the process died or exited without "
                     "loom_comm_destroy)", tp->rank, p->rank);
@@ -2082,7 +2115,7 @@ static loom_status_t ib_mem_register(loom_tp_t *tp, void *buf, size_t len, void 
     loom_rc_entry_t *e;
     loom_tp_own(&tp->owner);
     tp->reg_pinned = 1;
-    int rc = loom_rcache_get(&tp->rcache, buf, len, &e);
+    int rc = loom_rcache_get_new(&tp->rcache, buf, len, &e);
     int saved = errno;
     tp->reg_pinned = 0;
     loom_tp_disown(&tp->owner);
