@@ -102,6 +102,23 @@ LOOM_API loom_status_t loom_comm_destroy(loom_comm_t c);
  *  meant to be called from another thread than the one blocked in a collective. */
 LOOM_API loom_status_t loom_comm_abort(loom_comm_t c);
 
+/** Opaque handle of a buffer registered with loom_comm_register_buffer. */
+typedef struct loom_buffer_reg *loom_buffer_reg_t;
+/** Register [buf, buf + len) with c's network transport for as long as the
+ *  handle lives, as ncclCommRegister does: messages that lie inside it move
+ *  without registering memory per call (InfiniBand/RoCE: pinned once). The
+ *  caller promises that the range stays mapped, with the same pages, until
+ *  loom_comm_deregister_buffer: freeing or remapping it before that makes the
+ *  HCA read and write the old pages (wrong results). Meant for long-lived
+ *  buffers such as a framework's allocator pool. Unregistered memory is always
+ *  safe to use (see README, "InfiniBand and RoCE"). A transport that needs no
+ *  registration (TCP, shared memory) returns a handle that does nothing. Not
+ *  collective; thread-safe against calls running on c. */
+LOOM_API loom_status_t loom_comm_register_buffer(loom_comm_t c, void *buf, size_t len,
+                                                 loom_buffer_reg_t *reg);
+/** Release a registration of c (before loom_comm_destroy of c). NULL: nothing. */
+LOOM_API loom_status_t loom_comm_deregister_buffer(loom_comm_t c, loom_buffer_reg_t reg);
+
 /* ---- Elastic jobs. ---------------------------------------------------------
  * With LOOM_ELASTIC=1 (loomrun --elastic sets it) loom_init forms the world
  * communicator through a membership round in the store instead of a fixed

@@ -7,6 +7,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -645,6 +646,52 @@ LOOM_API loom_status_t loom_comm_abort(loom_comm_t c)
     pthread_mutex_lock(&c->qlock);
     pthread_cond_broadcast(&c->qcond);
     pthread_mutex_unlock(&c->qlock);
+    return LOOM_SUCCESS;
+}
+
+struct loom_buffer_reg {
+    loom_comm_t comm;
+    void *handle;                 /* the transport's, NULL when it registers nothing */
+};
+
+LOOM_API loom_status_t loom_comm_register_buffer(loom_comm_t c, void *buf, size_t len,
+                                                 loom_buffer_reg_t *reg)
+{
+    if (!c)
+        return loom_global_fail(LOOM_ERR_INVALID_ARG,
+                                "loom_comm_register_buffer: NULL communicator");
+    if (!reg || (!buf && len))
+        return loom_comm_fail(c, LOOM_ERR_INVALID_ARG, "loom_comm_register_buffer: %s",
+                              !reg ? "NULL handle pointer" : "NULL buffer");
+    loom_buffer_reg_t r = calloc(1, sizeof(*r));
+    if (!r)
+        return loom_comm_fail(c, LOOM_ERR_NO_MEMORY, "out of memory");
+    r->comm = c;
+    if (len && c->tp && c->tp_ops->mem_register) {
+        errno = 0;
+        loom_status_t st = c->tp_ops->mem_register(c->tp, buf, len, &r->handle);
+        if (st != LOOM_SUCCESS) {
+            int e = errno;
+            free(r);
+            return loom_comm_fail(c, st, "loom_comm_register_buffer: %s cannot register %zu "
+                                  "bytes at %p: %s (RLIMIT_MEMLOCK?)", c->tp_ops->name, len, buf,
+                                  e ? strerror(e) : "unknown reason");
+        }
+    }
+    *reg = r;
+    return LOOM_SUCCESS;
+}
+
+LOOM_API loom_status_t loom_comm_deregister_buffer(loom_comm_t c, loom_buffer_reg_t reg)
+{
+    if (!reg)
+        return LOOM_SUCCESS;
+    if (!c || reg->comm != c)
+        return loom_global_fail(LOOM_ERR_INVALID_ARG, "loom_comm_deregister_buffer: the handle "
+                                "belongs to another communicator");
+    if (reg->handle && c->tp && c->tp_ops->mem_deregister)
+        c->tp_ops->mem_deregister(c->tp, reg->handle);
+    free(reg);
     return LOOM_SUCCESS;
 }
 

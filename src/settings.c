@@ -38,7 +38,11 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_IB_GID_INDEX", NULL, "RoCE GID index (else the RoCE v2 GID carrying the interface's address)"},
     {"LOOM_NET_GDR", NULL, "GPUDirect RDMA for GPU buffers: 1 forces, 0 stages through host memory (else when GPU and HCA are close)"},
     {"LOOM_CUDA_CHUNK_BYTES", "4194304", "GPU buffers: bytes per pass through the pinned host staging buffers, the same on every rank (builds with CUDA)"},
-    {"LOOM_IB_REG_CACHE", "1073741824", "bytes of idle memory registrations ibverbs keeps for reuse; 0 registers per message"},
+    {"LOOM_IB_REG_CACHE", "0", "bytes of idle pinned registrations of user memory ibverbs keeps for reuse; safe only if no buffer is freed or remapped while cached (else stale pages: wrong data); 0 registers per message (see loom_comm_register_buffer)"},
+    {"LOOM_IB_ODP", "1", "1: register user memory on demand (IBV_ACCESS_ON_DEMAND, cached safely) where the HCA supports it; 0: never"},
+    {"LOOM_IB_TIMEOUT", "20", "ibverbs local ACK timeout exponent: 4.096 us << N per try (20: 4.3 s)"},
+    {"LOOM_IB_RETRY_CNT", "7", "ibverbs transport retries before a send fails with retry exceeded (0-7)"},
+    {"LOOM_IB_RNR_RETRY", "7", "ibverbs receiver-not-ready retries (0-7; 7: forever)"},
     {"LOOM_IB_TC", "0", "traffic class of ibverbs packets (RoCE: DSCP << 2, e.g. 106 for a lossless class)"},
     {"LOOM_IB_SL", "0", "InfiniBand service level (RoCE: priority) of ibverbs queue pairs"},
     {"LOOM_DEBUG", NULL, "WARN|INFO|TRACE log level (stderr)"},
@@ -214,6 +218,18 @@ loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *a
     if ((st = int_setting(get, arg, "LOOM_IB_REG_CACHE", 0, LONG_MAX, &v, err)) != LOOM_SUCCESS)
         return st;
     s->ib_reg_cache = (size_t)v;
+    if ((st = int_setting(get, arg, "LOOM_IB_ODP", 0, 1, &v, err)) != LOOM_SUCCESS)
+        return st;
+    s->ib_odp = (int)v;
+    if ((st = int_setting(get, arg, "LOOM_IB_TIMEOUT", 1, 31, &v, err)) != LOOM_SUCCESS)
+        return st;
+    s->ib_timeout = (int)v;
+    if ((st = int_setting(get, arg, "LOOM_IB_RETRY_CNT", 0, 7, &v, err)) != LOOM_SUCCESS)
+        return st;
+    s->ib_retry_cnt = (int)v;
+    if ((st = int_setting(get, arg, "LOOM_IB_RNR_RETRY", 0, 7, &v, err)) != LOOM_SUCCESS)
+        return st;
+    s->ib_rnr_retry = (int)v;
     if ((st = int_setting(get, arg, "LOOM_IB_TC", 0, 255, &v, err)) != LOOM_SUCCESS)
         return st;
     s->ib_tc = (int)v;

@@ -38,7 +38,9 @@ typedef struct loom_settings {
     char ib_hca[256];          /* LOOM_IB_HCA, "" when unset: every active port */
     int ib_gid_index;          /* LOOM_IB_GID_INDEX, -1 when unset: chosen */
     int net_gdr;               /* LOOM_NET_GDR: -1 auto, 0 off, 1 forced */
-    size_t ib_reg_cache;       /* LOOM_IB_REG_CACHE bytes; 0 registers per message */
+    size_t ib_reg_cache;       /* LOOM_IB_REG_CACHE bytes of idle pinned user registrations */
+    int ib_odp;                /* LOOM_IB_ODP: on-demand paging where the HCA has it */
+    int ib_timeout, ib_retry_cnt, ib_rnr_retry;   /* QP attributes (LOOM_IB_TIMEOUT, ...) */
     int ib_tc, ib_sl;          /* LOOM_IB_TC (RoCE traffic class), LOOM_IB_SL (service level) */
 } loom_settings_t;
 

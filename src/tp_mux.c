@@ -85,6 +85,25 @@ static void *mux_window(loom_tp_t *m, int peer, size_t *len_p)
     return m->ops[i]->window ? m->ops[i]->window(m->tps[i], peer, len_p) : NULL;
 }
 
+/* Memory registration is the network transport's (shm has none). */
+static loom_status_t mux_mem_register(loom_tp_t *m, void *buf, size_t len, void **handle_p)
+{
+    for (int i = 0; i < m->ntp; i++)
+        if (m->ops[i]->mem_register)
+            return m->ops[i]->mem_register(m->tps[i], buf, len, handle_p);
+    *handle_p = NULL;
+    return LOOM_SUCCESS;
+}
+
+static void mux_mem_deregister(loom_tp_t *m, void *handle)
+{
+    for (int i = 0; i < m->ntp; i++)
+        if (m->ops[i]->mem_deregister) {
+            m->ops[i]->mem_deregister(m->tps[i], handle);
+            return;
+        }
+}
+
 static void mux_abort(loom_tp_t *m, loom_status_t why)
 {
     for (int i = 0; i < m->ntp; i++)
@@ -107,6 +126,8 @@ const loom_transport_ops_t loom_mux_transport = {
     .isend = mux_isend,
     .irecv = mux_irecv,
     .progress = mux_progress,
+    .mem_register = mux_mem_register,
+    .mem_deregister = mux_mem_deregister,
     .abort = mux_abort,
     .destroy = mux_destroy,
     .peer_readable = mux_peer_readable,

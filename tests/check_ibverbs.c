@@ -206,6 +206,45 @@ START_TEST(test_rcache_entry_bound_and_nocache)
 }
 END_TEST
 
+/* loom_comm_register_buffer's entries: always a new registration (an idle
+ * entry over the pages may hold pages unmapped since), kept while held, hit by
+ * messages inside it, released on the last put. */
+START_TEST(test_rcache_get_new)
+{
+    fake_reg_t f = {0};
+    loom_rcache_t rc;
+    size_t pg = page();
+    loom_rcache_init(&rc, 1 << 30, 64, fake_reg_fn, fake_dereg_fn, &f);
+    uint8_t *b = region(16);
+    loom_rc_entry_t *old, *e, *m;
+    ck_assert_int_eq(loom_rcache_get(&rc, b, 4 * pg, &old), 0);
+    loom_rcache_put(&rc, old);           /* idle, cached */
+    ck_assert_int_eq(loom_rcache_get_new(&rc, b + pg, pg, &e), 0);
+    ck_assert_int_eq(f.regs, 2);         /* not the idle entry covering it */
+    ck_assert_int_eq(f.deregs, 1);       /* which was dropped */
+    ck_assert_uint_eq(e->start, (uintptr_t)(b + pg));
+    ck_assert_uint_eq(e->end, (uintptr_t)(b + 2 * pg));
+    ck_assert_int_eq(loom_rcache_get(&rc, b + pg + 100, 200, &m), 0);
+    ck_assert_ptr_eq(m, e);              /* a message inside it: a hit */
+    ck_assert_int_eq(f.regs, 2);
+    loom_rcache_put(&rc, m);
+    ck_assert_int_eq(loom_rcache_get_new(&rc, b + pg, pg, &m), 0);
+    ck_assert_ptr_ne(m, e);              /* a second handle: its own registration */
+    loom_rcache_put(&rc, m);
+    loom_rcache_put(&rc, e);
+    loom_rcache_fini(&rc);
+    ck_assert_int_eq(f.live, 0);
+
+    /* With nothing kept idle, the last put deregisters it. */
+    fake_reg_t g = {0};
+    loom_rcache_init(&rc, 0, 64, fake_reg_fn, fake_dereg_fn, &g);
+    ck_assert_int_eq(loom_rcache_get_new(&rc, b, 10, &e), 0);
+    loom_rcache_put(&rc, e);
+    ck_assert_int_eq(g.live, 0);
+    loom_rcache_fini(&rc);
+}
+END_TEST
+
 START_TEST(test_rcache_failure_evicts_and_retries)
 {
     fake_reg_t f = {0};
@@ -451,6 +490,7 @@ Suite *loom_ibverbs_suite(void)
     tcase_add_test(tc, test_rcache_lru_eviction);
     tcase_add_test(tc, test_rcache_entry_bound_and_nocache);
     tcase_add_test(tc, test_rcache_failure_evicts_and_retries);
+    tcase_add_test(tc, test_rcache_get_new);
     suite_add_tcase(s, tc);
     tc = tcase_create("config");
     tcase_add_test(tc, test_hca_parse);

@@ -73,7 +73,10 @@ typedef struct loom_transport_ops {
      * completed. Returns the failure state of the instance: once a peer is lost
      * every pending and later request fails with that status. */
     loom_status_t (*progress)(loom_tp_t *tp, int timeout_ms, int *moved_p);
-    /* Optional (may be NULL): pin/register memory for zero-copy transports. */
+    /* Optional (may be NULL): pin/register memory for zero-copy transports, for
+     * as long as the handle lives (loom_comm_register_buffer); thread-safe
+     * against isend/irecv/progress. A failure returns a status with errno set
+     * and leaves tp's error alone (a running operation owns it). */
     loom_status_t (*mem_register)(loom_tp_t *tp, void *buf, size_t len, void **handle_p);
     void (*mem_deregister)(loom_tp_t *tp, void *handle);
     /* Thread-safe: fail everything with why and wake a blocked progress call. */

@@ -44,7 +44,7 @@
 #define FV_MAX_DEVS 8
 #define FV_MAX_PORTS 4
 #define FV_MAX_GIDS 2
-#define FV_MAGIC 0x66616b6576657201ull /* bump when the registry layout changes */
+#define FV_MAGIC 0x66616b6576657202ull /* bump when the registry layout changes */
 #define FV_ROCE_V2_GID_INDEX 1
 
 /* ---- the registry (shared memory) -------------------------------------------------------- */
@@ -84,6 +84,9 @@ struct fv_rmr {
     int32_t pid;
     uint32_t pd_id, access;
     uint64_t iova, addr, len;
+    /* Pinned pages: the page frames behind [addr, addr + len) at registration, an array of
+     * uint64_t in the owner's memory (0: not modelled, see mr_pin). */
+    uint64_t pfn_addr;
 };
 
 struct fv_registry {
@@ -133,6 +136,7 @@ struct fv_pd {
 struct fv_mr {
     struct ibv_mr ibv;
     int slot;
+    uint64_t *pfns; /* what the registry's pfn_addr points to */
 };
 
 struct fv_cqe {
@@ -197,6 +201,8 @@ static volatile uint8_t fv_alive = 1;
 
 static unsigned long fv_posted, fv_writes; /* WRs and RDMA WRITEs posted (atomics) */
 static int fv_qperr_fired;
+static int fv_stale_warned;
+static uint8_t fv_stale_bytes[4096]; /* what "the old pages" hold, as far as the peer sees */
 
 static uint64_t now_ns(void)
 {
@@ -262,6 +268,7 @@ static void add_device(const char *name, int nports)
 
 static void fv_init(void)
 {
+    memset(fv_stale_bytes, 0xdb, sizeof(fv_stale_bytes));
     const char *ll = getenv("FAKEVERBS_LINK_LAYER");
     const char *spec = getenv("FAKEVERBS_DEVICES");
     const char *fault = getenv("FAKEVERBS_FAULT");
@@ -438,6 +445,106 @@ static struct fv_rmr *mr_check(uint32_t key, int32_t pid, uint32_t pd_id, uint64
 static void *mr_translate(const struct fv_rmr *m, uint64_t va)
 {
     return (void *)(uintptr_t)(m->addr + (va - m->iova));
+}
+
+/* ---- pinned pages ------------------------------------------------------------------------
+ * An HCA pins the page frames behind an MR when it is registered and moves data to and from
+ * those frames until it is deregistered, whatever the process maps at those addresses since
+ * (munmap + mmap, as glibc's free and malloc do for large blocks; mremap; MADV_DONTNEED).
+ * The double records the frames (/proc/<pid>/pagemap) at registration and compares them at
+ * every access: a WR over frames that changed behaves as on an HCA, the bytes go to the old
+ * frames (a write: the process never sees them) or come from them (a read: the peer gets
+ * fv_stale_bytes, the double having no copy of the old contents). Frame numbers need
+ * CAP_SYS_ADMIN (else pagemap shows 0): without it nothing is modelled. Pages are not
+ * really pinned, so a frame the kernel moves (compaction, a huge page collapsed by
+ * khugepaged under THP "always") would look stale too; and with fork() the parent's
+ * copy-on-write moves it as on an HCA without ibv_fork_init. */
+
+#define FV_PFN_MASK ((UINT64_C(1) << 55) - 1)
+#define FV_PAGE_PRESENT (UINT64_C(1) << 63)
+
+static uint64_t page_size(void)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    return pg > 0 ? (uint64_t)pg : 4096;
+}
+
+/* The frames of pid's pages first .. first + n - 1 into out; 0, or -1 when unreadable. */
+static int read_frames(int32_t pid, uint64_t first, size_t n, uint64_t *out)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/pagemap", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    size_t want = n * sizeof(uint64_t);
+    ssize_t got = pread(fd, out, want, (off_t)(first * sizeof(uint64_t)));
+    close(fd);
+    if (got != (ssize_t)want)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        out[i] = (out[i] & FV_PAGE_PRESENT) ? out[i] & FV_PFN_MASK : 0;
+    return 0;
+}
+
+/* Fault the pages of [addr, addr + len) in (writable where the MR may be written, as a pin
+ * with FOLL_WRITE does) and record their frames; NULL when the frames cannot be known. */
+static uint64_t *mr_pin(void *addr, size_t len, unsigned int access)
+{
+    uint64_t pg = page_size();
+    uint64_t first = (uintptr_t)addr / pg, last = ((uintptr_t)addr + len - 1) / pg;
+    size_t n = (size_t)(last - first + 1);
+    void *start = (void *)(uintptr_t)(first * pg);
+#ifdef MADV_POPULATE_WRITE
+    int adv = (access & IBV_ACCESS_LOCAL_WRITE) ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
+    if (madvise(start, n * pg, adv) != 0)
+        return NULL; /* an old kernel: nothing is modelled */
+#else
+    (void)access;
+    (void)start;
+    return NULL;
+#endif
+    uint64_t *pfns = malloc(n * sizeof(uint64_t));
+    if (!pfns || read_frames(getpid(), first, n, pfns) != 0) {
+        free(pfns);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!pfns[i]) { /* no CAP_SYS_ADMIN, or a page that is not there */
+            free(pfns);
+            return NULL;
+        }
+    return pfns;
+}
+
+/* Whether the frames behind [va, va + len) of m are not those pinned. Registry locked. */
+static int mr_stale(const struct fv_rmr *m, uint64_t va, uint64_t len)
+{
+    if (!m->pfn_addr || !len)
+        return 0;
+    uint64_t pg = page_size();
+    uint64_t a = m->addr + (va - m->iova);
+    uint64_t base = m->addr / pg, first = a / pg, last = (a + len - 1) / pg;
+    uint64_t cur[64], pin[64];
+    for (uint64_t p = first; p <= last; p += 64) {
+        size_t n = (size_t)(last - p + 1 < 64 ? last - p + 1 : 64);
+        struct iovec l = {pin, n * sizeof(uint64_t)};
+        struct iovec r = {(void *)(uintptr_t)(m->pfn_addr + (p - base) * sizeof(uint64_t)),
+                          n * sizeof(uint64_t)};
+        if (read_frames(m->pid, p, n, cur) != 0 ||
+            process_vm_readv(m->pid, &l, 1, &r, 1, 0) != (ssize_t)l.iov_len)
+            return 0; /* cannot tell (the process is going away): as before */
+        for (size_t i = 0; i < n; i++)
+            if (cur[i] != pin[i]) {
+                if (!__atomic_exchange_n(&fv_stale_warned, 1, __ATOMIC_RELAXED))
+                    fprintf(stderr, "fakeverbs: MR %#x of pid %d: the pages at %#llx changed "
+                            "since ibv_reg_mr (unmapped and mapped again?): the data moves "
+                            "to or from the pinned pages, which the process no longer sees\n",
+                            m->key, (int)m->pid, (unsigned long long)((p + i) * pg));
+                return 1;
+            }
+    }
+    return 0;
 }
 
 /* ---- CQs and completions ----------------------------------------------------------------- */
@@ -653,7 +760,7 @@ static int exec_wr(struct fv_ctx *c, struct fv_qp *qp, struct fv_swqe *w, struct
     const int is_write = w->opcode == IBV_WR_RDMA_WRITE || w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
     const int needs_recv = w->opcode != IBV_WR_RDMA_WRITE;
     struct iovec liov[FV_MAX_SGE], riov[FV_MAX_SGE];
-    int nl = 0, nr = 0;
+    int nl = 0, nr = 0, lstale = 0, rstale = 0;
     uint64_t len = 0;
     int32_t tpid;
     uint32_t tproc, dqpn = qp->attr.dest_qp_num, ridx = 0;
@@ -675,6 +782,7 @@ static int exec_wr(struct fv_ctx *c, struct fv_qp *qp, struct fv_swqe *w, struct
                 res->status = IBV_WC_LOC_PROT_ERR;
                 return FV_DONE;
             }
+            lstale |= mr_stale(m, s->addr, s->length);
             if (s->length)
                 liov[nl++] = (struct iovec){mr_translate(m, s->addr), s->length};
             len += s->length;
@@ -718,8 +826,10 @@ static int exec_wr(struct fv_ctx *c, struct fv_qp *qp, struct fv_swqe *w, struct
             res->status = IBV_WC_REM_ACCESS_ERR;
             return FV_DONE;
         }
-        if (len)
+        if (len) {
+            rstale |= mr_stale(m, w->raddr, len);
             riov[nr++] = (struct iovec){mr_translate(m, w->raddr), len};
+        }
     }
     if (needs_recv) {
         ridx = t->consumed++;
@@ -736,6 +846,7 @@ static int exec_wr(struct fv_ctx *c, struct fv_qp *qp, struct fv_swqe *w, struct
                     bad = 1;
                     break;
                 }
+                rstale |= mr_stale(m, s->addr, s->length);
                 if (s->length)
                     riov[nr++] = (struct iovec){mr_translate(m, s->addr), s->length};
                 room += s->length;
@@ -761,10 +872,16 @@ static int exec_wr(struct fv_ctx *c, struct fv_qp *qp, struct fv_swqe *w, struct
     pthread_mutex_unlock(&c->lock);
     int err = 0;
     size_t li = 0, loff = 0, ri = 0, roff = 0;
-    while (len && li < (size_t)nl && ri < (size_t)nr) {
+    /* Into pinned pages the target no longer maps: nothing it can see changes. */
+    while (len && !rstale && li < (size_t)nl && ri < (size_t)nr) {
         struct iovec l = {(char *)liov[li].iov_base + loff, liov[li].iov_len - loff};
         struct iovec r = {(char *)riov[ri].iov_base + roff, riov[ri].iov_len - roff};
         size_t n = l.iov_len < r.iov_len ? l.iov_len : r.iov_len;
+        if (lstale) {
+            l.iov_base = fv_stale_bytes;
+            if (n > sizeof(fv_stale_bytes))
+                n = sizeof(fv_stale_bytes);
+        }
         l.iov_len = r.iov_len = n;
         ssize_t got = process_vm_writev(tpid, &l, 1, &r, 1, 0);
         if (got <= 0) {
@@ -1255,6 +1372,7 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *ibpd, void *addr, size_t length, 
         errno = ENOMEM;
         return NULL;
     }
+    mr->pfns = mr_pin(addr, length, access);
     reg_lock();
     int slot = -1;
     for (int i = 1; i < FV_MAX_MRS && slot < 0; i++)
@@ -1269,10 +1387,12 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *ibpd, void *addr, size_t length, 
         m->iova = iova;
         m->addr = (uintptr_t)addr;
         m->len = length;
+        m->pfn_addr = (uintptr_t)mr->pfns;
         mr->ibv.lkey = mr->ibv.rkey = m->key;
     }
     reg_unlock();
     if (slot < 0) {
+        free(mr->pfns);
         free(mr);
         errno = ENOMEM;
         return NULL;
@@ -1313,6 +1433,7 @@ int ibv_dereg_mr(struct ibv_mr *ibmr)
     pthread_mutex_lock(&c->lock);
     pd->refs--;
     pthread_mutex_unlock(&c->lock);
+    free(mr->pfns);
     free(mr);
     return 0;
 }

@@ -62,11 +62,57 @@ static void shrink(loom_rcache_t *rc, int all)
     }
 }
 
-int loom_rcache_get(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_entry_t **e_p)
+static void page_range(const loom_rcache_t *rc, const void *addr, size_t len, uintptr_t *start,
+                       uintptr_t *end)
 {
     uintptr_t a = (uintptr_t)addr, b = a + (len ? len : 1);
-    uintptr_t start = a & ~(uintptr_t)(rc->page - 1);
-    uintptr_t end = (b + rc->page - 1) & ~(uintptr_t)(rc->page - 1);
+    *start = a & ~(uintptr_t)(rc->page - 1);
+    *end = (b + rc->page - 1) & ~(uintptr_t)(rc->page - 1);
+}
+
+int loom_rcache_get_new(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_entry_t **e_p)
+{
+    uintptr_t start, end;
+    page_range(rc, addr, len, &start, &end);
+    /* Idle entries over these pages were made before the caller vouched for
+     * them: they may hold pages since unmapped. */
+    for (loom_rc_entry_t *e = rc->head, *next; e; e = next) {
+        next = e->next;
+        if (e->refs == 0 && e->start < end && e->end > start) {
+            drop(rc, e);
+            rc->evictions++;
+        }
+    }
+    loom_rc_entry_t *e = calloc(1, sizeof(*e));
+    if (!e) {
+        errno = ENOMEM;
+        return -1;
+    }
+    e->start = start;
+    e->end = end;
+    if (rc->reg(rc->arg, (void *)start, end - start, &e->mr, &e->lkey, &e->rkey) != 0) {
+        shrink(rc, 1);
+        if (rc->reg(rc->arg, (void *)start, end - start, &e->mr, &e->lkey, &e->rkey) != 0) {
+            int saved = errno;
+            free(e);
+            errno = saved;
+            return -1;
+        }
+    }
+    rc->misses++;
+    e->refs = 1;
+    push_front(rc, e);
+    rc->bytes += end - start;
+    rc->entries++;
+    shrink(rc, 0);
+    *e_p = e;
+    return 0;
+}
+
+int loom_rcache_get(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_entry_t **e_p)
+{
+    uintptr_t start, end;
+    page_range(rc, addr, len, &start, &end);
     for (loom_rc_entry_t *e = rc->head; e; e = e->next) {
         if (e->start <= start && e->end >= end) {
             rc->hits++;

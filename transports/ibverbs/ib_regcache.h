@@ -8,7 +8,10 @@
  *
  * Caveat (as for every verbs cache without memory hooks): memory that is freed
  * and mapped again at the same address keeps the old pinned pages behind a
- * cached entry. LOOM_IB_REG_CACHE=0 (max_bytes 0) registers per message.
+ * cached entry. So ibverbs.c keeps idle entries only where that cannot
+ * happen (on-demand-paging registrations) or where the user asked for it
+ * (LOOM_IB_REG_CACHE); else max_bytes is 0 and an entry lives while a message
+ * or a loom_comm_register_buffer handle holds it (see ibverbs.c's top).
  *
  * Register/deregister are callbacks, so the cache is tested without a device.
  */
@@ -48,6 +51,10 @@ void loom_rcache_init(loom_rcache_t *rc, size_t max_bytes, size_t max_entries,
  * 0 on success, -1 with errno when registration fails even after evicting
  * every idle entry. */
 int loom_rcache_get(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_entry_t **e_p);
+/* A new referenced entry for exactly the pages of [addr, addr + len), never
+ * an existing one: for memory whose owner vouches for its pages now (idle
+ * entries over them are dropped). As loom_rcache_get otherwise. */
+int loom_rcache_get_new(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_entry_t **e_p);
 /* Drop one reference; idle entries beyond the bounds are deregistered. */
 void loom_rcache_put(loom_rcache_t *rc, loom_rc_entry_t *e);
 /* Deregister everything (referenced entries too: the owner is going away). */

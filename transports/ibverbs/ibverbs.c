@@ -19,6 +19,25 @@
  * completion retires all earlier WRs of that QP, which frees bounce slots and
  * send-queue room.
  *
+ * Registration of user memory: an HCA keeps the pages that were mapped when
+ * a buffer was registered (pinned). Memory freed and mapped again at the same
+ * address (glibc's free/malloc of large blocks: munmap, then mmap; a remap;
+ * madvise DONTNEED) has new pages behind the same range, so a registration
+ * kept across that moves bytes to and from pages nobody sees any more: wrong
+ * results, silently. glibc's free calls munmap without going through the PLT,
+ * so no hook on munmap can tell. Hence, by default:
+ *  - the buffer of a rendezvous is registered for that message only (the
+ *    user cannot free or remap it while the call is running), and
+ *    deregistered when it completes;
+ *  - where the HCA can (IBV_ACCESS_ON_DEMAND for RC send and write, LOOM_IB_ODP),
+ *    user memory is registered on demand instead: the kernel follows changes
+ *    of the mapping, so those registrations are cached;
+ *  - memory the user registers through loom_comm_register_buffer (which
+ *    promises it stays mapped until loom_comm_deregister_buffer), and Loom's
+ *    own slots and credit words, stay registered.
+ * LOOM_IB_REG_CACHE > 0 keeps idle pinned registrations too, for programs
+ * that never free or remap a buffer they communicate from.
+ *
  * With LOOM_AUTH_KEY both ends of the side channel prove the key (HMAC over
  * fresh nonces, as tcp.c) before a queue pair is brought up or an rkey leaves.
  *
@@ -43,6 +62,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +92,7 @@
 #define SIGNAL_EVERY 8
 #define CREDIT_BATCH (RECV_SLOTS / 4)
 #define INLINE_WANT 128
+#define ODP_CACHE_BYTES ((size_t)1 << 30)   /* idle on-demand registrations kept */
 #define CHUNK_BYTES (1u << 30) /* one RDMA WRITE at most (sge length is 32 bits) */
 #define BYE_GRACE_S 0.2        /* completions may trail a goodbye on the side channel */
 #define SOCK_CHECK_S 0.005
@@ -144,6 +165,8 @@ typedef struct ib_peer {
     uint64_t sq_posted, sq_done, sq_last_sig;
     uint32_t send_next;
     uint64_t send_slot_seq[SEND_SLOTS];
+    uint8_t sq_opcode[SQ_DEPTH];          /* [seq % SQ_DEPTH]: what that WR was */
+    uint32_t sq_bytes[SQ_DEPTH];
     ib_op_t *oq_head, *oq_tail;
     int rdv_out;             /* rendezvous sends in flight */
     /* receive side */
@@ -192,7 +215,11 @@ struct loom_tp {
     uint8_t *slots;          /* [active idx][RECV_SLOTS + SEND_SLOTS][SLOT_BYTES] */
     size_t slots_bytes;
     struct ibv_mr *slots_mr;
-    loom_rcache_t rcache;
+    loom_rcache_t rcache;    /* user memory: see "Registration" at the top */
+    int odp;                 /* user memory is registered on demand */
+    int reg_pinned;          /* the next registration pins (loom_comm_register_buffer) */
+    size_t pinned_cache;     /* LOOM_IB_REG_CACHE */
+    uint8_t qp_timeout, qp_retry_cnt, qp_rnr_retry;
     ib_rdv_table_t rdv_send, rdv_recv;
     ib_op_t *op_free;
     int nqueued;             /* ops waiting in peers' queues */
@@ -230,8 +257,22 @@ static uint8_t *send_slot(loom_tp_t *tp, const ib_peer_t *p, int i)
 static int rc_reg(void *arg, void *addr, size_t len, void **mr_p, uint32_t *lkey, uint32_t *rkey)
 {
     loom_tp_t *tp = arg;
-    struct ibv_mr *mr = tp->api->reg_mr(tp->pd, addr, len, IBV_ACCESS_LOCAL_WRITE |
-                                        IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    struct ibv_mr *mr = NULL;
+    if (tp->odp && !tp->reg_pinned) {
+        mr = tp->api->reg_mr(tp->pd, addr, len, access | IBV_ACCESS_ON_DEMAND);
+        if (!mr) {
+            /* The device said yes and the driver no (a kernel without ODP for
+             * this MR type): pin from now on, and keep nothing pinned idle
+             * beyond what LOOM_IB_REG_CACHE allows. */
+            LOOM_WARN("ibverbs", "rank %d: on-demand registration on %s failed (%s); pinning "
+                      "instead", tp->rank, tp->dev_name, strerror(errno));
+            tp->odp = 0;
+            tp->rcache.max_bytes = tp->pinned_cache;
+        }
+    }
+    if (!mr)
+        mr = tp->api->reg_mr(tp->pd, addr, len, access);
     if (!mr)
         return -1;
     *mr_p = mr;
@@ -570,6 +611,23 @@ static loom_status_t open_port(loom_tp_t *tp, const loom_tp_params_t *p)
     return LOOM_SUCCESS;
 }
 
+/* Whether the HCA serves RC sends and writes from and into on-demand-paged
+ * memory. ibv_query_device_ex is an inline of verbs.h that would link
+ * ibv_query_device; the provider's entry is called the same way instead. */
+static int odp_supported(loom_tp_t *tp)
+{
+    struct verbs_context *vctx = verbs_get_ctx_op(tp->ctx, query_device_ex);
+    if (!vctx)
+        return 0;
+    struct ibv_device_attr_ex ax;
+    memset(&ax, 0, sizeof(ax));
+    if (vctx->query_device_ex(tp->ctx, NULL, &ax, sizeof(ax)) != 0)
+        return 0;
+    const uint32_t want = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE;
+    return (ax.odp_caps.general_caps & IBV_ODP_SUPPORT) &&
+           (ax.odp_caps.per_transport_caps.rc_odp_caps & want) == want;
+}
+
 static loom_status_t ib_create(const loom_tp_params_t *p, char *addr, size_t addrlen,
                                loom_tp_t **tp_p)
 {
@@ -587,9 +645,16 @@ static loom_status_t ib_create(const loom_tp_params_t *p, char *addr, size_t add
     tp->job_hash = p->job_hash;
     tp->comm_hash = p->comm_hash;
     tp->timeout_s = p->settings ? p->settings->timeout_s : 300;
+    tp->qp_timeout = 20;
+    tp->qp_retry_cnt = 7;
+    tp->qp_rnr_retry = 7;
     if (p->settings) {
         tp->tc = (uint8_t)p->settings->ib_tc;
         tp->sl = (uint8_t)p->settings->ib_sl;
+        tp->pinned_cache = p->settings->ib_reg_cache;
+        tp->qp_timeout = (uint8_t)p->settings->ib_timeout;
+        tp->qp_retry_cnt = (uint8_t)p->settings->ib_retry_cnt;
+        tp->qp_rnr_retry = (uint8_t)p->settings->ib_rnr_retry;
     }
     if (p->settings && p->settings->auth_keylen > 0) {
         tp->auth_key = p->settings->auth_key;
@@ -630,8 +695,13 @@ static loom_status_t ib_create(const loom_tp_params_t *p, char *addr, size_t add
                           tp->ctrl_bytes, strerror(errno));
         goto err_free_ctrl;
     }
-    loom_rcache_init(&tp->rcache, p->settings ? p->settings->ib_reg_cache : (size_t)1 << 30, 256,
-                     rc_reg, rc_dereg, tp);
+    tp->odp = (!p->settings || p->settings->ib_odp) && odp_supported(tp);
+    loom_rcache_init(&tp->rcache, tp->odp ? ODP_CACHE_BYTES : tp->pinned_cache, 256, rc_reg,
+                     rc_dereg, tp);
+    LOOM_INFO("ibverbs", "rank %d: user memory is %s", tp->rank,
+              tp->odp ? "registered on demand (ODP) and cached"
+                      : tp->pinned_cache ? "pinned and cached (LOOM_IB_REG_CACHE: stale if freed)"
+                                         : "pinned per message, unless registered by the user");
 
     char host[INET6_ADDRSTRLEN + 1];
     if (choose_host(p, host, sizeof(host)) != 0) {
@@ -791,9 +861,13 @@ static loom_status_t qp_up(loom_tp_t *tp, ib_peer_t *p, const ib_rec_t *r)
             return tp->failed;
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;          /* 4.096 us * 2^14 = 67 ms per try */
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
+    /* A slow or lossy link (soft-RoCE over an emulated NIC: tens of ms for 8
+     * bytes) takes longer than 67 ms (timeout 14) to ack a large WRITE, and
+     * retries that run out break the QP: LOOM_IB_TIMEOUT is 20 (4.3 s) by
+     * default, as NCCL's. A dead peer is found through the side channel. */
+    a.timeout = tp->qp_timeout;
+    a.retry_cnt = tp->qp_retry_cnt;
+    a.rnr_retry = tp->qp_rnr_retry;
     a.sq_psn = p->psn;
     a.max_rd_atomic = 1;
     rc = tp->api->modify_qp(p->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
@@ -1234,6 +1308,8 @@ static loom_status_t post_wr(loom_tp_t *tp, ib_peer_t *p, struct ibv_send_wr *wr
         return tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: ibv_post_send to rank %d: %s", p->rank,
                        strerror(rc));
     p->sq_posted = seq;
+    p->sq_opcode[seq % SQ_DEPTH] = (uint8_t)wr->opcode;
+    p->sq_bytes[seq % SQ_DEPTH] = wr->num_sge ? wr->sg_list[0].length : 0;
     if (sig)
         p->sq_last_sig = seq;
     if (seq_p)
@@ -1631,9 +1707,95 @@ static int nothing_pending(const ib_peer_t *p)
 
 static void check_sockets(loom_tp_t *tp, long timeout_us);
 
-static loom_status_t on_wc_error(loom_tp_t *tp, const struct ibv_wc *wc, int is_recv)
+static const char *wr_opcode_name(int op)
+{
+    switch (op) {
+    case IBV_WR_SEND: return "SEND";
+    case IBV_WR_RDMA_WRITE: return "RDMA_WRITE";
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return "RDMA_WRITE_WITH_IMM";
+    default: return "work request";
+    }
+}
+
+/* What the failed WR was: an error completion's opcode is undefined (IB
+ * spec), so it is looked up from what we posted under that wr_id. */
+static void describe_wr(const loom_tp_t *tp, const struct ibv_wc *wc, int is_recv, char *out,
+                        size_t outlen)
 {
     int peer = WRID_PEER(wc->wr_id);
+    uint64_t low = WRID_LOW(wc->wr_id);
+    const ib_peer_t *p = peer < tp->size ? &tp->peers[peer] : NULL;
+    if (is_recv || WRID_KIND(wc->wr_id) == WR_RECV)
+        snprintf(out, outlen, "RECV (receive slot %u) from rank %d", (unsigned)low, peer);
+    else if (WRID_KIND(wc->wr_id) == WR_RDV && low < (uint64_t)tp->rdv_send.n &&
+             tp->rdv_send.v[low].used && tp->rdv_send.v[low].req)
+        snprintf(out, outlen, "RDMA_WRITE_WITH_IMM (end of a %zu-byte message) to rank %d",
+                 tp->rdv_send.v[low].req->len, peer);
+    else if (p && WRID_KIND(wc->wr_id) == WR_SEQ && low <= p->sq_posted &&
+             p->sq_posted - low < SQ_DEPTH)
+        snprintf(out, outlen, "%s of %u bytes to rank %d",
+                 wr_opcode_name(p->sq_opcode[low % SQ_DEPTH]), p->sq_bytes[low % SQ_DEPTH],
+                 peer);
+    else
+        snprintf(out, outlen, "work request to rank %d", peer);
+}
+
+static const char *wc_hint(enum ibv_wc_status st)
+{
+    switch (st) {
+    case IBV_WC_RETRY_EXC_ERR:
+        return "; no acknowledgement within LOOM_IB_TIMEOUT, LOOM_IB_RETRY_CNT times: the peer "
+               "process or its node is gone, the fabric path is down, or the link is slower than "
+               "LOOM_IB_TIMEOUT allows";
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+        return "; the peer had no receive posted, LOOM_IB_RNR_RETRY times";
+    case IBV_WC_REM_ACCESS_ERR:
+        return "; the peer refused the access (memory not registered there any more, a bad "
+               "rkey or range)";
+    case IBV_WC_LOC_PROT_ERR:
+        return "; local memory not registered for this access (deregistered or unmapped?)";
+    case IBV_WC_WR_FLUSH_ERR:
+        return "; the queue pair went to the error state before this request ran: no earlier "
+               "error completion was found here (the peer may report the cause)";
+    default:
+        return "";
+    }
+}
+
+/* The first error completion of a QP is its cause; the ones after it are
+ * flushes (WR_FLUSH_ERR). The send and receive CQs are separate and a flush
+ * can be polled from one before the cause from the other: on a flush, look at
+ * everything the CQs hold (a little while: an HCA may still be writing it) for
+ * the cause. The instance is failing, so what is drained is dropped. */
+static void find_cause(loom_tp_t *tp, struct ibv_wc *first, int *is_recv)
+{
+    if (first->status != IBV_WC_WR_FLUSH_ERR)
+        return;
+    double until = monotonic_s() + 0.05;
+    do {
+        struct ibv_wc wc[32];
+        int got = 0;
+        for (int q = 0; q < 2; q++) {
+            int n = ibv_poll_cq(q ? tp->rcq : tp->scq, 32, wc);
+            for (int i = 0; i < n; i++)
+                if (wc[i].status != IBV_WC_SUCCESS && wc[i].status != IBV_WC_WR_FLUSH_ERR) {
+                    *first = wc[i];
+                    *is_recv = q;
+                    return;
+                }
+            got += n > 0 ? n : 0;
+        }
+        if (!got)
+            sched_yield();
+    } while (monotonic_s() < until);
+}
+
+static loom_status_t report_wc(loom_tp_t *tp, const struct ibv_wc *wcp, int is_recv);
+
+static loom_status_t on_wc_error(loom_tp_t *tp, const struct ibv_wc *wc_in, int is_recv)
+{
+    struct ibv_wc wc = *wc_in;
+    int peer = WRID_PEER(wc.wr_id);
     ib_peer_t *p = peer < tp->size ? &tp->peers[peer] : NULL;
     /* A peer that left on purpose tears its QP down: what we still had in
      * flight to it fails, harmlessly if nothing of ours waits on it. */
@@ -1643,21 +1805,26 @@ static loom_status_t on_wc_error(loom_tp_t *tp, const struct ibv_wc *wc, int is_
         return tp->failed;
     if (p && p->said_bye && nothing_pending(p))
         return LOOM_SUCCESS;
-    if (p && p->hung_up)
-        return tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d lost rank %d: %s and its queue pair "
-                       "answers no more (%s)", tp->rank, p->rank,
-                       p->gave_up ? "it gave up on this communicator (a failed call or "
-                                    "loom_comm_abort there)"
-                                  : "its side channel closed without a goodbye",
-                       tp->api->wc_status_str(wc->status));
-    int lost = wc->status == IBV_WC_RETRY_EXC_ERR || wc->status == IBV_WC_RNR_RETRY_EXC_ERR;
+    find_cause(tp, &wc, &is_recv);
+    return report_wc(tp, &wc, is_recv);
+}
+
+static loom_status_t report_wc(loom_tp_t *tp, const struct ibv_wc *wcp, int is_recv)
+{
+    struct ibv_wc wc = *wcp;
+    int peer = WRID_PEER(wc.wr_id);
+    ib_peer_t *p = peer < tp->size ? &tp->peers[peer] : NULL;
+    char what[128];
+    describe_wr(tp, &wc, is_recv, what, sizeof(what));
+    int lost = wc.status == IBV_WC_RETRY_EXC_ERR || (p && p->hung_up);
     return tp_fail(tp, lost ? LOOM_ERR_PEER_LOST : LOOM_ERR_TRANSPORT,
-                   "ibverbs: rank %d: a %s with rank %d failed on %s:%d: %s (status %d)%s",
-                   tp->rank, is_recv ? "receive" : "send", peer, tp->dev_name, tp->port,
-                   tp->api->wc_status_str(wc->status), (int)wc->status,
-                   lost ? "; the peer process or its node is gone, or the fabric path is down"
-                        : wc->status == IBV_WC_WR_FLUSH_ERR ? "; the queue pair went to the "
-                          "error state" : "");
+                   "ibverbs: rank %d: %s failed on %s:%d: %s (status %d, vendor error 0x%x)%s%s",
+                   tp->rank, what, tp->dev_name, tp->port, tp->api->wc_status_str(wc.status),
+                   (int)wc.status, wc.vendor_err, wc_hint(wc.status),
+                   !p || (!p->hung_up && !p->gave_up) ? ""
+                   : p->gave_up ? "; that rank gave up on this communicator (a failed call or "
+                                  "loom_comm_abort there)"
+                                : "; that rank's side channel closed without a goodbye");
 }
 
 static int poll_cqs(loom_tp_t *tp)
@@ -1785,6 +1952,29 @@ static void check_sockets(loom_tp_t *tp, long timeout_us)
         tp_fail(tp, (loom_status_t)why, "the communicator was aborted");
 }
 
+/* Before blaming a peer that gave up: when our own queue pair with it broke,
+ * that is this rank's failure, reported with its own cause. */
+static int own_qp_failed(loom_tp_t *tp, ib_peer_t *p)
+{
+    struct ibv_qp_attr a;
+    struct ibv_qp_init_attr ia;
+    if (!p->qp || tp->api->query_qp(p->qp, &a, IBV_QP_STATE, &ia) != 0 ||
+        a.qp_state != IBV_QPS_ERR)
+        return 0;
+    struct ibv_wc wc = {.wr_id = WRID(WR_RECV, p->rank, 0), .status = IBV_WC_WR_FLUSH_ERR};
+    int is_recv = 1;
+    find_cause(tp, &wc, &is_recv);
+    if (wc.status == IBV_WC_WR_FLUSH_ERR) {
+        tp_fail(tp, LOOM_ERR_PEER_LOST, "ibverbs: rank %d: its queue pair with rank %d on %s:%d "
+                "is in the error state, with no error completion here (the peer may report the "
+                "cause); rank %d gave up on this communicator", tp->rank, p->rank, tp->dev_name,
+                tp->port, p->rank);
+        return 1;
+    }
+    report_wc(tp, &wc, is_recv);
+    return 1;
+}
+
 static void check_goodbyes(loom_tp_t *tp, double now)
 {
     for (int i = 0; i < tp->nactive && !tp->failed; i++) {
@@ -1794,8 +1984,10 @@ static void check_goodbyes(loom_tp_t *tp, double now)
                     "still exchanges messages with it", p->rank, tp->rank);
         else if (p->gave_up && (p->hung_up || !nothing_pending(p)) &&
                  now - p->gave_up_at > BYE_GRACE_S)
-            loom_tp_fail_gave_up(&tp->failed, tp->err, "ibverbs", tp->rank, p->rank);
-        else if (p->hung_up && now - p->hangup_at > BYE_GRACE_S)
+        {
+            if (!own_qp_failed(tp, p))
+                loom_tp_fail_gave_up(&tp->failed, tp->err, "ibverbs", tp->rank, p->rank);
+        } else if (p->hung_up && now - p->hangup_at > BYE_GRACE_S)
             tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d lost rank %d: its side channel closed "
                     "without a goodbye (the process died or exited without "
                     "loom_comm_destroy)", tp->rank, p->rank);
@@ -1914,22 +2106,35 @@ static void ib_abort(loom_tp_t *tp, loom_status_t why)
     }
 }
 
-/* ---- memory registration (for callers that pin buffers once) --------------- */
+/* ---- memory the user registers (loom_comm_register_buffer) ----------------- */
 
+/* A pinned registration held until ib_mem_deregister: the caller promised the
+ * range stays mapped, so messages inside it reuse it (a cache hit). */
 static loom_status_t ib_mem_register(loom_tp_t *tp, void *buf, size_t len, void **handle_p)
 {
     loom_rc_entry_t *e;
-    if (loom_rcache_get(&tp->rcache, buf, len, &e) != 0)
-        return loom_err_set(tp->err, LOOM_ERR_TRANSPORT, "ibverbs: cannot register %zu bytes at "
-                            "%p: %s", len, buf, strerror(errno));
+    loom_tp_own(&tp->owner);
+    tp->reg_pinned = 1;
+    int rc = loom_rcache_get_new(&tp->rcache, buf, len, &e);
+    int saved = errno;
+    tp->reg_pinned = 0;
+    loom_tp_disown(&tp->owner);
+    if (rc != 0) {
+        /* Not through tp->err: an operation running on another thread owns it. */
+        errno = saved;
+        return LOOM_ERR_TRANSPORT;
+    }
     *handle_p = e;
     return LOOM_SUCCESS;
 }
 
 static void ib_mem_deregister(loom_tp_t *tp, void *handle)
 {
-    if (handle)
-        loom_rcache_put(&tp->rcache, handle);
+    if (!handle)
+        return;
+    loom_tp_own(&tp->owner);
+    loom_rcache_put(&tp->rcache, handle);
+    loom_tp_disown(&tp->owner);
 }
 
 /* ---- destroy --------------------------------------------------------------- */
