@@ -114,6 +114,67 @@ void loom_hmac_sha256(const void *key, size_t keylen, const void *const *parts,
     loom_sha256_final(&s, out);
 }
 
+void loom_hmac_key_init(loom_hmac_key_t *k, const void *key, size_t keylen)
+{
+    uint8_t kb[64] = {0}, pad[64];
+    if (keylen > 64) {
+        loom_sha256_t s;
+        loom_sha256_init(&s);
+        loom_sha256_update(&s, key, keylen);
+        loom_sha256_final(&s, kb);
+    } else if (keylen > 0) {
+        memcpy(kb, key, keylen);
+    }
+    for (int i = 0; i < 64; i++)
+        pad[i] = kb[i] ^ 0x36;
+    loom_sha256_init(&k->inner);
+    loom_sha256_update(&k->inner, pad, 64);
+    for (int i = 0; i < 64; i++)
+        pad[i] = kb[i] ^ 0x5c;
+    loom_sha256_init(&k->outer);
+    loom_sha256_update(&k->outer, pad, 64);
+}
+
+void loom_hmac_start(loom_hmac_t *h, const loom_hmac_key_t *k)
+{
+    h->s = k->inner;
+    h->key = k;
+}
+
+void loom_hmac_update(loom_hmac_t *h, const void *data, size_t len)
+{
+    loom_sha256_update(&h->s, data, len);
+}
+
+void loom_hmac_final(loom_hmac_t *h, uint8_t out[LOOM_SHA256_BYTES])
+{
+    uint8_t inner[LOOM_SHA256_BYTES];
+    loom_sha256_final(&h->s, inner);
+    h->s = h->key->outer;
+    loom_sha256_update(&h->s, inner, sizeof(inner));
+    loom_sha256_final(&h->s, out);
+}
+
+void loom_hkdf_sha256(const void *salt, size_t saltlen, const void *ikm, size_t ikmlen,
+                      const void *info, size_t infolen, uint8_t *out, size_t outlen)
+{
+    uint8_t prk[LOOM_SHA256_BYTES], t[LOOM_SHA256_BYTES];
+    const void *ex[1] = {ikm};
+    const size_t exl[1] = {ikmlen};
+    loom_hmac_sha256(salt, saltlen, ex, exl, 1, prk);
+    size_t tlen = 0;
+    for (uint8_t i = 1; outlen > 0; i++) {
+        const void *parts[3] = {t, info, &i};
+        const size_t lens[3] = {tlen, infolen, 1};
+        loom_hmac_sha256(prk, sizeof(prk), parts, lens, 3, t);
+        tlen = sizeof(t);
+        size_t n = outlen < tlen ? outlen : tlen;
+        memcpy(out, t, n);
+        out += n;
+        outlen -= n;
+    }
+}
+
 int loom_equal_ct(const void *a, const void *b, size_t n)
 {
     const volatile uint8_t *x = a, *y = b;

@@ -20,7 +20,11 @@
  * send-queue room.
  *
  * With LOOM_AUTH_KEY both ends of the side channel prove the key (HMAC over
- * fresh nonces, as tcp.c) before a queue pair is brought up or an rkey leaves.
+ * fresh nonces, as tcp.c) before a queue pair is brought up; the proofs cover
+ * both records (QPN, PSN, LID, GID, rkey and address of the credit word) and
+ * the addresses both ranks published, so a relay that rewrote an address in
+ * the store, or a record changed on the way, fails the handshake. The RDMA
+ * traffic itself is not sealed: the adapter moves it without the CPU.
  *
  * Liveness: the side-channel socket stays open. A goodbye byte on it tells a
  * peer that left on purpose from one that died (EOF without goodbye: PEER_LOST
@@ -164,6 +168,7 @@ struct loom_tp {
     const char *auth_key;    /* LOOM_AUTH_KEY (the communicator's settings), NULL: none */
     size_t auth_keylen;
     int auth_refused;        /* side-channel connections refused for the key */
+    char my_addr[256];       /* as published: the proofs bind it */
     double timeout_s;
     loom_err_t *err;
     const loom_ib_api_t *api;
@@ -674,6 +679,7 @@ static loom_status_t ib_create(const loom_tp_params_t *p, char *addr, size_t add
         goto err_close_wake;
     }
     LOOM_INFO("ibverbs", "rank %d: %s", tp->rank, addr);
+    snprintf(tp->my_addr, sizeof(tp->my_addr), "%s", addr);
     *tp_p = tp;
     return LOOM_SUCCESS;
 
@@ -817,9 +823,11 @@ typedef struct hs_conn {
     int proven;              /* the acceptor checked the dialer's proof of the key */
     uint8_t nonce[16];       /* ours, with LOOM_AUTH_KEY */
     uint8_t peer_nonce[16];
+    uint8_t myrec[REC_BYTES];   /* the record we sent: the proofs cover it */
     uint8_t buf[REC_BYTES + PROOF_BYTES + 1];
     size_t have;
     double retry_at;
+    double since;            /* accepted: when (strangers get HS_STRANGER_S) */
 } hs_conn_t;
 
 static int start_dial(hs_conn_t *c, const struct sockaddr_storage *ss, socklen_t sslen)
@@ -887,14 +895,34 @@ static size_t proof_bytes(const loom_tp_t *tp)
     return tp->auth_key ? PROOF_BYTES : 0;
 }
 
-static void make_proof(const loom_tp_t *tp, char role, int dialer_rank,
-                       const uint8_t nonce_c[16], const uint8_t nonce_a[16], uint8_t out[32])
+/* A side of the exchange as it published itself and as it spoke: its address
+ * in the store and the record it sent. */
+static size_t ident(const char *addr, const uint8_t rec[REC_BYTES], uint8_t *out)
+{
+    size_t n = strlen(addr) + 1;
+    memcpy(out, addr, n);
+    memcpy(out + n, rec, REC_BYTES);
+    return n + REC_BYTES;
+}
+
+static void make_proof(const loom_tp_t *tp, char role, int dialer_rank, int acceptor_rank,
+                       const char *dialer_addr, const uint8_t dialer_rec[REC_BYTES],
+                       const char *acceptor_addr, const uint8_t acceptor_rec[REC_BYTES],
+                       uint8_t out[32])
 {
     loom_hello_t h = {LOOM_WIRE_VERSION, (uint32_t)dialer_rank, (uint32_t)tp->size,
                       LOOM_HELLO_AUTH | 0x4942u, tp->job_hash, tp->comm_hash};
-    uint8_t hello[LOOM_HELLO_BYTES];
+    uint8_t hello[LOOM_HELLO_BYTES], bind[LOOM_BIND_BYTES];
+    uint8_t di[sizeof(tp->my_addr) + REC_BYTES], ai[sizeof(tp->my_addr) + REC_BYTES];
+    size_t dl = ident(dialer_addr, dialer_rec, di), al = ident(acceptor_addr, acceptor_rec, ai);
+    loom_auth_bind(tp->job_hash, tp->comm_hash, tp->size, dialer_rank, di, dl, acceptor_rank, ai,
+                   al, bind);
     loom_hello_encode(&h, hello);
-    loom_auth_proof(tp->auth_key, tp->auth_keylen, role, hello, nonce_c, nonce_a, out);
+    /* The nonces travel inside the records, which the binding covers. */
+    ib_rec_t dr, ar;
+    rec_decode(dialer_rec, &dr);
+    rec_decode(acceptor_rec, &ar);
+    loom_auth_proof(tp->auth_key, tp->auth_keylen, role, hello, dr.nonce, ar.nonce, bind, out);
 }
 
 static int proof_ok(const uint8_t a[32], const uint8_t b[32])
@@ -965,15 +993,21 @@ static loom_status_t hs_advance(loom_tp_t *tp, hs_conn_t *c, char *const *addrs,
                 return LOOM_SUCCESS;
             }
             c->peer = (int)r.rank;
-            tp->peers[c->peer].fd = c->fd;   /* claims the rank against duplicates */
+            /* Without a key the record is all there is to check: claim the rank now.
+             * With one, only a proof claims it, so a stranger that names a rank
+             * cannot keep the real one out. */
+            if (!tp->auth_key)
+                tp->peers[c->peer].fd = c->fd;
             memcpy(c->peer_nonce, r.nonce, 16);
             uint8_t out[REC_BYTES + PROOF_BYTES];
             if (tp->auth_key && fresh_nonce(c->nonce) != 0)
                 return tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: getrandom: %s",
                                strerror(errno));
             my_record(tp, &tp->peers[c->peer], tp->auth_key ? REC_AUTH : 0, c->nonce, out);
+            memcpy(c->myrec, out, REC_BYTES);
             if (tp->auth_key)
-                make_proof(tp, 'A', c->peer, c->peer_nonce, c->nonce, out + REC_BYTES);
+                make_proof(tp, 'A', c->peer, tp->rank, addrs[c->peer], c->buf, tp->my_addr,
+                           c->myrec, out + REC_BYTES);
             if (send_small(c->fd, out, REC_BYTES + pb) != 0)
                 return tp_fail(tp, LOOM_ERR_PEER_LOST, "ibverbs: handshake with rank %d: %s",
                                c->peer, strerror(errno));
@@ -991,11 +1025,15 @@ static loom_status_t hs_advance(loom_tp_t *tp, hs_conn_t *c, char *const *addrs,
                                "LOOM_AUTH_KEY (set on one of them only)", c->peer, tp->rank);
             if (tp->auth_key) {
                 uint8_t want[32], mine[32];
-                make_proof(tp, 'A', tp->rank, c->nonce, r.nonce, want);
+                make_proof(tp, 'A', tp->rank, c->peer, tp->my_addr, c->myrec, addrs[c->peer],
+                           c->buf, want);
                 if (!proof_ok(want, c->buf + REC_BYTES))
-                    return tp_fail(tp, LOOM_ERR_AUTH, "ibverbs: rank %d does not hold our "
-                                   "LOOM_AUTH_KEY (its proof is wrong)", c->peer);
-                make_proof(tp, 'C', tp->rank, c->nonce, r.nonce, mine);
+                    return tp_fail(tp, LOOM_ERR_AUTH, "ibverbs: rank %d cannot prove "
+                                   "LOOM_AUTH_KEY for this connection: a different key, or a "
+                                   "relay (its record or published address was changed)",
+                                   c->peer);
+                make_proof(tp, 'C', tp->rank, c->peer, tp->my_addr, c->myrec, addrs[c->peer],
+                           c->buf, mine);
                 if (send_small(c->fd, mine, sizeof(mine)) != 0)
                     return tp_fail(tp, LOOM_ERR_PEER_LOST, "ibverbs: handshake with rank %d: %s",
                                    c->peer, strerror(errno));
@@ -1007,11 +1045,17 @@ static loom_status_t hs_advance(loom_tp_t *tp, hs_conn_t *c, char *const *addrs,
             if (c->have < REC_BYTES + pb)
                 return LOOM_SUCCESS;
             uint8_t want[32];
-            make_proof(tp, 'C', c->peer, c->peer_nonce, c->nonce, want);
+            make_proof(tp, 'C', c->peer, tp->rank, addrs[c->peer], c->buf, tp->my_addr,
+                       c->myrec, want);
             if (!proof_ok(want, c->buf + REC_BYTES)) {
                 hs_refuse(tp, c, NULL, 1);
                 return LOOM_SUCCESS;
             }
+            if (tp->peers[c->peer].fd >= 0) {
+                hs_refuse(tp, c, NULL, 0);   /* proven twice: the first one holds the rank */
+                return LOOM_SUCCESS;
+            }
+            tp->peers[c->peer].fd = c->fd;
             c->proven = 1;
         }
         if (qp_up(tp, &tp->peers[c->peer], &r) != LOOM_SUCCESS)
@@ -1134,6 +1178,7 @@ static loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeou
                     break;
                 }
                 my_record(tp, &tp->peers[c->peer], tp->auth_key ? REC_AUTH : 0, c->nonce, rec);
+                memcpy(c->myrec, rec, REC_BYTES);
                 if (soerr != 0 || send_small(c->fd, rec, sizeof(rec)) != 0) {
                     tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot connect to rank %d at %s: "
                             "%s", c->peer, addrs[c->peer], strerror(soerr ? soerr : errno));
