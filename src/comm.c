@@ -330,13 +330,23 @@ static loom_status_t rendezvous(loom_comm_t c)
             st = loom_store_get_signed(c->store->store, keys[r], (void **)&values[r], &vlen,
                                        c->cfg.timeout_s, err);
         }
-        /* Our own record as others read it: a rewrite shows here even without a key. */
-        if (st == LOOM_SUCCESS && strcmp(values[c->rank], mine) != 0)
-            st = loom_err_set(err, c->cfg.auth_keylen ? LOOM_ERR_AUTH : LOOM_ERR_MISMATCH,
-                              "rank %d finds another address than its own under its key %s in "
-                              "the store: another process wrote it (a second rank %d, or "
-                              "someone redirecting the job; see LOOM_AUTH_KEY)", c->rank,
-                              keys[c->rank], c->rank);
+        /* Our own record as others read it: a rewrite shows here even without a
+         * key. With one, the record is signed, so it can only be an old one
+         * replayed; the handshake's binding refuses whoever dials it, and we stay
+         * to refuse them (so they learn why at once) rather than leave them to
+         * time out. */
+        if (st == LOOM_SUCCESS && strcmp(values[c->rank], mine) != 0) {
+            if (c->cfg.auth_keylen)
+                LOOM_WARN("init", "rank %d finds an older signed address of its own under %s "
+                          "in the store (replayed?); connections made through it will fail",
+                          c->rank, keys[c->rank]);
+            else
+                st = loom_err_set(err, LOOM_ERR_MISMATCH,
+                                  "rank %d finds another address than its own under its key %s "
+                                  "in the store: another process wrote it (a second rank %d, "
+                                  "or someone redirecting the job; see LOOM_AUTH_KEY)", c->rank,
+                                  keys[c->rank], c->rank);
+        }
         free(keys);
         free(keyp);
         if (st != LOOM_SUCCESS)
