@@ -3,6 +3,9 @@
 can write the rendezvous store (here an unauthenticated loom-store) or sits on
 the network between two ranks relays their bytes and alters the payload.
 
+A last scenario floods a rank in its connect phase with 200 idle connections
+(issue 13, item 3): the job must still start and finish, with and without a key.
+
 Scenarios (2 ranks over TCP, tests/relay_rank runs 5 allreduces of 1024 int32):
 
   store    the attacker rewrites rank 0's published address in the store to
@@ -187,11 +190,11 @@ class Relay(threading.Thread):
 
 
 # ---- a job ------------------------------------------------------------------------
-def rank_env(rank, port, keyed, job, extra=None):
+def rank_env(rank, port, keyed, job, extra=None, size=2):
     env = dict(os.environ)
     for v in ("LOOM_AUTH_KEY", "LOOM_AUTH_KEY_FILE", "LOOM_AUTH_MAC"):
         env.pop(v, None)
-    env.update(LOOM_RANK=str(rank), LOOM_SIZE="2", LOOM_STORE="tcp://127.0.0.1:%d" % port,
+    env.update(LOOM_RANK=str(rank), LOOM_SIZE=str(size), LOOM_STORE="tcp://127.0.0.1:%d" % port,
                LOOM_SHM="0", LOOM_TRANSPORT="tcp", LOOM_TIMEOUT="8", LOOM_JOB_ID=job)
     if keyed:
         env["LOOM_AUTH_KEY"] = KEY
@@ -199,8 +202,8 @@ def rank_env(rank, port, keyed, job, extra=None):
     return env
 
 
-def start_rank(rank, port, keyed, job, extra=None):
-    return subprocess.Popen([RANK, "5", "1024"], env=rank_env(rank, port, keyed, job, extra),
+def start_rank(rank, port, keyed, job, extra=None, size=2):
+    return subprocess.Popen([RANK, "5", "1024"], env=rank_env(rank, port, keyed, job, extra, size),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
@@ -323,6 +326,36 @@ def network_attack(keyed):
         store.wait()
 
 
+def idle_flood(keyed):
+    """200 idle connections to rank 0 while it waits for ranks 1 and 2."""
+    global failures
+    store, port = start_store()
+    job = "idle-%d-%d" % (keyed, os.getpid())
+    idle = []
+    try:
+        r0 = start_rank(0, port, keyed, job, size=3)
+        raw = Store(port).get(addr_key(job))
+        raw = raw[40:] if raw.startswith(b"LOOMSIG1") else raw
+        host, rport = raw.split(b"\n")[1].decode().rsplit(":", 1)
+        for _ in range(200):
+            idle.append(socket.create_connection((host, int(rport))))
+        t0 = time.time()
+        rest = [start_rank(r, port, keyed, job, size=3) for r in (1, 2)]
+        res = [outcome(p) for p in [r0] + rest]
+        ok = all(r[0] == "SUCCESS" and r[1] == 0 for r in res)
+        print("%s 200 idle connections to rank 0 during connect (%s key): the job ran in %.1f s: %s"
+              % ("PASS" if ok else "FAIL", "with a" if keyed else "without a", time.time() - t0,
+                 "; ".join(r[2] for r in res)))
+        failures += not ok
+    finally:
+        for c in idle:
+            c.close()
+        store.kill()
+        store.wait()
+
+
+idle_flood(False)
+idle_flood(True)
 store_attack(False)
 store_attack(True)
 replay_attack()
