@@ -42,6 +42,9 @@ void loom_hmac_final(loom_hmac_t *h, uint8_t out[LOOM_SHA256_BYTES]);
 void loom_hkdf_sha256(const void *salt, size_t saltlen, const void *ikm, size_t ikmlen,
                       const void *info, size_t infolen, uint8_t *out, size_t outlen);
 
+/* Tests: 1 forces the portable compression (else SHA-NI where the CPU has it). */
+void loom_sha256_use_generic(int on);
+
 /* 1 when a and b hold the same n bytes, in time that does not depend on where they differ. */
 int loom_equal_ct(const void *a, const void *b, size_t n);
 

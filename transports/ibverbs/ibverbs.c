@@ -85,6 +85,10 @@
 #define REC_AUTH 1u            /* the sender holds LOOM_AUTH_KEY; a nonce follows */
 #define REC_REFUSED 2u         /* the acceptor refuses: LOOM_AUTH_KEY on one side only */
 #define PROOF_BYTES 32
+/* Accepted side-channel connections get this long to prove themselves (at
+ * most a third of LOOM_TIMEOUT); when the table is full the oldest one still
+ * in its handshake makes room (tcp.c does the same). */
+#define HS_STRANGER_S 3.0
 
 /* wr_id: kind (4 bits) | peer rank (20 bits) | sequence number or id (40 bits). */
 enum { WR_SEQ = 1, WR_RDV = 2, WR_RECV = 3 };
@@ -1114,8 +1118,13 @@ static loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeou
         }
         nconn++;
     }
+    double stranger_s = timeout_s / 3 < HS_STRANGER_S ? timeout_s / 3 : HS_STRANGER_S;
     while (established < nout + nin && !tp->failed) {
         double now = monotonic_s();
+        for (int i = nout; i < nconn; i++)
+            if (conns[i].state == HS_EXCHANGE && !conns[i].dialer && !conns[i].up &&
+                now - conns[i].since > stranger_s)
+                hs_refuse(tp, &conns[i], NULL, 0);
         if (now > deadline) {
             char missing[256] = "";
             size_t off = 0;
@@ -1192,6 +1201,14 @@ static loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeou
                 size_t want = REC_BYTES + proof_bytes(tp) + 1;
                 ssize_t n = recv(c->fd, c->buf + c->have, want - c->have, 0);
                 if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) {
+                    if (c->dialer && !c->up && c->have == 0) {
+                        /* Shed before a word, as a full acceptor sheds strangers: dial again. */
+                        close(c->fd);
+                        c->fd = -1;
+                        c->state = HS_CONNECTING;
+                        c->retry_at = now + 0.05;
+                        continue;
+                    }
                     if (c->dialer || c->up) {
                         tp_fail(tp, LOOM_ERR_PEER_LOST, "ibverbs: rank %d closed the connection "
                                 "during the handshake", c->peer);
@@ -1219,11 +1236,30 @@ static loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeou
                         slot = i;
                 if (slot < 0 && nconn < maxconn)
                     slot = nconn++;
+                for (int i = nout; i < nconn && slot < 0; i++) {
+                    /* Full: the oldest accepted connection not yet proven makes room,
+                     * one that has said nothing first. */
+                    hs_conn_t *v = NULL;
+                    for (int j = nout; j < nconn; j++) {
+                        hs_conn_t *w = &conns[j];
+                        if (w->state != HS_EXCHANGE || w->dialer || w->up)
+                            continue;
+                        if (!v || (w->have == 0 && v->have > 0) ||
+                            ((w->have == 0) == (v->have == 0) && w->since < v->since))
+                            v = w;
+                    }
+                    if (v) {
+                        hs_refuse(tp, v, NULL, 0);
+                        slot = (int)(v - conns);
+                    }
+                    break;
+                }
                 if (slot < 0) {
                     close(fd);
                     continue;
                 }
-                conns[slot] = (hs_conn_t){.fd = fd, .peer = -1, .state = HS_EXCHANGE};
+                conns[slot] = (hs_conn_t){.fd = fd, .peer = -1, .state = HS_EXCHANGE,
+                                          .since = monotonic_s()};
             }
         }
     }
