@@ -1125,6 +1125,7 @@ static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req)
         memcpy(u->data, req->buf, req->len);
     u->got = req->len;
     u->complete = 1;
+    self->early_bytes += u->cap;
     unexp_append(self, u);
     req->off = req->len;
     req->done = 1;
