@@ -303,7 +303,9 @@ static loom_status_t rendezvous(loom_comm_t c)
     int len = snprintf(mine, sizeof(mine), "%d\n%s\n%s\n%s", c->size, addr, myid, shm_addr);
     if (c->size > 1) {
         snprintf(key, sizeof(key), "%s/addr/%d", c->prefix, c->rank);
-        if ((st = loom_store_set(c->store->store, key, mine, (size_t)len, err)) != LOOM_SUCCESS)
+        /* Signed with LOOM_AUTH_KEY: whoever can write the store cannot redirect us. */
+        if ((st = loom_store_set_signed(c->store->store, key, mine, (size_t)len, err)) !=
+            LOOM_SUCCESS)
             goto out;
         /* One wait for all keys: its timeout message names every missing rank. */
         char (*keys)[320] = calloc((size_t)c->size, sizeof(*keys));
@@ -326,8 +328,25 @@ static loom_status_t rendezvous(loom_comm_t c)
             loom_err_set(err, st, "%s", wait_err.msg);
         for (int r = 0; r < c->size && st == LOOM_SUCCESS; r++) {
             size_t vlen;
-            st = loom_store_get(c->store->store, keys[r], (void **)&values[r], &vlen,
-                                c->cfg.timeout_s, err);
+            st = loom_store_get_signed(c->store->store, keys[r], (void **)&values[r], &vlen,
+                                       c->cfg.timeout_s, err);
+        }
+        /* Our own record as others read it: a rewrite shows here even without a
+         * key. With one, the record is signed, so it can only be an old one
+         * replayed; the handshake's binding refuses whoever dials it, and we stay
+         * to refuse them (so they learn why at once) rather than leave them to
+         * time out. */
+        if (st == LOOM_SUCCESS && strcmp(values[c->rank], mine) != 0) {
+            if (c->cfg.auth_keylen)
+                LOOM_WARN("init", "rank %d finds an older signed address of its own under %s "
+                          "in the store (replayed?); connections made through it will fail",
+                          c->rank, keys[c->rank]);
+            else
+                st = loom_err_set(err, LOOM_ERR_MISMATCH,
+                                  "rank %d finds another address than its own under its key %s "
+                                  "in the store: another process wrote it (a second rank %d, "
+                                  "or someone redirecting the job; see LOOM_AUTH_KEY)", c->rank,
+                                  keys[c->rank], c->rank);
         }
         free(keys);
         free(keyp);
@@ -458,7 +477,8 @@ static loom_status_t create_from(const loom_settings_t *cfg, int rank, int size,
             goto err_free;
         }
         atomic_init(&c->store->refs, 1);
-        st = loom_store_open(store_uri, rank, cfg->timeout_s, &c->work_err, &c->store->store);
+        st = loom_store_open_key(store_uri, rank, cfg->timeout_s, cfg->auth_key, cfg->auth_keylen,
+                                 &c->work_err, &c->store->store);
         if (st != LOOM_SUCCESS) {
             free(c->store);
             c->store = NULL;

@@ -466,7 +466,8 @@ static loom_status_t attach(loom_comm_t c, const struct loom_elastic *tmpl, uint
     e->min_np = tmpl->min_np;
     e->epoch = epoch;
     atomic_init(&e->stop, 0);
-    loom_status_t st = loom_store_open(e->uri, -1, c->cfg.timeout_s, err, &e->watch_store);
+    loom_status_t st = loom_store_open_key(e->uri, -1, c->cfg.timeout_s, c->cfg.auth_key,
+                                           c->cfg.auth_keylen, err, &e->watch_store);
     if (st != LOOM_SUCCESS) {
         free(e);
         return st;
@@ -626,7 +627,8 @@ static loom_status_t form_epoch(struct loom_elastic *e, loom_store_ref_t *sref,
             pthread_cond_init(&fm.wake, NULL);
             pthread_t mon;
             int monitoring = n > 1 &&
-                             loom_store_open(e->uri, -1, cfg->timeout_s, &ferr, &fm.store) ==
+                             loom_store_open_key(e->uri, -1, cfg->timeout_s, cfg->auth_key,
+                                                 cfg->auth_keylen, &ferr, &fm.store) ==
                                  LOOM_SUCCESS;
             if (monitoring && pthread_create(&mon, NULL, monitor_main, &fm) != 0) {
                 loom_store_close(fm.store);
@@ -702,7 +704,8 @@ loom_status_t loom_elastic_init(const loom_settings_t *cfg, const loom_bootstrap
         return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
     atomic_init(&sref->refs, 1);
     /* Client only: the store must outlive any rank. */
-    if ((st = loom_store_open(b->store, -1, cfg->timeout_s, err, &sref->store)) != LOOM_SUCCESS) {
+    if ((st = loom_store_open_key(b->store, -1, cfg->timeout_s, cfg->auth_key, cfg->auth_keylen,
+                                   err, &sref->store)) != LOOM_SUCCESS) {
         free(sref);
         return st;
     }

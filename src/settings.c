@@ -17,8 +17,10 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_STORE", NULL, "rendezvous store: tcp://host:port, file:///dir or redis://host:port/prefix (else MASTER_ADDR:MASTER_PORT)"},
     {"LOOM_JOB_ID", NULL, "names the job in the store and the handshake (else TORCHELASTIC_RUN_ID, SLURM_JOB_ID)"},
     {"LOOM_TIMEOUT", "300", "seconds a call may wait without progress before LOOM_ERR_TIMEOUT"},
-    {"LOOM_AUTH_KEY", NULL, "shared secret every TCP connection between ranks must prove (HMAC-SHA256 challenge, both ways); never printed"},
+    {"LOOM_AUTH_KEY", NULL, "shared secret: connections between ranks and to the tcp:// store must prove it, TCP frames and published store values carry MACs under it; never printed"},
     {"LOOM_AUTH_KEY_FILE", NULL, "file holding that secret (a trailing newline is dropped); LOOM_AUTH_KEY wins when both are set"},
+    {"LOOM_AUTH_MAC", "full", "with a key, what TCP frames' MACs cover: full (headers and payload) or headers (cheaper, payload bytes unprotected); the same on every rank"},
+    {"LOOM_EARLY_MAX_BYTES", "1073741824", "TCP: most bytes of messages from one peer held before their receive is posted"},
     {"LOOM_TRANSPORT", "auto", "network transport between nodes: auto (ibverbs when a device is up, else tcp), tcp or ibverbs"},
     {"LOOM_SHM", "1", "1: ranks on one node talk through shared memory; 0: through the network transport"},
     {"LOOM_SHM_CMA", "1", "1: shared memory copies large messages straight from the sender (cross-memory attach) where the kernel allows; 0: always through the rings"},
@@ -169,6 +171,11 @@ loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *a
 
     if ((st = load_auth_key(s, get, arg, err)) != LOOM_SUCCESS)
         return st;
+    const char *mac = lookup(get, arg, "LOOM_AUTH_MAC");
+    if (strcasecmp(mac, "full") != 0 && strcasecmp(mac, "headers") != 0)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG,
+                            "LOOM_AUTH_MAC=\"%s\" is neither full nor headers", mac);
+    s->auth_mac_headers_only = strcasecmp(mac, "headers") == 0;
 
     long v;
     if ((st = int_setting(get, arg, "LOOM_SHM", 0, 1, &v, err)) != LOOM_SUCCESS)
@@ -189,6 +196,9 @@ loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *a
     if ((st = int_setting(get, arg, "LOOM_SEGMENT_BYTES", 64, 1L << 30, &v, err)) != LOOM_SUCCESS)
         return st;
     s->segment_bytes = (size_t)v;
+    if ((st = int_setting(get, arg, "LOOM_EARLY_MAX_BYTES", 0, LONG_MAX, &v, err)) != LOOM_SUCCESS)
+        return st;
+    s->early_max_bytes = (size_t)v;
 
     if ((st = copy_setting(s->ifname, sizeof(s->ifname), "LOOM_SOCKET_IFNAME",
                            lookup(get, arg, "LOOM_SOCKET_IFNAME"), err)) != LOOM_SUCCESS ||

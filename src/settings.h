@@ -26,6 +26,8 @@ typedef struct loom_settings {
     int shm_cma;               /* large shm messages by cross-memory attach */
     char auth_key[1024];       /* LOOM_AUTH_KEY(_FILE); auth_keylen 0: none */
     size_t auth_keylen;
+    int auth_mac_headers_only; /* LOOM_AUTH_MAC=headers: payload bytes go unsealed */
+    size_t early_max_bytes;    /* LOOM_EARLY_MAX_BYTES: early messages held per TCP peer */
     char ifname[64];           /* "" when unset */
     int socket_bufsize;        /* bytes; 0 = kernel autotuning */
     int spin_us;

@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "sha256.h"
 #include "store.h"
 
 /* Used when the caller passes no timeout, as LOOM_TIMEOUT's default. */
@@ -29,7 +30,14 @@ struct loom_store {
      * and the thread that sets its key) use separate handles, as ranks do. */
     pthread_mutex_t mu;
     char *uri;
+    uint8_t key[1024];   /* LOOM_AUTH_KEY for signed values; keylen 0: none */
+    size_t keylen;
 };
+
+/* A signed value: this magic, the MAC, then the value. */
+#define SIG_MAGIC "LOOMSIG1"
+#define SIG_MAGIC_LEN 8
+#define SIG_BYTES (SIG_MAGIC_LEN + LOOM_SHA256_BYTES)
 
 static const loom_store_ops_t *const store_backends[] = {
     &loom_store_tcp_ops,
@@ -185,6 +193,12 @@ static loom_status_t forward(loom_err_t *err, const loom_err_t *inner, loom_stat
 loom_status_t loom_store_open(const char *uri, int rank, double timeout_s, loom_err_t *err,
                               loom_store_t **store_p)
 {
+    return loom_store_open_key(uri, rank, timeout_s, NULL, 0, err, store_p);
+}
+
+loom_status_t loom_store_open_key(const char *uri, int rank, double timeout_s, const void *key,
+                                  size_t keylen, loom_err_t *err, loom_store_t **store_p)
+{
     loom_status_t st;
     loom_err_t inner;
 
@@ -214,10 +228,15 @@ loom_status_t loom_store_open(const char *uri, int rank, double timeout_s, loom_
                             STORE_SCHEMES ")", (int)slen, uri, uri);
     if (!(timeout_s > 0))
         timeout_s = STORE_DEFAULT_TIMEOUT_S;
+    if (keylen > sizeof(((loom_store_t *)0)->key))
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG, "LOOM_AUTH_KEY is too long");
 
     loom_store_t *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory opening store %s", uri);
+    if (keylen > 0)
+        memcpy(s->key, key, keylen);
+    s->keylen = keylen;
     s->uri = strdup(uri);
     if (s->uri == NULL) {
         st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory opening store %s", uri);
@@ -230,7 +249,10 @@ loom_status_t loom_store_open(const char *uri, int rank, double timeout_s, loom_
     }
     s->ops = ops;
     loom_err_clear(&inner);
-    st = ops->open(sep + 3, rank, timeout_s, &inner, &s->impl);
+    if (keylen > 0 && ops->open_key != NULL)
+        st = ops->open_key(sep + 3, rank, timeout_s, key, keylen, &inner, &s->impl);
+    else
+        st = ops->open(sep + 3, rank, timeout_s, &inner, &s->impl);
     if (st != LOOM_SUCCESS) {
         st = forward(err, &inner, st);
         goto destroy_mutex;
@@ -254,7 +276,99 @@ void loom_store_close(loom_store_t *s)
     s->ops->close(s->impl);
     pthread_mutex_destroy(&s->mu);
     free(s->uri);
+    explicit_bzero(s->key, sizeof(s->key));
     free(s);
+}
+
+/* ---- Signed values. ------------------------------------------------------- */
+
+static void value_mac(const loom_store_t *s, const char *key, const void *val, size_t len,
+                      uint8_t out[LOOM_SHA256_BYTES])
+{
+    /* The key name is covered, so a value cannot be moved to another key
+     * (rank 0's address passed off as rank 1's). */
+    static const char domain[] = "loom store value v1";
+    const void *parts[4] = {domain, key, "", val};
+    const size_t lens[4] = {sizeof(domain), strlen(key), 1, len};
+    loom_hmac_sha256(s->key, s->keylen, parts, lens, 4, out);
+}
+
+loom_status_t loom_store_set_signed(loom_store_t *s, const char *key, const void *val,
+                                    size_t len, loom_err_t *err)
+{
+    if (s == NULL)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG, "store handle is NULL");
+    if (s->keylen == 0)
+        return loom_store_set(s, key, val, len, err);
+    loom_status_t st;
+    if ((st = check_key(key, err)) != LOOM_SUCCESS ||
+        (st = check_value("value", val, len, err)) != LOOM_SUCCESS)
+        return st;
+    if (len > LOOM_STORE_VALUE_MAX - SIG_BYTES)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG,
+                            "signed store value of %zu bytes is larger than the limit", len);
+    uint8_t *buf = malloc(SIG_BYTES + len);
+    if (buf == NULL)
+        return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+    memcpy(buf, SIG_MAGIC, SIG_MAGIC_LEN);
+    value_mac(s, key, val, len, buf + SIG_MAGIC_LEN);
+    if (len > 0)
+        memcpy(buf + SIG_BYTES, val, len);
+    st = loom_store_set(s, key, buf, SIG_BYTES + len, err);
+    free(buf);
+    return st;
+}
+
+loom_status_t loom_store_verify(loom_store_t *s, const char *key, const void *val, size_t len,
+                                const void **val_p, size_t *len_p, loom_err_t *err)
+{
+    const uint8_t *v = val;
+    int signed_ = len >= SIG_BYTES && memcmp(v, SIG_MAGIC, SIG_MAGIC_LEN) == 0;
+    if (s->keylen == 0) {
+        if (signed_)
+            return loom_err_set(err, LOOM_ERR_AUTH,
+                                "the value of %s in the store is signed with LOOM_AUTH_KEY, "
+                                "which this process does not have", key);
+        *val_p = val;
+        *len_p = len;
+        return LOOM_SUCCESS;
+    }
+    uint8_t want[LOOM_SHA256_BYTES];
+    if (signed_)
+        value_mac(s, key, v + SIG_BYTES, len - SIG_BYTES, want);
+    if (!signed_ || !loom_equal_ct(want, v + SIG_MAGIC_LEN, sizeof(want)))
+        return loom_err_set(err, LOOM_ERR_AUTH,
+                            "the value of %s in the store %s: forged, or written by a process "
+                            "with another LOOM_AUTH_KEY or none", key,
+                            signed_ ? "does not match its LOOM_AUTH_KEY MAC"
+                                    : "carries no LOOM_AUTH_KEY MAC");
+    *val_p = v + SIG_BYTES;
+    *len_p = len - SIG_BYTES;
+    return LOOM_SUCCESS;
+}
+
+loom_status_t loom_store_get_signed(loom_store_t *s, const char *key, void **val_p,
+                                    size_t *len_p, double timeout_s, loom_err_t *err)
+{
+    void *val;
+    size_t len;
+    const void *inner;
+    size_t ilen;
+    loom_status_t st = loom_store_get(s, key, &val, &len, timeout_s, err);
+    if (st != LOOM_SUCCESS)
+        return st;
+    if ((st = loom_store_verify(s, key, val, len, &inner, &ilen, err)) != LOOM_SUCCESS) {
+        free(val);
+        return st;
+    }
+    if (inner != val) {
+        /* Callers free what they get and read a NUL after it. */
+        memmove(val, inner, ilen);
+        ((uint8_t *)val)[ilen] = '\0';
+    }
+    *val_p = val;
+    *len_p = ilen;
+    return LOOM_SUCCESS;
 }
 
 /* ---- The calls. ----------------------------------------------------------- */

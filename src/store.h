@@ -20,6 +20,11 @@ typedef struct loom_store loom_store_t;
  * others. rank < 0 means "client only". Connecting retries until timeout_s. */
 loom_status_t loom_store_open(const char *uri, int rank, double timeout_s, loom_err_t *err,
                               loom_store_t **store_p);
+/* The same with LOOM_AUTH_KEY (keylen 0: none): a tcp:// store must take the
+ * client's proof of it (rank 0 serves its store requiring it), and the signed
+ * calls below seal and check values with it. */
+loom_status_t loom_store_open_key(const char *uri, int rank, double timeout_s, const void *key,
+                                  size_t keylen, loom_err_t *err, loom_store_t **store_p);
 void loom_store_close(loom_store_t *s);
 
 /* Keys are NUL-terminated strings of at most 1024 bytes; values are bytes. */
@@ -32,6 +37,21 @@ loom_status_t loom_store_get(loom_store_t *s, const char *key, void **val_p, siz
 /* Wait until every key exists. On timeout the message lists the missing keys. */
 loom_status_t loom_store_wait(loom_store_t *s, const char *const *keys, size_t nkeys,
                               double timeout_s, loom_err_t *err);
+/* Values a rank publishes for others to trust (addresses, host ids,
+ * membership): with the handle's key they carry an HMAC-SHA256 over the key
+ * name and the value, so a file:// or redis:// store, or anyone who can write
+ * to it, cannot forge them. get_signed fails with LOOM_ERR_AUTH naming
+ * LOOM_AUTH_KEY when the MAC is missing or wrong, or when the value is signed
+ * and this handle has no key. Without a key on either side they are plain set
+ * and get. */
+loom_status_t loom_store_set_signed(loom_store_t *s, const char *key, const void *val,
+                                    size_t len, loom_err_t *err);
+loom_status_t loom_store_get_signed(loom_store_t *s, const char *key, void **val_p,
+                                    size_t *len_p, double timeout_s, loom_err_t *err);
+/* Check and strip the signature of a value got otherwise (loom_store_get). On
+ * success *val_p and *len_p point into val, past the signature. */
+loom_status_t loom_store_verify(loom_store_t *s, const char *key, const void *val, size_t len,
+                                const void **val_p, size_t *len_p, loom_err_t *err);
 /* Atomically add delta to the integer stored at key (absent counts as 0) and
  * return the new value. */
 loom_status_t loom_store_add(loom_store_t *s, const char *key, int64_t delta, int64_t *value_p,
@@ -57,6 +77,11 @@ typedef struct loom_store_server loom_store_server_t;
  * serve from a background thread until stopped. */
 loom_status_t loom_store_server_start(const char *host, int port, loom_err_t *err,
                                       loom_store_server_t **srv_p);
+/* The same, requiring LOOM_AUTH_KEY (key, keylen > 0) of every client before
+ * anything is served (loomrun, loom-store --auth-key-file). */
+loom_status_t loom_store_server_start_auth(const char *host, int port, const void *key,
+                                           size_t keylen, loom_err_t *err,
+                                           loom_store_server_t **srv_p);
 int loom_store_server_port(const loom_store_server_t *srv);
 void loom_store_server_stop(loom_store_server_t *srv);
 
@@ -80,6 +105,10 @@ typedef struct loom_store_ops {
                          loom_err_t *err);
     loom_status_t (*del)(void *impl, const char *key, int *existed_p, loom_err_t *err);
     int (*local_host)(void *impl, char *host, size_t hostlen);
+    /* open with LOOM_AUTH_KEY (tcp://: the hello proves it); NULL: the backend has
+     * no handshake of its own, and open serves. */
+    loom_status_t (*open_key)(const char *rest, int rank, double timeout_s, const void *key,
+                              size_t keylen, loom_err_t *err, void **impl_p);
 } loom_store_ops_t;
 
 extern const loom_store_ops_t loom_store_tcp_ops;

@@ -9,6 +9,16 @@
  * speak the client's version. Anything else back means the port is served by
  * something that is not a Loom store (torch's TCPStore on MASTER_PORT, say).
  *
+ * With LOOM_AUTH_KEY the client's word is LOOM_STORE_HELLO_AUTH and its nonce
+ * (16 bytes) follows. A server that holds a key answers LOOM_STORE_HELLO_CHALLENGE
+ * followed by its nonce (16) and its proof (32), HMAC-SHA256(key, "LOOMSTOR-S"
+ * || client nonce || server nonce); the client checks it and sends its own
+ * proof (32, role "LOOMSTOR-C"); the server answers OK, or
+ * LOOM_STORE_HELLO_REFUSED_AUTH and closes. A server with a key answers a
+ * client without one LOOM_STORE_HELLO_AUTH_REQUIRED and closes: nothing is
+ * served before the proof. A server without a key reads the nonce and
+ * answers OK (values published for other ranks carry their own MACs, store.h).
+ *
  * Then strictly one request, one response, in order:
  *     request  (24 bytes): u32 op | u32 klen | u32 alen | u32 blen | u64 arg,
  *                          then klen key bytes (no NUL), alen bytes, blen bytes
@@ -42,7 +52,19 @@
 enum {
     LOOM_STORE_HELLO_OK = 0,
     LOOM_STORE_HELLO_REFUSED = 1,
+    LOOM_STORE_HELLO_AUTH = 2,            /* client: I hold a key, my nonce follows */
+    LOOM_STORE_HELLO_CHALLENGE = 3,       /* server: my nonce and proof follow */
+    LOOM_STORE_HELLO_AUTH_REQUIRED = 4,   /* server: prove LOOM_AUTH_KEY first */
+    LOOM_STORE_HELLO_REFUSED_AUTH = 5,    /* server: your proof is wrong */
 };
+#define LOOM_STORE_NONCE_LEN 16
+#define LOOM_STORE_PROOF_LEN 32
+
+/* HMAC-SHA256(key, role || client nonce || server nonce); role 'S' or 'C'. */
+void loom_store_auth_proof(const void *key, size_t keylen, char role,
+                           const uint8_t nonce_c[LOOM_STORE_NONCE_LEN],
+                           const uint8_t nonce_s[LOOM_STORE_NONCE_LEN],
+                           uint8_t out[LOOM_STORE_PROOF_LEN]);
 
 enum {
     LOOM_STORE_OP_SET = 1,
@@ -89,5 +111,9 @@ int loom_store_resp_unpack(const uint8_t in[LOOM_STORE_RESP_LEN], uint32_t op,
  * not an address of this machine or does not resolve), 0 otherwise. */
 loom_status_t loom_store_server_start_errno(const char *host, int port, int *sys_errno_p,
                                             loom_err_t *err, loom_store_server_t **srv_p);
+/* The same, for a server that requires key (keylen > 0) of every client. */
+loom_status_t loom_store_server_start_key(const char *host, int port, const void *key,
+                                          size_t keylen, int *sys_errno_p, loom_err_t *err,
+                                          loom_store_server_t **srv_p);
 
 #endif

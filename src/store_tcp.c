@@ -19,11 +19,14 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "log.h"
+#include "sha256.h"
 #include "store.h"
 #include "store_proto.h"
 
@@ -63,6 +66,17 @@ static uint64_t get64(const uint8_t *p)
     uint64_t v;
     memcpy(&v, p, 8);
     return be64toh(v);
+}
+
+void loom_store_auth_proof(const void *key, size_t keylen, char role,
+                           const uint8_t nonce_c[LOOM_STORE_NONCE_LEN],
+                           const uint8_t nonce_s[LOOM_STORE_NONCE_LEN],
+                           uint8_t out[LOOM_STORE_PROOF_LEN])
+{
+    const char tag[10] = {'L', 'O', 'O', 'M', 'S', 'T', 'O', 'R', '-', role};
+    const void *parts[3] = {tag, nonce_c, nonce_s};
+    const size_t lens[3] = {sizeof(tag), LOOM_STORE_NONCE_LEN, LOOM_STORE_NONCE_LEN};
+    loom_hmac_sha256(key, keylen, parts, lens, 3, out);
 }
 
 void loom_store_hello_pack(uint8_t out[LOOM_STORE_HELLO_LEN], uint32_t version, uint32_t word)
@@ -258,6 +272,9 @@ typedef struct tcp_store {
     int fd;                      /* -1 after a failure broke the stream */
     double op_timeout;
     loom_store_server_t *srv;    /* served by this handle (rank 0), stopped on close */
+    char key[1024];              /* LOOM_AUTH_KEY; keylen 0: none */
+    size_t keylen;
+    int warned_open;             /* said once that the server asks for no key */
 } tcp_store_t;
 
 /* One connect attempt to every address of the host. Returns a connected
@@ -309,12 +326,17 @@ static int connect_once(tcp_store_t *t, double deadline, char *why, size_t whyle
 
 /* Exchange hellos on a fresh connection. The answer is checked byte by byte so
  * a stranger that sends a short banner and then waits is caught at once. */
+static loom_status_t auth_exchange(tcp_store_t *t, int fd, const uint8_t *nonce_c,
+                                   double deadline, loom_err_t *err);
+
 static loom_status_t hello(tcp_store_t *t, int fd, double deadline, loom_err_t *err)
 {
-    uint8_t h[LOOM_STORE_HELLO_LEN];
-    loom_store_hello_pack(h, LOOM_STORE_PROTO_VERSION, 0);
-    struct iovec iov = { h, sizeof(h) };
-    io_rc_t io = sendv_all(fd, &iov, 1, deadline);
+    uint8_t h[LOOM_STORE_HELLO_LEN], nonce_c[LOOM_STORE_NONCE_LEN];
+    loom_store_hello_pack(h, LOOM_STORE_PROTO_VERSION, t->keylen ? LOOM_STORE_HELLO_AUTH : 0);
+    if (t->keylen && getrandom(nonce_c, sizeof(nonce_c), 0) != (ssize_t)sizeof(nonce_c))
+        return loom_err_set(err, LOOM_ERR_INTERNAL, "getrandom: %s", strerror(errno));
+    struct iovec hv[2] = { { h, sizeof(h) }, { nonce_c, sizeof(nonce_c) } };
+    io_rc_t io = sendv_all(fd, hv, t->keylen ? 2 : 1, deadline);
     if (io == IO_TIMEOUT)
         return loom_err_set(err, LOOM_ERR_TIMEOUT,
                             "the server at %s accepted the connection but did not take the "
@@ -362,11 +384,55 @@ static loom_status_t hello(tcp_store_t *t, int fd, double deadline, loom_err_t *
         }
     }
     uint32_t version = get32(h + 8), word = get32(h + 12);
+    if (word == LOOM_STORE_HELLO_AUTH_REQUIRED)
+        return loom_err_set(err, LOOM_ERR_AUTH,
+                            "the store server at %s requires LOOM_AUTH_KEY, which this process "
+                            "does not have", t->addr);
+    if (word == LOOM_STORE_HELLO_CHALLENGE && t->keylen)
+        return auth_exchange(t, fd, nonce_c, deadline, err);
+    if (word == LOOM_STORE_HELLO_OK && t->keylen && !t->warned_open) {
+        /* The values ranks trust carry MACs, so this costs availability, not integrity. */
+        t->warned_open = 1;
+        LOOM_WARN("store", "the store server at %s does not ask for LOOM_AUTH_KEY: anyone who "
+                  "reaches it can read and delete keys", t->addr);
+    }
     if (word != LOOM_STORE_HELLO_OK)
         return loom_err_set(err, LOOM_ERR_MISMATCH,
                             "the Loom store server at %s speaks protocol version %" PRIu32
                             " and refused this library's version %u", t->addr, version,
                             LOOM_STORE_PROTO_VERSION);
+    return LOOM_SUCCESS;
+}
+
+/* The server holds a key too: check its proof, give ours, read its verdict. */
+static loom_status_t auth_exchange(tcp_store_t *t, int fd, const uint8_t *nonce_c,
+                                   double deadline, loom_err_t *err)
+{
+    uint8_t chal[LOOM_STORE_NONCE_LEN + LOOM_STORE_PROOF_LEN], want[LOOM_STORE_PROOF_LEN];
+    uint8_t mine[LOOM_STORE_PROOF_LEN], verdict[LOOM_STORE_HELLO_LEN];
+    io_rc_t io = recv_all(fd, chal, sizeof(chal), deadline);
+    if (io != IO_OK)
+        return loom_err_set(err, io == IO_TIMEOUT ? LOOM_ERR_TIMEOUT : LOOM_ERR_PEER_LOST,
+                            "the store server at %s did not finish its LOOM_AUTH_KEY challenge",
+                            t->addr);
+    loom_store_auth_proof(t->key, t->keylen, 'S', nonce_c, chal, want);
+    if (!loom_equal_ct(want, chal + LOOM_STORE_NONCE_LEN, sizeof(want)))
+        return loom_err_set(err, LOOM_ERR_AUTH,
+                            "the store server at %s cannot prove LOOM_AUTH_KEY: it holds a "
+                            "different key", t->addr);
+    loom_store_auth_proof(t->key, t->keylen, 'C', nonce_c, chal, mine);
+    struct iovec iov = { mine, sizeof(mine) };
+    if ((io = sendv_all(fd, &iov, 1, deadline)) == IO_OK)
+        io = recv_all(fd, verdict, sizeof(verdict), deadline);
+    if (io != IO_OK)
+        return loom_err_set(err, io == IO_TIMEOUT ? LOOM_ERR_TIMEOUT : LOOM_ERR_PEER_LOST,
+                            "the store server at %s closed the connection during the "
+                            "LOOM_AUTH_KEY exchange", t->addr);
+    if (memcmp(verdict, LOOM_STORE_MAGIC, LOOM_STORE_MAGIC_LEN) != 0 ||
+        get32(verdict + 12) != LOOM_STORE_HELLO_OK)
+        return loom_err_set(err, LOOM_ERR_AUTH,
+                            "the store server at %s refused this process's proof of "
+                            "LOOM_AUTH_KEY: the keys differ", t->addr);
     return LOOM_SUCCESS;
 }
 
@@ -502,8 +568,8 @@ static loom_status_t tcp_call(tcp_store_t *t, uint32_t op, const char *key, cons
     return LOOM_SUCCESS;
 }
 
-static loom_status_t tcp_open(const char *rest, int rank, double timeout_s, loom_err_t *err,
-                              void **impl_p)
+static loom_status_t tcp_open_key(const char *rest, int rank, double timeout_s,
+                                  const void *key, size_t keylen, loom_err_t *err, void **impl_p)
 {
     loom_status_t st;
     char uri[NI_MAXHOST + 32];
@@ -512,6 +578,13 @@ static loom_status_t tcp_open(const char *rest, int rank, double timeout_s, loom
     tcp_store_t *t = calloc(1, sizeof(*t));
     if (t == NULL)
         return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory opening store %s", uri);
+    if (keylen > sizeof(t->key)) {
+        free(t);
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG, "LOOM_AUTH_KEY is too long");
+    }
+    if (keylen > 0)
+        memcpy(t->key, key, keylen);
+    t->keylen = keylen;
     t->fd = -1;
     t->op_timeout = timeout_s;
     st = loom_store_parse_hostport(rest, uri, t->host, sizeof(t->host), &t->port, err);
@@ -530,7 +603,8 @@ static loom_status_t tcp_open(const char *rest, int rank, double timeout_s, loom
         loom_err_t serr;
         int e = 0;
         loom_err_clear(&serr);
-        st = loom_store_server_start_errno(t->host, t->port, &e, &serr, &t->srv);
+        st = loom_store_server_start_key(t->host, t->port, t->key, t->keylen, &e, &serr,
+                                         &t->srv);
         if (st == LOOM_SUCCESS) {
             t->port = loom_store_server_port(t->srv);
         } else if ((e != EADDRINUSE && e != EADDRNOTAVAIL) || t->port == 0) {
@@ -557,9 +631,16 @@ free_store:
     return st;
 }
 
+static loom_status_t tcp_open(const char *rest, int rank, double timeout_s, loom_err_t *err,
+                              void **impl_p)
+{
+    return tcp_open_key(rest, rank, timeout_s, NULL, 0, err, impl_p);
+}
+
 static void tcp_close(void *impl)
 {
     tcp_store_t *t = impl;
+    explicit_bzero(t->key, sizeof(t->key));
     if (t->fd >= 0)
         close(t->fd);
     /* After our own connection, so the server never sees a client vanish mid-call. */
@@ -685,6 +766,7 @@ const loom_store_ops_t loom_store_tcp_ops = {
     .cas = tcp_cas,
     .del = tcp_del,
     .local_host = tcp_local_host,
+    .open_key = tcp_open_key,
 };
 
 /* ---- The server. ----------------------------------------------------------------
@@ -713,6 +795,8 @@ struct srv_client {
     int fd;
     uint32_t events;              /* epoll interest now registered */
     int hello_done, closing, dead;
+    int hs;                       /* the hello's step: 0 hello, 1 nonce, 2 proof */
+    uint8_t nonce_c[LOOM_STORE_NONCE_LEN], nonce_s[LOOM_STORE_NONCE_LEN];
     uint8_t *in;
     size_t in_len, in_cap, need;
     int have_req;
@@ -732,6 +816,8 @@ struct loom_store_server {
     srv_client_t *clients, *dead;
     size_t n_parked;
     double accept_resume;         /* > 0: accepting paused (out of fds) until then */
+    uint8_t key[1024];            /* LOOM_AUTH_KEY clients must prove; keylen 0: none */
+    size_t keylen;
 };
 
 static uint64_t key_hash(const char *key, size_t len)
@@ -1061,24 +1147,68 @@ static void reset_input(srv_client_t *c)
     }
 }
 
+/* Answer the hello with word; closing: then drop the client. */
+static int hello_answer(srv_client_t *c, uint32_t word, int closing, const void *more,
+                        size_t morelen)
+{
+    uint8_t h[LOOM_STORE_HELLO_LEN];
+    loom_store_hello_pack(h, LOOM_STORE_PROTO_VERSION, word);
+    c->hello_done = word != LOOM_STORE_HELLO_CHALLENGE;
+    c->closing = closing;
+    reset_input(c);
+    if (out_append(c, h, sizeof(h)) != 0 || (morelen && out_append(c, more, morelen) != 0))
+        return -1;
+    return flush(c);
+}
+
+/* The hello, and with a key on either side the nonces and proofs (store_proto.h):
+ * nothing is served to a client before it proved the server's key. */
+static int hello_step(loom_store_server_t *srv, srv_client_t *c)
+{
+    if (c->hs == 0) {
+        if (memcmp(c->in, LOOM_STORE_MAGIC, LOOM_STORE_MAGIC_LEN) != 0)
+            return -1;
+        if (get32(c->in + 8) != LOOM_STORE_PROTO_VERSION)
+            return hello_answer(c, LOOM_STORE_HELLO_REFUSED, 1, NULL, 0);
+        if (get32(c->in + 12) == LOOM_STORE_HELLO_AUTH) {
+            c->hs = 1;
+            c->in_len = 0;
+            c->need = LOOM_STORE_NONCE_LEN;
+            return 0;
+        }
+        if (srv->keylen)
+            return hello_answer(c, LOOM_STORE_HELLO_AUTH_REQUIRED, 1, NULL, 0);
+        return hello_answer(c, LOOM_STORE_HELLO_OK, 0, NULL, 0);
+    }
+    if (c->hs == 1) {
+        memcpy(c->nonce_c, c->in, LOOM_STORE_NONCE_LEN);
+        if (!srv->keylen)
+            return hello_answer(c, LOOM_STORE_HELLO_OK, 0, NULL, 0);
+        uint8_t chal[LOOM_STORE_NONCE_LEN + LOOM_STORE_PROOF_LEN];
+        if (getrandom(c->nonce_s, sizeof(c->nonce_s), 0) != (ssize_t)sizeof(c->nonce_s))
+            return -1;
+        memcpy(chal, c->nonce_s, sizeof(c->nonce_s));
+        loom_store_auth_proof(srv->key, srv->keylen, 'S', c->nonce_c, c->nonce_s,
+                              chal + LOOM_STORE_NONCE_LEN);
+        if (hello_answer(c, LOOM_STORE_HELLO_CHALLENGE, 0, chal, sizeof(chal)) != 0)
+            return -1;
+        c->hs = 2;
+        c->in_len = 0;
+        c->need = LOOM_STORE_PROOF_LEN;
+        return 0;
+    }
+    uint8_t want[LOOM_STORE_PROOF_LEN];
+    loom_store_auth_proof(srv->key, srv->keylen, 'C', c->nonce_c, c->nonce_s, want);
+    if (!loom_equal_ct(want, c->in, sizeof(want)))
+        return hello_answer(c, LOOM_STORE_HELLO_REFUSED_AUTH, 1, NULL, 0);
+    return hello_answer(c, LOOM_STORE_HELLO_OK, 0, NULL, 0);
+}
+
 /* c->in holds c->need bytes: the hello, a header or a whole request. -1: drop c. */
 static int process(loom_store_server_t *srv, srv_client_t *c)
 {
-    if (!c->hello_done) {
-        if (memcmp(c->in, LOOM_STORE_MAGIC, LOOM_STORE_MAGIC_LEN) != 0)
-            return -1;
-        uint32_t version = get32(c->in + 8);
-        uint8_t h[LOOM_STORE_HELLO_LEN];
-        int ok = version == LOOM_STORE_PROTO_VERSION;
-        loom_store_hello_pack(h, LOOM_STORE_PROTO_VERSION,
-                              ok ? LOOM_STORE_HELLO_OK : LOOM_STORE_HELLO_REFUSED);
-        c->hello_done = 1;
-        c->closing = !ok;
-        reset_input(c);
-        if (out_append(c, h, sizeof(h)) != 0)
-            return -1;
-        return flush(c);
-    }
+    if (!c->hello_done)
+        return hello_step(srv, c);
     if (!c->have_req) {
         if (loom_store_req_unpack(c->in, &c->req) != 0)
             return -1;
@@ -1323,8 +1453,9 @@ static int listen_on(const char *host, int port, int *sys_errno_p, loom_err_t *e
     return fd;
 }
 
-loom_status_t loom_store_server_start_errno(const char *host, int port, int *sys_errno_p,
-                                            loom_err_t *err, loom_store_server_t **srv_p)
+loom_status_t loom_store_server_start_key(const char *host, int port, const void *key,
+                                          size_t keylen, int *sys_errno_p, loom_err_t *err,
+                                          loom_store_server_t **srv_p)
 {
     loom_status_t st;
     int e = 0;
@@ -1334,9 +1465,14 @@ loom_status_t loom_store_server_start_errno(const char *host, int port, int *sys
     if (srv_p == NULL || port < 0 || port > 65535)
         return loom_err_set(err, LOOM_ERR_INVALID_ARG,
                             "store server: port %d out of range or output pointer NULL", port);
+    if (keylen > sizeof(((loom_store_server_t *)0)->key))
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG, "store server: the key is too long");
     loom_store_server_t *srv = calloc(1, sizeof(*srv));
     if (srv == NULL)
         return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory starting the store server");
+    if (keylen > 0)
+        memcpy(srv->key, key, keylen);
+    srv->keylen = keylen;
     srv->tab_size = 256;
     srv->tab = calloc(srv->tab_size, sizeof(*srv->tab));
     if (srv->tab == NULL) {
@@ -1402,10 +1538,23 @@ free_server:
     return st;
 }
 
+loom_status_t loom_store_server_start_errno(const char *host, int port, int *sys_errno_p,
+                                            loom_err_t *err, loom_store_server_t **srv_p)
+{
+    return loom_store_server_start_key(host, port, NULL, 0, sys_errno_p, err, srv_p);
+}
+
 loom_status_t loom_store_server_start(const char *host, int port, loom_err_t *err,
                                       loom_store_server_t **srv_p)
 {
-    return loom_store_server_start_errno(host, port, NULL, err, srv_p);
+    return loom_store_server_start_key(host, port, NULL, 0, NULL, err, srv_p);
+}
+
+loom_status_t loom_store_server_start_auth(const char *host, int port, const void *key,
+                                           size_t keylen, loom_err_t *err,
+                                           loom_store_server_t **srv_p)
+{
+    return loom_store_server_start_key(host, port, key, keylen, NULL, err, srv_p);
 }
 
 int loom_store_server_port(const loom_store_server_t *srv)

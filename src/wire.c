@@ -79,7 +79,7 @@ int loom_ack_decode(const uint8_t in[LOOM_ACK_BYTES], loom_ack_code_t *code, uin
     if (memcmp(in, LOOM_ACK_MAGIC, 8) != 0)
         return -1;
     uint32_t c = get32(in + 8);
-    if (c > LOOM_ACK_AUTH)
+    if (c > LOOM_ACK_MAC_MODE)
         return -1;
     *code = (loom_ack_code_t)c;
     *rank = get32(in + 12);
@@ -98,6 +98,8 @@ const char *loom_ack_reason(loom_ack_code_t code)
     case LOOM_ACK_DUPLICATE: return "rank already connected";
     case LOOM_ACK_AUTH:
         return "authentication failed: LOOM_AUTH_KEY differs, or is set on one side only";
+    case LOOM_ACK_MAC_MODE:
+        return "LOOM_AUTH_MAC differs (full on one side, headers on the other)";
     }
     return "unknown reason";
 }
@@ -182,14 +184,75 @@ loom_status_t loom_frame_check(const loom_frame_t *f, const loom_tp_req_t *poste
     return LOOM_SUCCESS;
 }
 
+void loom_auth_bind(uint64_t job_hash, uint64_t comm_hash, int size, int connector,
+                    const void *cident, size_t cidentlen, int acceptor, const void *aident,
+                    size_t aidentlen, uint8_t out[LOOM_BIND_BYTES])
+{
+    /* Lengths go in too, so that no two pairs of identities hash alike. */
+    uint8_t head[48];
+    memcpy(head, "LOOMBIND", 8);
+    put64(head + 8, job_hash);
+    put64(head + 16, comm_hash);
+    put32(head + 24, (uint32_t)size);
+    put32(head + 28, (uint32_t)connector);
+    put32(head + 32, (uint32_t)acceptor);
+    put32(head + 36, (uint32_t)cidentlen);
+    put64(head + 40, (uint64_t)aidentlen);
+    loom_sha256_t s;
+    loom_sha256_init(&s);
+    loom_sha256_update(&s, head, sizeof(head));
+    loom_sha256_update(&s, cident, cidentlen);
+    loom_sha256_update(&s, aident, aidentlen);
+    loom_sha256_final(&s, out);
+}
+
 void loom_auth_proof(const void *key, size_t keylen, char role,
                      const uint8_t hello[LOOM_HELLO_BYTES],
                      const uint8_t nonce_c[LOOM_NONCE_BYTES],
-                     const uint8_t nonce_a[LOOM_NONCE_BYTES], uint8_t out[32])
+                     const uint8_t nonce_a[LOOM_NONCE_BYTES],
+                     const uint8_t bind[LOOM_BIND_BYTES], uint8_t out[32])
 {
-    const void *parts[4] = {&role, hello, nonce_c, nonce_a};
-    const size_t lens[4] = {1, LOOM_HELLO_BYTES, LOOM_NONCE_BYTES, LOOM_NONCE_BYTES};
-    loom_hmac_sha256(key, keylen, parts, lens, 4, out);
+    const void *parts[5] = {&role, hello, nonce_c, nonce_a, bind};
+    const size_t lens[5] = {1, LOOM_HELLO_BYTES, LOOM_NONCE_BYTES, LOOM_NONCE_BYTES,
+                            LOOM_BIND_BYTES};
+    loom_hmac_sha256(key, keylen, parts, lens, 5, out);
+}
+
+void loom_session_keys(const void *key, size_t keylen, const uint8_t nonce_c[LOOM_NONCE_BYTES],
+                       const uint8_t nonce_a[LOOM_NONCE_BYTES],
+                       const uint8_t bind[LOOM_BIND_BYTES], uint8_t c2a[32], uint8_t a2c[32])
+{
+    uint8_t salt[2 * LOOM_NONCE_BYTES], info[16 + LOOM_BIND_BYTES], okm[64];
+    memcpy(salt, nonce_c, LOOM_NONCE_BYTES);
+    memcpy(salt + LOOM_NONCE_BYTES, nonce_a, LOOM_NONCE_BYTES);
+    memcpy(info, "loom session v2\0", 16);
+    memcpy(info + 16, bind, LOOM_BIND_BYTES);
+    loom_hkdf_sha256(salt, sizeof(salt), key, keylen, info, sizeof(info), okm, sizeof(okm));
+    memcpy(c2a, okm, 32);
+    memcpy(a2c, okm + 32, 32);
+}
+
+void loom_frame_tag_header(const loom_hmac_key_t *k, uint64_t seq,
+                           const uint8_t hdr[LOOM_FRAME_BYTES], uint8_t tag[LOOM_MAC_BYTES])
+{
+    uint8_t pre[9], full[LOOM_SHA256_BYTES];
+    pre[0] = 'H';
+    put64(pre + 1, seq);
+    loom_hmac_t m;
+    loom_hmac_start(&m, k);
+    loom_hmac_update(&m, pre, sizeof(pre));
+    loom_hmac_update(&m, hdr, LOOM_FRAME_BYTES);
+    loom_hmac_final(&m, full);
+    memcpy(tag, full, LOOM_MAC_BYTES);
+}
+
+void loom_frame_tag_payload_start(loom_hmac_t *m, const loom_hmac_key_t *k, uint64_t seq)
+{
+    uint8_t pre[9];
+    pre[0] = 'P';
+    put64(pre + 1, seq);
+    loom_hmac_start(m, k);
+    loom_hmac_update(m, pre, sizeof(pre));
 }
 
 void loom_chal_encode(const uint8_t nonce_a[LOOM_NONCE_BYTES], const uint8_t proof[32],

@@ -7,9 +7,12 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "error.h"
+#include "sha256.h"
 #include "transport.h"
 
-#define LOOM_WIRE_VERSION 1
+/* 2: proofs bind both endpoints' published addresses, and with a key every
+ * frame carries MACs under a per-connection session key. */
+#define LOOM_WIRE_VERSION 2
 
 /* ---- handshake ------------------------------------------------------------ */
 #define LOOM_HELLO_MAGIC "LOOMHELO"
@@ -29,7 +32,8 @@ typedef struct loom_hello {
 /* Why an acceptor refused a hello (sent back in the ack). */
 typedef enum {
     LOOM_ACK_OK = 0, LOOM_ACK_BAD_MAGIC, LOOM_ACK_BAD_VERSION, LOOM_ACK_OTHER_JOB,
-    LOOM_ACK_BAD_RANK, LOOM_ACK_BAD_SIZE, LOOM_ACK_DUPLICATE, LOOM_ACK_AUTH
+    LOOM_ACK_BAD_RANK, LOOM_ACK_BAD_SIZE, LOOM_ACK_DUPLICATE, LOOM_ACK_AUTH,
+    LOOM_ACK_MAC_MODE
 } loom_ack_code_t;
 
 /* ---- LOOM_AUTH_KEY: mutual proof of a shared secret ------------------------
@@ -37,19 +41,39 @@ typedef enum {
  * by the connector's nonce; the acceptor answers with a challenge (its nonce
  * and its proof), the connector with its proof, the acceptor with the ack.
  * A proof is HMAC-SHA256(key, role || hello || connector nonce || acceptor
- * nonce), role 'A' or 'C': fresh nonces on both sides make every proof good
- * for one connection only, and neither side reveals anything about the key. */
+ * nonce || binding), role 'A' or 'C': fresh nonces on both sides make every
+ * proof good for one connection only, and neither side reveals anything
+ * about the key. The binding (loom_auth_bind) names both endpoints as the
+ * store published them, so a proof relayed through a process that rewrote
+ * an address in the store does not match what the other end computes.
+ * Both ends then derive the connection's session keys (loom_session_keys),
+ * one per direction, and seal every frame with them (LOOM_MAC_BYTES tags). */
 #define LOOM_HELLO_AUTH  0x80000000u
+#define LOOM_HELLO_MAC_HEADERS 0x40000000u   /* LOOM_AUTH_MAC=headers */
 #define LOOM_NONCE_BYTES 16
 #define LOOM_CHAL_MAGIC  "LOOMCHAL"
 #define LOOM_CHAL_BYTES  (8 + LOOM_NONCE_BYTES + 32)
 #define LOOM_PROOF_MAGIC "LOOMPROF"
 #define LOOM_PROOF_BYTES (8 + 32)
+#define LOOM_BIND_BYTES  32
+/* A frame's tags are HMAC-SHA256 truncated to 128 bits (RFC 2104 section 5). */
+#define LOOM_MAC_BYTES   16
 
+/* SHA-256 over the job, the communicator and both endpoints: the connector's
+ * rank and published identity (an address, or a QP record), the acceptor's. */
+void loom_auth_bind(uint64_t job_hash, uint64_t comm_hash, int size, int connector,
+                    const void *cident, size_t cidentlen, int acceptor, const void *aident,
+                    size_t aidentlen, uint8_t out[LOOM_BIND_BYTES]);
 void loom_auth_proof(const void *key, size_t keylen, char role,
                      const uint8_t hello[LOOM_HELLO_BYTES],
                      const uint8_t nonce_c[LOOM_NONCE_BYTES],
-                     const uint8_t nonce_a[LOOM_NONCE_BYTES], uint8_t out[32]);
+                     const uint8_t nonce_a[LOOM_NONCE_BYTES],
+                     const uint8_t bind[LOOM_BIND_BYTES], uint8_t out[32]);
+/* HKDF-SHA256 from the shared key (salt: both nonces, info: the binding):
+ * c2a seals what the connector sends, a2c what the acceptor sends. */
+void loom_session_keys(const void *key, size_t keylen, const uint8_t nonce_c[LOOM_NONCE_BYTES],
+                       const uint8_t nonce_a[LOOM_NONCE_BYTES],
+                       const uint8_t bind[LOOM_BIND_BYTES], uint8_t c2a[32], uint8_t a2c[32]);
 void loom_chal_encode(const uint8_t nonce_a[LOOM_NONCE_BYTES], const uint8_t proof[32],
                       uint8_t out[LOOM_CHAL_BYTES]);
 /* Returns 0 when in is a well-formed challenge (fills nonce_a, proof), -1 otherwise. */
@@ -87,6 +111,12 @@ typedef struct loom_frame {
 } loom_frame_t;
 
 void loom_frame_encode(const loom_frame_t *f, uint8_t out[LOOM_FRAME_BYTES]);
+/* The tags of a sealed frame, under one direction's session key: the header's
+ * covers its sequence number and the header, the payload's (full mode) the
+ * sequence number and the payload, fed in pieces as they travel. */
+void loom_frame_tag_header(const loom_hmac_key_t *k, uint64_t seq,
+                           const uint8_t hdr[LOOM_FRAME_BYTES], uint8_t tag[LOOM_MAC_BYTES]);
+void loom_frame_tag_payload_start(loom_hmac_t *m, const loom_hmac_key_t *k, uint64_t seq);
 /* Parse a header from peer; on garbage return LOOM_ERR_TRANSPORT with a message. */
 loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, loom_frame_t *f,
                                 loom_err_t *err);

@@ -226,6 +226,17 @@ START_TEST(test_settings_auth_key)
     unlink(path);
     ck_assert_int_eq(loom_settings_load(&s, fake_get, &file, &err), LOOM_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(err.msg, "LOOM_AUTH_KEY_FILE"));
+
+    /* What the frame MACs cover: full by default, headers on request, nothing else. */
+    loom_err_clear(&err);
+    ck_assert_int_eq(loom_settings_load(&s, fake_get, &direct, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(s.auth_mac_headers_only, 0);
+    fake_env_t headers = {{"LOOM_AUTH_KEY", "k", "LOOM_AUTH_MAC", "headers", NULL}};
+    ck_assert_int_eq(loom_settings_load(&s, fake_get, &headers, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(s.auth_mac_headers_only, 1);
+    fake_env_t bad = {{"LOOM_AUTH_KEY", "k", "LOOM_AUTH_MAC", "none", NULL}};
+    ck_assert_int_eq(loom_settings_load(&s, fake_get, &bad, &err), LOOM_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err.msg, "LOOM_AUTH_MAC"));
 }
 END_TEST
 

@@ -1163,6 +1163,117 @@ START_TEST(test_server_gone)
 }
 END_TEST
 
+/* LOOM_AUTH_KEY on the tcp:// server: nothing is served before the proof. */
+START_TEST(test_auth_server)
+{
+    static const char key[] = "correct horse";
+    loom_err_t err;
+    loom_err_clear(&err);
+    loom_store_server_t *srv;
+    ck_assert_int_eq(loom_store_server_start_auth("127.0.0.1", 0, key, strlen(key), &err, &srv),
+                     LOOM_SUCCESS);
+    int port = loom_store_server_port(srv);
+    char uri[64];
+    snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%d", port);
+
+    /* The right key: served. */
+    loom_store_t *s = NULL;
+    ck_assert_msg(loom_store_open_key(uri, -1, LONG_TIMEOUT, key, strlen(key), &err, &s) ==
+                  LOOM_SUCCESS, "%s", err.msg);
+    put_str(s, "secret", "value");
+    expect_str(s, "secret", "value");
+
+    /* No key, or another one: LOOM_ERR_AUTH naming the key. */
+    loom_store_t *s2 = NULL;
+    loom_err_clear(&err);
+    ck_assert_int_eq(loom_store_open(uri, -1, LONG_TIMEOUT, &err, &s2), LOOM_ERR_AUTH);
+    ck_assert_msg(strstr(err.msg, "LOOM_AUTH_KEY") != NULL, "%s", err.msg);
+    loom_err_clear(&err);
+    ck_assert_int_eq(loom_store_open_key(uri, -1, LONG_TIMEOUT, "battery", 7, &err, &s2),
+                     LOOM_ERR_AUTH);
+    ck_assert_msg(strstr(err.msg, "LOOM_AUTH_KEY") != NULL, "%s", err.msg);
+
+    /* A client that says hello without a key is told so and dropped, and a
+     * request it sends anyway is never answered. */
+    int fd = raw_connect(port);
+    uint8_t h[LOOM_STORE_HELLO_LEN];
+    loom_store_hello_pack(h, LOOM_STORE_PROTO_VERSION, 0);
+    ck_assert_int_eq(send(fd, h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
+    raw_send_req(fd, LOOM_STORE_OP_GET, 6, 0, 0, 0, "secret", 6);
+    ck_assert_int_eq(read_full(fd, h, sizeof(h)), 0);
+    ck_assert_int_eq(h[15], LOOM_STORE_HELLO_AUTH_REQUIRED);
+    expect_dropped(fd);
+
+    /* One that claims a key and sends a wrong proof: refused and dropped. */
+    fd = raw_connect(port);
+    uint8_t msg[LOOM_STORE_HELLO_LEN + LOOM_STORE_NONCE_LEN] = {0};
+    loom_store_hello_pack(msg, LOOM_STORE_PROTO_VERSION, LOOM_STORE_HELLO_AUTH);
+    send(fd, msg, sizeof(msg), MSG_NOSIGNAL);
+    uint8_t chal[LOOM_STORE_HELLO_LEN + LOOM_STORE_NONCE_LEN + LOOM_STORE_PROOF_LEN];
+    ck_assert_int_eq(read_full(fd, chal, sizeof(chal)), 0);
+    ck_assert_int_eq(chal[15], LOOM_STORE_HELLO_CHALLENGE);
+    uint8_t proof[LOOM_STORE_PROOF_LEN] = {0};
+    send(fd, proof, sizeof(proof), MSG_NOSIGNAL);
+    raw_send_req(fd, LOOM_STORE_OP_GET, 6, 0, 0, 0, "secret", 6);
+    ck_assert_int_eq(read_full(fd, h, sizeof(h)), 0);
+    ck_assert_int_eq(h[15], LOOM_STORE_HELLO_REFUSED_AUTH);
+    expect_dropped(fd);
+
+    /* The server stays available to the rank that holds the key. */
+    expect_str(s, "secret", "value");
+    loom_store_close(s);
+    loom_store_server_stop(srv);
+}
+END_TEST
+
+/* Signed values: a reader with the key accepts only values written with it,
+ * under the key name they were written for; on both backends. */
+START_TEST(test_signed_values)
+{
+    static const char key[] = "correct horse";
+    backend_t b;
+    backend_up(&b, _i);
+    loom_err_t err;
+    loom_err_clear(&err);
+    loom_store_t *s, *plain = open_uri(b.uri);
+    ck_assert_msg(loom_store_open_key(b.uri, -1, LONG_TIMEOUT, key, strlen(key), &err, &s) ==
+                  LOOM_SUCCESS, "%s", err.msg);
+    ck_assert_int_eq(loom_store_set_signed(s, "addr/0", "10.0.0.1:5", 10, &err), LOOM_SUCCESS);
+    void *val;
+    size_t len;
+    ck_assert_int_eq(loom_store_get_signed(s, "addr/0", &val, &len, 1.0, &err), LOOM_SUCCESS);
+    ck_assert_uint_eq(len, 10);
+    ck_assert_str_eq(val, "10.0.0.1:5");
+    free(val);
+
+    /* A keyless reader is told the value is signed. */
+    loom_err_clear(&err);
+    ck_assert_int_eq(loom_store_get_signed(plain, "addr/0", &val, &len, 1.0, &err),
+                     LOOM_ERR_AUTH);
+    ck_assert_msg(strstr(err.msg, "LOOM_AUTH_KEY") != NULL, "%s", err.msg);
+
+    /* A forged value (written by anyone who can write the store), a signed
+     * value with a byte changed, and a signed value moved to another key. */
+    put_str(plain, "addr/1", "10.6.6.6:1");
+    ck_assert_int_eq(loom_store_get(plain, "addr/0", &val, &len, 1.0, &err), LOOM_SUCCESS);
+    ((char *)val)[len - 1] ^= 1;
+    put(plain, "addr/2", val, len);
+    ((char *)val)[len - 1] ^= 1;
+    put(plain, "addr/3", val, len);
+    free(val);
+    for (int k = 1; k <= 3; k++) {
+        char name[16];
+        snprintf(name, sizeof(name), "addr/%d", k);
+        loom_err_clear(&err);
+        ck_assert_int_eq(loom_store_get_signed(s, name, &val, &len, 1.0, &err), LOOM_ERR_AUTH);
+        ck_assert_msg(strstr(err.msg, "LOOM_AUTH_KEY") && strstr(err.msg, name), "%s", err.msg);
+    }
+    loom_store_close(plain);
+    loom_store_close(s);
+    backend_down(&b);
+}
+END_TEST
+
 Suite *loom_store_suite(void)
 {
     Suite *su = suite_create("store");
@@ -1182,6 +1293,7 @@ Suite *loom_store_suite(void)
     tcase_add_loop_test(tc, test_keys, 0, BK_COUNT);
     tcase_add_test(tc, test_file_multiprocess_add);
     tcase_add_test(tc, test_bad_uris);
+    tcase_add_loop_test(tc, test_signed_values, 0, BK_COUNT);
     suite_add_tcase(su, tc);
 
     tc = tcase_create("tcp");
@@ -1195,6 +1307,7 @@ Suite *loom_store_suite(void)
     tcase_add_test(tc, test_proto_parser);
     tcase_add_test(tc, test_malformed_requests);
     tcase_add_test(tc, test_server_gone);
+    tcase_add_test(tc, test_auth_server);
     suite_add_tcase(su, tc);
     return su;
 }

@@ -156,6 +156,8 @@ static void hex(const uint8_t *b, size_t n, char *out)
 
 START_TEST(test_sha256_vectors)
 {
+    /* _i 0: the implementation the CPU picks (SHA-NI where present), 1: portable. */
+    loom_sha256_use_generic(_i);
     /* FIPS 180-4 examples, and a message that spans the padding boundary. */
     uint8_t d[32];
     char h[65];
@@ -174,6 +176,17 @@ START_TEST(test_sha256_vectors)
     loom_sha256_final(&s, d);
     hex(d, 32, h);
     ck_assert_str_eq(h, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    /* Many blocks fed unevenly: a million 'a's (FIPS 180-2, appendix B.3). */
+    static uint8_t a[1000000];
+    memset(a, 'a', sizeof(a));
+    loom_sha256_init(&s);
+    loom_sha256_update(&s, a, 7);
+    loom_sha256_update(&s, a, 130);
+    loom_sha256_update(&s, a, sizeof(a) - 137);
+    loom_sha256_final(&s, d);
+    hex(d, 32, h);
+    ck_assert_str_eq(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+    loom_sha256_use_generic(0);
 }
 END_TEST
 
@@ -206,6 +219,36 @@ START_TEST(test_hmac_rfc4231)
 }
 END_TEST
 
+START_TEST(test_hmac_keyed_and_hkdf)
+{
+    /* The keyed context agrees with the one-shot HMAC (RFC 4231 case 2). */
+    uint8_t d[32], okm[42];
+    char h[2 * 42 + 1];
+    loom_hmac_key_t k;
+    loom_hmac_t m;
+    loom_hmac_key_init(&k, "Jefe", 4);
+    for (int round = 0; round < 2; round++) {   /* a key is reusable */
+        loom_hmac_start(&m, &k);
+        loom_hmac_update(&m, "what do ya want ", 16);
+        loom_hmac_update(&m, "for nothing?", 12);
+        loom_hmac_final(&m, d);
+        hex(d, 32, h);
+        ck_assert_str_eq(h, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    }
+    /* RFC 5869 test case 1. */
+    uint8_t ikm[22], salt[13], info[10];
+    memset(ikm, 0x0b, sizeof(ikm));
+    for (int i = 0; i < 13; i++)
+        salt[i] = (uint8_t)i;
+    for (int i = 0; i < 10; i++)
+        info[i] = (uint8_t)(0xf0 + i);
+    loom_hkdf_sha256(salt, sizeof(salt), ikm, sizeof(ikm), info, sizeof(info), okm, sizeof(okm));
+    hex(okm, sizeof(okm), h);
+    ck_assert_str_eq(h, "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf"
+                        "34007208d5b887185865");
+}
+END_TEST
+
 START_TEST(test_auth_messages)
 {
     uint8_t hello[LOOM_HELLO_BYTES], nc[LOOM_NONCE_BYTES], na[LOOM_NONCE_BYTES];
@@ -215,17 +258,43 @@ START_TEST(test_auth_messages)
     ck_assert(back.stream & LOOM_HELLO_AUTH);
     memset(nc, 1, sizeof(nc));
     memset(na, 2, sizeof(na));
-    uint8_t a[32], c[32], a2[32], other[32];
-    loom_auth_proof("key", 3, 'A', hello, nc, na, a);
-    loom_auth_proof("key", 3, 'C', hello, nc, na, c);
-    loom_auth_proof("key", 3, 'A', hello, nc, na, a2);
-    loom_auth_proof("kez", 3, 'A', hello, nc, na, other);
+    uint8_t a[32], c[32], a2[32], other[32], bind[LOOM_BIND_BYTES], bind2[LOOM_BIND_BYTES];
+    loom_auth_bind(7, 9, 2, 1, "10.0.0.2:5", 10, 0, "10.0.0.1:7", 10, bind);
+    loom_auth_proof("key", 3, 'A', hello, nc, na, bind, a);
+    loom_auth_proof("key", 3, 'C', hello, nc, na, bind, c);
+    loom_auth_proof("key", 3, 'A', hello, nc, na, bind, a2);
+    loom_auth_proof("kez", 3, 'A', hello, nc, na, bind, other);
     ck_assert(memcmp(a, a2, 32) == 0);      /* deterministic */
     ck_assert(memcmp(a, c, 32) != 0);       /* a proof cannot be sent back as the other role's */
     ck_assert(memcmp(a, other, 32) != 0);   /* depends on the key */
+    /* A relay that rewrote the acceptor's published address computes another binding. */
+    loom_auth_bind(7, 9, 2, 1, "10.0.0.2:5", 10, 0, "10.0.0.9:7", 10, bind2);
+    ck_assert(memcmp(bind, bind2, sizeof(bind)) != 0);
+    loom_auth_proof("key", 3, 'A', hello, nc, na, bind2, a2);
+    ck_assert(memcmp(a, a2, 32) != 0);
+    /* Identities cannot be shifted from one side to the other. */
+    loom_auth_bind(7, 9, 2, 1, "10.0.0.2:5", 9, 0, "10.0.0.1:7", 11, bind2);
+    ck_assert(memcmp(bind, bind2, sizeof(bind)) != 0);
+    uint8_t c2a[32], a2c[32], c2a2[32], a2c2[32];
+    loom_session_keys("key", 3, nc, na, bind, c2a, a2c);
+    loom_session_keys("key", 3, nc, na, bind, c2a2, a2c2);
+    ck_assert(memcmp(c2a, c2a2, 32) == 0 && memcmp(a2c, a2c2, 32) == 0);
+    ck_assert(memcmp(c2a, a2c, 32) != 0);   /* one key per direction */
     na[0] ^= 1;
-    loom_auth_proof("key", 3, 'A', hello, nc, na, a2);
+    loom_auth_proof("key", 3, 'A', hello, nc, na, bind, a2);
     ck_assert(memcmp(a, a2, 32) != 0);      /* and on the nonces: no replay */
+    loom_session_keys("key", 3, nc, na, bind, c2a2, a2c2);
+    ck_assert(memcmp(c2a, c2a2, 32) != 0);  /* every connection its own keys */
+    /* Frame tags depend on the sequence number: a frame cannot be replayed or moved. */
+    loom_hmac_key_t hk;
+    uint8_t hdr[LOOM_FRAME_BYTES] = {0}, t1[LOOM_MAC_BYTES], t2[LOOM_MAC_BYTES];
+    loom_hmac_key_init(&hk, c2a, 32);
+    loom_frame_tag_header(&hk, 5, hdr, t1);
+    loom_frame_tag_header(&hk, 6, hdr, t2);
+    ck_assert(memcmp(t1, t2, sizeof(t1)) != 0);
+    hdr[30] = 1;
+    loom_frame_tag_header(&hk, 5, hdr, t2);
+    ck_assert(memcmp(t1, t2, sizeof(t1)) != 0);
 
     uint8_t msg[LOOM_CHAL_BYTES], nonce[LOOM_NONCE_BYTES], proof[32];
     loom_chal_encode(na, a, msg);
@@ -257,8 +326,9 @@ Suite *loom_wire_suite(void)
     tcase_add_test(tc, test_frame_roundtrip);
     tcase_add_test(tc, test_frame_garbage);
     tcase_add_test(tc, test_frame_check);
-    tcase_add_test(tc, test_sha256_vectors);
+    tcase_add_loop_test(tc, test_sha256_vectors, 0, 2);
     tcase_add_test(tc, test_hmac_rfc4231);
+    tcase_add_test(tc, test_hmac_keyed_and_hkdf);
     tcase_add_test(tc, test_auth_messages);
     suite_add_tcase(s, tc);
     return s;

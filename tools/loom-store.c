@@ -12,17 +12,20 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "settings.h"
 #include "store.h"
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: loom-store --port P [--host H] [--quiet]\n"
+            "usage: loom-store --port P [--host H] [--auth-key-file F] [--quiet]\n"
             "\n"
             "Serve a Loom rendezvous store (LOOM_STORE=tcp://H:P) until SIGINT or SIGTERM.\n"
             "\n"
             "  --port P   TCP port to listen on; 0 picks a free one (printed)\n"
             "  --host H   address or name to listen on (default: every interface)\n"
+            "  --auth-key-file F  require the key in file F (LOOM_AUTH_KEY_FILE's format) of\n"
+            "             every client before serving it; ranks need the same key\n"
             "  --quiet    do not print the \"listening\" line\n"
             "  --help     show this text\n");
 }
@@ -53,9 +56,16 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name)
     return NULL;
 }
 
+/* Only LOOM_AUTH_KEY_FILE is set: the rest of the settings take their defaults. */
+static const char *key_file_env(const char *name, void *arg)
+{
+    const char *const *env = arg;
+    return strcmp(name, env[0]) == 0 ? env[1] : NULL;
+}
+
 int main(int argc, char **argv)
 {
-    const char *host = NULL;
+    const char *host = NULL, *key_file = NULL;
     int port = -1, quiet = 0;
 
     for (int i = 1; i < argc; i++) {
@@ -72,6 +82,8 @@ int main(int argc, char **argv)
             }
         } else if ((val = opt_value(argc, argv, &i, "--host")) != NULL) {
             host = val;
+        } else if ((val = opt_value(argc, argv, &i, "--auth-key-file")) != NULL) {
+            key_file = val;
         } else {
             fprintf(stderr, "loom-store: bad argument '%s'\n", a);
             usage(stderr);
@@ -94,8 +106,19 @@ int main(int argc, char **argv)
 
     loom_err_t err;
     loom_err_clear(&err);
+    /* The file is read as the ranks read LOOM_AUTH_KEY_FILE, so one file serves both. */
+    loom_settings_t keyed;
+    memset(&keyed, 0, sizeof(keyed));
+    if (key_file) {
+        const char *env[] = {"LOOM_AUTH_KEY_FILE", key_file};
+        if (loom_settings_load(&keyed, key_file_env, (void *)env, &err) != LOOM_SUCCESS) {
+            fprintf(stderr, "loom-store: %s\n", err.msg);
+            return 2;
+        }
+    }
     loom_store_server_t *srv;
-    if (loom_store_server_start(host, port, &err, &srv) != LOOM_SUCCESS) {
+    if (loom_store_server_start_auth(host, port, keyed.auth_key, keyed.auth_keylen, &err, &srv) !=
+        LOOM_SUCCESS) {
         fprintf(stderr, "loom-store: %s\n", err.msg);
         return 1;
     }

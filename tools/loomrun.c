@@ -52,7 +52,20 @@
 
 #include "loom.h"
 #include "error.h"
+#include "settings.h"
 #include "store.h"
+
+/* LOOM_AUTH_KEY (or the file LOOM_AUTH_KEY_FILE names), as the ranks will read
+ * it: the store loomrun serves requires it of every client. */
+static loom_settings_t g_auth;
+
+static void load_launcher_key(void)
+{
+    loom_err_t err;
+    loom_err_clear(&err);
+    if (loom_settings_load(&g_auth, loom_getenv_process, NULL, &err) != LOOM_SUCCESS)
+        g_auth.auth_keylen = 0;   /* the ranks report the bad setting themselves */
+}
 
 extern char **environ;
 
@@ -1749,7 +1762,9 @@ static int elastic_main(options_t *o)
     loom_err_t err;
     loom_err_clear(&err);
     loom_store_server_t *srv = NULL;
-    if (loom_store_server_start(any_remote ? NULL : "127.0.0.1", 0, &err, &srv) != LOOM_SUCCESS)
+    load_launcher_key();
+    if (loom_store_server_start_auth(any_remote ? NULL : "127.0.0.1", 0, g_auth.auth_key,
+                                     g_auth.auth_keylen, &err, &srv) != LOOM_SUCCESS)
         fatal("cannot start the rendezvous store: %s", err.msg);
     int port = loom_store_server_port(srv);
     char addr[NI_MAXHOST];
@@ -1762,7 +1777,8 @@ static int elastic_main(options_t *o)
                             ? store_uri(addr, port) : store_uri("127.0.0.1", port);
     char *client_uri = store_uri("127.0.0.1", port);
     loom_store_t *store = NULL;
-    if (loom_store_open(client_uri, -1, 30, &err, &store) != LOOM_SUCCESS)
+    if (loom_store_open_key(client_uri, -1, 30, g_auth.auth_key, g_auth.auth_keylen, &err,
+                            &store) != LOOM_SUCCESS)
         fatal("cannot reach the store loomrun serves: %s", err.msg);
     free(client_uri);
 
@@ -2161,8 +2177,9 @@ int main(int argc, char **argv)
     loom_err_t err;
     loom_err_clear(&err);
     loom_store_server_t *srv = NULL;
-    if (loom_store_server_start(any_remote || slurm ? NULL : "127.0.0.1", 0, &err, &srv) !=
-        LOOM_SUCCESS)
+    load_launcher_key();
+    if (loom_store_server_start_auth(any_remote || slurm ? NULL : "127.0.0.1", 0, g_auth.auth_key,
+                                     g_auth.auth_keylen, &err, &srv) != LOOM_SUCCESS)
         fatal("cannot start the rendezvous store: %s", err.msg);
     int port = loom_store_server_port(srv);
 

@@ -39,7 +39,11 @@
  * that never free or remap a buffer they communicate from.
  *
  * With LOOM_AUTH_KEY both ends of the side channel prove the key (HMAC over
- * fresh nonces, as tcp.c) before a queue pair is brought up or an rkey leaves.
+ * fresh nonces, as tcp.c) before a queue pair is brought up; the proofs cover
+ * both records (QPN, PSN, LID, GID, rkey and address of the credit word) and
+ * the addresses both ranks published, so a relay that rewrote an address in
+ * the store, or a record changed on the way, fails the handshake. The RDMA
+ * traffic itself is not sealed: the adapter moves it without the CPU.
  *
  * Liveness: the side-channel socket stays open. A goodbye byte on it tells a
  * peer that left on purpose from one that died (EOF without goodbye: PEER_LOST
@@ -102,6 +106,10 @@
 #define REC_AUTH 1u            /* the sender holds LOOM_AUTH_KEY; a nonce follows */
 #define REC_REFUSED 2u         /* the acceptor refuses: LOOM_AUTH_KEY on one side only */
 #define PROOF_BYTES 32
+/* Accepted side-channel connections get this long to prove themselves (at
+ * most a third of LOOM_TIMEOUT); when the table is full the oldest one still
+ * in its handshake makes room (tcp.c does the same). */
+#define HS_STRANGER_S 3.0
 
 /* wr_id: kind (4 bits) | peer rank (20 bits) | sequence number or id (40 bits). */
 enum { WR_SEQ = 1, WR_RDV = 2, WR_RECV = 3 };
@@ -187,6 +195,7 @@ struct loom_tp {
     const char *auth_key;    /* LOOM_AUTH_KEY (the communicator's settings), NULL: none */
     size_t auth_keylen;
     int auth_refused;        /* side-channel connections refused for the key */
+    char my_addr[256];       /* as published: the proofs bind it */
     double timeout_s;
     loom_err_t *err;
     const loom_ib_api_t *api;
@@ -744,6 +753,7 @@ static loom_status_t ib_create(const loom_tp_params_t *p, char *addr, size_t add
         goto err_close_wake;
     }
     LOOM_INFO("ibverbs", "rank %d: %s", tp->rank, addr);
+    snprintf(tp->my_addr, sizeof(tp->my_addr), "%s", addr);
     *tp_p = tp;
     return LOOM_SUCCESS;
 
@@ -891,9 +901,11 @@ typedef struct hs_conn {
     int proven;              /* the acceptor checked the dialer's proof of the key */
     uint8_t nonce[16];       /* ours, with LOOM_AUTH_KEY */
     uint8_t peer_nonce[16];
+    uint8_t myrec[REC_BYTES];   /* the record we sent: the proofs cover it */
     uint8_t buf[REC_BYTES + PROOF_BYTES + 1];
     size_t have;
     double retry_at;
+    double since;            /* accepted: when (strangers get HS_STRANGER_S) */
 } hs_conn_t;
 
 static int start_dial(hs_conn_t *c, const struct sockaddr_storage *ss, socklen_t sslen)
@@ -961,14 +973,34 @@ static size_t proof_bytes(const loom_tp_t *tp)
     return tp->auth_key ? PROOF_BYTES : 0;
 }
 
-static void make_proof(const loom_tp_t *tp, char role, int dialer_rank,
-                       const uint8_t nonce_c[16], const uint8_t nonce_a[16], uint8_t out[32])
+/* A side of the exchange as it published itself and as it spoke: its address
+ * in the store and the record it sent. */
+static size_t ident(const char *addr, const uint8_t rec[REC_BYTES], uint8_t *out)
+{
+    size_t n = strlen(addr) + 1;
+    memcpy(out, addr, n);
+    memcpy(out + n, rec, REC_BYTES);
+    return n + REC_BYTES;
+}
+
+static void make_proof(const loom_tp_t *tp, char role, int dialer_rank, int acceptor_rank,
+                       const char *dialer_addr, const uint8_t dialer_rec[REC_BYTES],
+                       const char *acceptor_addr, const uint8_t acceptor_rec[REC_BYTES],
+                       uint8_t out[32])
 {
     loom_hello_t h = {LOOM_WIRE_VERSION, (uint32_t)dialer_rank, (uint32_t)tp->size,
                       LOOM_HELLO_AUTH | 0x4942u, tp->job_hash, tp->comm_hash};
-    uint8_t hello[LOOM_HELLO_BYTES];
+    uint8_t hello[LOOM_HELLO_BYTES], bind[LOOM_BIND_BYTES];
+    uint8_t di[sizeof(tp->my_addr) + REC_BYTES], ai[sizeof(tp->my_addr) + REC_BYTES];
+    size_t dl = ident(dialer_addr, dialer_rec, di), al = ident(acceptor_addr, acceptor_rec, ai);
+    loom_auth_bind(tp->job_hash, tp->comm_hash, tp->size, dialer_rank, di, dl, acceptor_rank, ai,
+                   al, bind);
     loom_hello_encode(&h, hello);
-    loom_auth_proof(tp->auth_key, tp->auth_keylen, role, hello, nonce_c, nonce_a, out);
+    /* The nonces travel inside the records, which the binding covers. */
+    ib_rec_t dr, ar;
+    rec_decode(dialer_rec, &dr);
+    rec_decode(acceptor_rec, &ar);
+    loom_auth_proof(tp->auth_key, tp->auth_keylen, role, hello, dr.nonce, ar.nonce, bind, out);
 }
 
 static int proof_ok(const uint8_t a[32], const uint8_t b[32])
@@ -1039,15 +1071,21 @@ static loom_status_t hs_advance(loom_tp_t *tp, hs_conn_t *c, char *const *addrs,
                 return LOOM_SUCCESS;
             }
             c->peer = (int)r.rank;
-            tp->peers[c->peer].fd = c->fd;   /* claims the rank against duplicates */
+            /* Without a key the record is all there is to check: claim the rank now.
+             * With one, only a proof claims it, so a stranger that names a rank
+             * cannot keep the real one out. */
+            if (!tp->auth_key)
+                tp->peers[c->peer].fd = c->fd;
             memcpy(c->peer_nonce, r.nonce, 16);
             uint8_t out[REC_BYTES + PROOF_BYTES];
             if (tp->auth_key && fresh_nonce(c->nonce) != 0)
                 return tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: getrandom: %s",
                                strerror(errno));
             my_record(tp, &tp->peers[c->peer], tp->auth_key ? REC_AUTH : 0, c->nonce, out);
+            memcpy(c->myrec, out, REC_BYTES);
             if (tp->auth_key)
-                make_proof(tp, 'A', c->peer, c->peer_nonce, c->nonce, out + REC_BYTES);
+                make_proof(tp, 'A', c->peer, tp->rank, addrs[c->peer], c->buf, tp->my_addr,
+                           c->myrec, out + REC_BYTES);
             if (send_small(c->fd, out, REC_BYTES + pb) != 0)
                 return tp_fail(tp, LOOM_ERR_PEER_LOST, "ibverbs: handshake with rank %d: %s",
                                c->peer, strerror(errno));
@@ -1065,11 +1103,15 @@ static loom_status_t hs_advance(loom_tp_t *tp, hs_conn_t *c, char *const *addrs,
                                "LOOM_AUTH_KEY (set on one of them only)", c->peer, tp->rank);
             if (tp->auth_key) {
                 uint8_t want[32], mine[32];
-                make_proof(tp, 'A', tp->rank, c->nonce, r.nonce, want);
+                make_proof(tp, 'A', tp->rank, c->peer, tp->my_addr, c->myrec, addrs[c->peer],
+                           c->buf, want);
                 if (!proof_ok(want, c->buf + REC_BYTES))
-                    return tp_fail(tp, LOOM_ERR_AUTH, "ibverbs: rank %d does not hold our "
-                                   "LOOM_AUTH_KEY (its proof is wrong)", c->peer);
-                make_proof(tp, 'C', tp->rank, c->nonce, r.nonce, mine);
+                    return tp_fail(tp, LOOM_ERR_AUTH, "ibverbs: rank %d cannot prove "
+                                   "LOOM_AUTH_KEY for this connection: a different key, or a "
+                                   "relay (its record or published address was changed)",
+                                   c->peer);
+                make_proof(tp, 'C', tp->rank, c->peer, tp->my_addr, c->myrec, addrs[c->peer],
+                           c->buf, mine);
                 if (send_small(c->fd, mine, sizeof(mine)) != 0)
                     return tp_fail(tp, LOOM_ERR_PEER_LOST, "ibverbs: handshake with rank %d: %s",
                                    c->peer, strerror(errno));
@@ -1081,11 +1123,17 @@ static loom_status_t hs_advance(loom_tp_t *tp, hs_conn_t *c, char *const *addrs,
             if (c->have < REC_BYTES + pb)
                 return LOOM_SUCCESS;
             uint8_t want[32];
-            make_proof(tp, 'C', c->peer, c->peer_nonce, c->nonce, want);
+            make_proof(tp, 'C', c->peer, tp->rank, addrs[c->peer], c->buf, tp->my_addr,
+                       c->myrec, want);
             if (!proof_ok(want, c->buf + REC_BYTES)) {
                 hs_refuse(tp, c, NULL, 1);
                 return LOOM_SUCCESS;
             }
+            if (tp->peers[c->peer].fd >= 0) {
+                hs_refuse(tp, c, NULL, 0);   /* proven twice: the first one holds the rank */
+                return LOOM_SUCCESS;
+            }
+            tp->peers[c->peer].fd = c->fd;
             c->proven = 1;
         }
         if (qp_up(tp, &tp->peers[c->peer], &r) != LOOM_SUCCESS)
@@ -1144,8 +1192,13 @@ static loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeou
         }
         nconn++;
     }
+    double stranger_s = timeout_s / 3 < HS_STRANGER_S ? timeout_s / 3 : HS_STRANGER_S;
     while (established < nout + nin && !tp->failed) {
         double now = monotonic_s();
+        for (int i = nout; i < nconn; i++)
+            if (conns[i].state == HS_EXCHANGE && !conns[i].dialer && !conns[i].up &&
+                now - conns[i].since > stranger_s)
+                hs_refuse(tp, &conns[i], NULL, 0);
         if (now > deadline) {
             char missing[256] = "";
             size_t off = 0;
@@ -1208,6 +1261,7 @@ static loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeou
                     break;
                 }
                 my_record(tp, &tp->peers[c->peer], tp->auth_key ? REC_AUTH : 0, c->nonce, rec);
+                memcpy(c->myrec, rec, REC_BYTES);
                 if (soerr != 0 || send_small(c->fd, rec, sizeof(rec)) != 0) {
                     tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot connect to rank %d at %s: "
                             "%s", c->peer, addrs[c->peer], strerror(soerr ? soerr : errno));
@@ -1221,6 +1275,14 @@ static loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeou
                 size_t want = REC_BYTES + proof_bytes(tp) + 1;
                 ssize_t n = recv(c->fd, c->buf + c->have, want - c->have, 0);
                 if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) {
+                    if (c->dialer && !c->up && c->have == 0) {
+                        /* Shed before a word, as a full acceptor sheds strangers: dial again. */
+                        close(c->fd);
+                        c->fd = -1;
+                        c->state = HS_CONNECTING;
+                        c->retry_at = now + 0.05;
+                        continue;
+                    }
                     if (c->dialer || c->up) {
                         tp_fail(tp, LOOM_ERR_PEER_LOST, "ibverbs: rank %d closed the connection "
                                 "during the handshake", c->peer);
@@ -1248,11 +1310,30 @@ static loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeou
                         slot = i;
                 if (slot < 0 && nconn < maxconn)
                     slot = nconn++;
+                for (int i = nout; i < nconn && slot < 0; i++) {
+                    /* Full: the oldest accepted connection not yet proven makes room,
+                     * one that has said nothing first. */
+                    hs_conn_t *v = NULL;
+                    for (int j = nout; j < nconn; j++) {
+                        hs_conn_t *w = &conns[j];
+                        if (w->state != HS_EXCHANGE || w->dialer || w->up)
+                            continue;
+                        if (!v || (w->have == 0 && v->have > 0) ||
+                            ((w->have == 0) == (v->have == 0) && w->since < v->since))
+                            v = w;
+                    }
+                    if (v) {
+                        hs_refuse(tp, v, NULL, 0);
+                        slot = (int)(v - conns);
+                    }
+                    break;
+                }
                 if (slot < 0) {
                     close(fd);
                     continue;
                 }
-                conns[slot] = (hs_conn_t){.fd = fd, .peer = -1, .state = HS_EXCHANGE};
+                conns[slot] = (hs_conn_t){.fd = fd, .peer = -1, .state = HS_EXCHANGE,
+                                          .since = monotonic_s()};
             }
         }
     }

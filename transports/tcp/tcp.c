@@ -8,6 +8,14 @@
  * straight into the posted buffer. A frame nobody has posted for yet is kept
  * as an "unexpected" message in a buffer of its own until its receive comes.
  *
+ * LOOM_AUTH_KEY: the handshake proves the key both ways over both ends'
+ * published addresses and derives session keys (wire.h); every frame then
+ * carries a tag over its header, right after it, and (LOOM_AUTH_MAC=full) one
+ * over its payload, right after that, each under the sender's direction key
+ * and the frame's sequence number. A header is checked before it is acted on;
+ * payload bytes may land in the posted buffer before their tag arrives, but
+ * the receive completes only once it matched.
+ *
  * Failure: any error (a peer vanishing, a protocol violation, a mismatch) is
  * sticky for the instance: every later call returns it, and the requests that
  * were pending are never touched again (their memory may already be gone).
@@ -40,6 +48,7 @@
 #include "settings.h"
 #include "sha256.h"
 #include "tp_util.h"
+#include "wire.h"
 
 #define STAGE_BYTES (64 * 1024)
 /* Payload remainders at least this big are read straight into the user buffer. */
@@ -52,6 +61,14 @@
 /* Collective frames at least this big wait in the socket for their receive. */
 #define HOLD_MIN_BYTES (32 * 1024)
 #define COLL_TAG_BIT (UINT64_C(1) << 63)
+/* An early message is allocated up to this size at once, beyond it as its
+ * bytes arrive: an announced length alone never allocates much. */
+#define EARLY_FIRST_BYTES (4u << 20)
+/* Strangers get this long to finish a handshake (never more than a third of
+ * LOOM_TIMEOUT), so idle connections cannot hold the table through connect. */
+#define HS_STRANGER_S 3.0
+
+enum { MAC_NONE = 0, MAC_HEADERS = 1, MAC_FULL = 2 };
 
 typedef struct tcp_unexp {
     struct tcp_unexp *next;
@@ -69,11 +86,22 @@ typedef struct tcp_peer {
     int said_bye;       /* the peer destroyed its communicator on purpose */
     int gave_up;        /* the peer's communicator failed: it sends no more */
     int held;           /* a frame waits in the socket for its receive (set_held) */
+    /* LOOM_AUTH_KEY: this connection's keys, one per direction, and counters */
+    int mac;            /* MAC_NONE, MAC_HEADERS or MAC_FULL */
+    loom_hmac_key_t tx_key, rx_key;
+    uint64_t tx_seq, rx_seq;
     /* send side */
     loom_req_queue_t sq;
-    uint8_t shdr[LOOM_FRAME_BYTES];
+    uint8_t shdr[LOOM_FRAME_BYTES + LOOM_MAC_BYTES];
+    size_t shdr_len;    /* header, and its tag when sealed */
     int shdr_ready;
     size_t shdr_off;
+    uint64_t shdr_seq;
+    loom_hmac_t tx_mac; /* over the payload sent so far (MAC_FULL) */
+    size_t tx_hashed;
+    uint8_t stag[LOOM_MAC_BYTES];
+    int stag_ready;
+    size_t stag_off;
     /* receive side */
     uint8_t *stage;
     size_t stage_beg, stage_end;
@@ -82,8 +110,11 @@ typedef struct tcp_peer {
     size_t cur_off;
     loom_tp_req_t *cur_req;
     tcp_unexp_t *cur_unexp;
+    uint64_t cur_seq;
+    loom_hmac_t rx_mac;  /* over the payload received so far (MAC_FULL) */
     loom_req_queue_t rq;
     tcp_unexp_t *uq_head, *uq_tail;
+    size_t early_bytes;  /* held in uq buffers, at most tp->early_max */
 } tcp_peer_t;
 
 struct loom_tp {
@@ -92,6 +123,9 @@ struct loom_tp {
     int sockbuf;
     const char *auth_key;          /* LOOM_AUTH_KEY, or NULL */
     size_t auth_keylen;
+    int mac_mode;                  /* with a key: MAC_FULL or MAC_HEADERS */
+    size_t early_max;              /* LOOM_EARLY_MAX_BYTES */
+    char my_addr[256];             /* as published: the proofs bind it */
     loom_err_t *err;
     int listen_fd, epfd, wake_fd;
     tcp_peer_t *peers;
@@ -257,9 +291,14 @@ static loom_status_t tcp_create(const loom_tp_params_t *p, char *addr, size_t ad
     tp->job_hash = p->job_hash;
     tp->comm_hash = p->comm_hash;
     tp->sockbuf = p->sockbuf;
-    if (p->settings && p->settings->auth_keylen > 0) {
-        tp->auth_key = p->settings->auth_key;
-        tp->auth_keylen = p->settings->auth_keylen;
+    tp->early_max = (size_t)1 << 30;
+    if (p->settings) {
+        tp->early_max = p->settings->early_max_bytes;
+        if (p->settings->auth_keylen > 0) {
+            tp->auth_key = p->settings->auth_key;
+            tp->auth_keylen = p->settings->auth_keylen;
+            tp->mac_mode = p->settings->auth_mac_headers_only ? MAC_HEADERS : MAC_FULL;
+        }
     }
     tp->err = p->err;
     tp->listen_fd = tp->epfd = tp->wake_fd = -1;
@@ -300,10 +339,12 @@ static loom_status_t tcp_create(const loom_tp_params_t *p, char *addr, size_t ad
     }
     sslen = sizeof(ss);
     getsockname(tp->listen_fd, (struct sockaddr *)&ss, &sslen);
-    if (format_addr((struct sockaddr *)&ss, addr, addrlen) != 0) {
+    if (format_addr((struct sockaddr *)&ss, addr, addrlen) != 0 ||
+        strlen(addr) >= sizeof(tp->my_addr)) {
         st = loom_err_set(p->err, LOOM_ERR_INTERNAL, "address buffer too small");
         goto err_close_listen;
     }
+    snprintf(tp->my_addr, sizeof(tp->my_addr), "%s", addr);
     tp->epfd = epoll_create1(EPOLL_CLOEXEC);
     tp->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (tp->epfd < 0 || tp->wake_fd < 0) {
@@ -349,13 +390,18 @@ typedef struct hs_conn {
     size_t have, need;   /* bytes read of the message expected, and its size */
     uint8_t hello[LOOM_HELLO_BYTES];   /* as sent or received: both proofs cover it */
     uint8_t nonce_c[LOOM_NONCE_BYTES], nonce_a[LOOM_NONCE_BYTES];
+    uint8_t bind[LOOM_BIND_BYTES];     /* both ends as published: both proofs cover it */
     double retry_at;     /* outgoing: when to try again after a refusal */
+    double since;        /* incoming: when accepted (strangers get HS_STRANGER_S) */
+    int pending;         /* incoming: bytes were read at accept, look at them */
 } hs_conn_t;
 
 /* Read toward c->need bytes: 1 when they are all there, 0 when more must
  * come, -1 when the peer closed or failed. */
 static int hs_read(hs_conn_t *c)
 {
+    if (c->have == c->need)
+        return 1;
     ssize_t n = recv(c->fd, c->buf + c->have, c->need - c->have, 0);
     if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR)))
         return -1;
@@ -367,6 +413,61 @@ static int hs_read(hs_conn_t *c)
 static int fresh_nonce(uint8_t out[LOOM_NONCE_BYTES])
 {
     return getrandom(out, LOOM_NONCE_BYTES, 0) == LOOM_NONCE_BYTES ? 0 : -1;
+}
+
+/* Who the connection between connector and acceptor joins, as the store
+ * published them (our own address as we published it). */
+static void conn_bind(const loom_tp_t *tp, char *const *addrs, int connector, int acceptor,
+                      uint8_t out[LOOM_BIND_BYTES])
+{
+    const char *ca = connector == tp->rank ? tp->my_addr : addrs[connector];
+    const char *aa = acceptor == tp->rank ? tp->my_addr : addrs[acceptor];
+    loom_auth_bind(tp->job_hash, tp->comm_hash, tp->size, connector, ca, strlen(ca), acceptor,
+                   aa, strlen(aa), out);
+}
+
+/* Both ends proved the key: every frame from now on is sealed. */
+static void session_start(const loom_tp_t *tp, tcp_peer_t *peer, const hs_conn_t *c,
+                          int connector)
+{
+    uint8_t c2a[32], a2c[32];
+    loom_session_keys(tp->auth_key, tp->auth_keylen, c->nonce_c, c->nonce_a, c->bind, c2a, a2c);
+    loom_hmac_key_init(&peer->tx_key, connector ? c2a : a2c, sizeof(c2a));
+    loom_hmac_key_init(&peer->rx_key, connector ? a2c : c2a, sizeof(c2a));
+    peer->mac = tp->mac_mode;
+    peer->tx_seq = peer->rx_seq = 0;
+    explicit_bzero(c2a, sizeof(c2a));
+    explicit_bzero(a2c, sizeof(a2c));
+}
+
+static uint32_t hello_auth_bits(const loom_tp_t *tp)
+{
+    if (!tp->auth_key)
+        return 0;
+    return LOOM_HELLO_AUTH | (tp->mac_mode == MAC_HEADERS ? LOOM_HELLO_MAC_HEADERS : 0);
+}
+
+/* An incoming connection to drop for a newcomer when the table is full: the
+ * oldest that has said nothing, else the oldest still in its handshake. */
+static int evict_stranger(hs_conn_t *conns, int from, int nconn)
+{
+    int victim = -1, silent = 0;
+    for (int i = from; i < nconn; i++) {
+        hs_conn_t *c = &conns[i];
+        if (c->state != HS_WAIT_HELLO && c->state != HS_WAIT_PROOF)
+            continue;
+        int quiet = c->state == HS_WAIT_HELLO && c->have == 0;
+        if (victim < 0 || (quiet && !silent) || (quiet == silent && c->since < conns[victim].since)) {
+            victim = i;
+            silent = quiet;
+        }
+    }
+    if (victim >= 0) {
+        close(conns[victim].fd);
+        conns[victim].fd = -1;
+        conns[victim].state = HS_DEAD;
+    }
+    return victim;
 }
 
 static int start_connect(loom_tp_t *tp, hs_conn_t *c, const struct sockaddr_storage *ss,
@@ -418,6 +519,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
             goto out;
         }
         conns[nconn].peer = j;
+        conn_bind(tp, addrs, tp->rank, j, conns[nconn].bind);
         if (start_connect(tp, &conns[nconn], &peer_ss[j], peer_sslen[j]) != 0) {
             st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT, "cannot connect to rank %d at %s: %s",
                               j, addrs[j], strerror(errno));
@@ -426,8 +528,18 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
         nconn++;
     }
 
+    double stranger_s = timeout_s / 3 < HS_STRANGER_S ? timeout_s / 3 : HS_STRANGER_S;
     while (established < nout + nin) {
         double now = monotonic_s();
+        for (int i = nout; i < nconn; i++)
+            if ((conns[i].state == HS_WAIT_HELLO || conns[i].state == HS_WAIT_PROOF) &&
+                now - conns[i].since > stranger_s) {
+                LOOM_WARN("tcp", "rank %d dropped a connection that did not finish its handshake "
+                          "within %.1f s", tp->rank, stranger_s);
+                close(conns[i].fd);
+                conns[i].fd = -1;
+                conns[i].state = HS_DEAD;
+            }
         if (now > deadline) {
             char missing[256] = "";
             size_t off = 0;
@@ -477,6 +589,10 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                 }
                 continue;
             }
+            if (c->pending) {
+                c->pending = 0;
+                re |= POLLIN;
+            }
             if (!re)
                 continue;
             if (c->state == HS_CONNECTING) {
@@ -500,8 +616,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
             }
             if (c->state == HS_SEND_HELLO) {
                 loom_hello_t h = {LOOM_WIRE_VERSION, (uint32_t)tp->rank, (uint32_t)tp->size,
-                                  tp->auth_key ? LOOM_HELLO_AUTH : 0, tp->job_hash,
-                                  tp->comm_hash};
+                                  hello_auth_bits(tp), tp->job_hash, tp->comm_hash};
                 uint8_t msg[LOOM_HELLO_BYTES + LOOM_NONCE_BYTES];
                 loom_hello_encode(&h, c->hello);
                 memcpy(msg, c->hello, LOOM_HELLO_BYTES);
@@ -528,6 +643,15 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
             }
             if (c->state == HS_WAIT_ACK || c->state == HS_WAIT_FINAL_ACK) {
                 int got = hs_read(c);
+                if (got < 0 && c->have == 0) {
+                    /* Closed before a word: the acceptor sheds strangers when its table
+                     * is full, and cannot tell us from them yet. Dial again. */
+                    close(c->fd);
+                    c->fd = -1;
+                    c->state = HS_CONNECTING;
+                    c->retry_at = now + 0.05;
+                    continue;
+                }
                 if (got < 0) {
                     st = loom_err_set(tp->err, LOOM_ERR_PEER_LOST,
                                       "rank %d closed the connection during the handshake",
@@ -549,16 +673,18 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                     }
                     loom_chal_decode(c->buf, c->nonce_a, theirs);
                     loom_auth_proof(tp->auth_key, tp->auth_keylen, 'A', c->hello, c->nonce_c,
-                                    c->nonce_a, want);
+                                    c->nonce_a, c->bind, want);
                     if (!loom_equal_ct(theirs, want, sizeof(want))) {
                         st = loom_err_set(tp->err, LOOM_ERR_AUTH,
                                           "the process at %s (rank %d) cannot prove "
-                                          "LOOM_AUTH_KEY: a different key?", addrs[c->peer],
+                                          "LOOM_AUTH_KEY for this connection: a different key, "
+                                          "or a relay (the address rank %d published is not "
+                                          "the one it listens on)", addrs[c->peer], c->peer,
                                           c->peer);
                         goto out;
                     }
                     loom_auth_proof(tp->auth_key, tp->auth_keylen, 'C', c->hello, c->nonce_c,
-                                    c->nonce_a, mine);
+                                    c->nonce_a, c->bind, mine);
                     loom_proof_encode(mine, msg);
                     if (send(c->fd, msg, sizeof(msg), MSG_NOSIGNAL) != (ssize_t)sizeof(msg)) {
                         st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT,
@@ -586,6 +712,8 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                                       tp->rank, loom_ack_reason(code));
                     goto out;
                 }
+                if (tp->auth_key)
+                    session_start(tp, &tp->peers[c->peer], c, 1);
                 tp->peers[c->peer].fd = c->fd;
                 c->fd = -1;
                 c->state = HS_DONE;
@@ -620,6 +748,10 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                         code = LOOM_ACK_DUPLICATE;
                     if (code == LOOM_ACK_OK && authed != (tp->auth_key != NULL))
                         code = LOOM_ACK_AUTH;
+                    if (code == LOOM_ACK_OK && authed &&
+                        (h.stream & LOOM_HELLO_MAC_HEADERS) != (hello_auth_bits(tp) &
+                                                                 LOOM_HELLO_MAC_HEADERS))
+                        code = LOOM_ACK_MAC_MODE;
                     if (code == LOOM_ACK_OK && authed && c->need == LOOM_HELLO_BYTES) {
                         c->need += LOOM_NONCE_BYTES;   /* the connector's nonce follows */
                         continue;
@@ -633,8 +765,9 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                                               strerror(errno));
                             goto out;
                         }
+                        conn_bind(tp, addrs, (int)h.rank, tp->rank, c->bind);
                         loom_auth_proof(tp->auth_key, tp->auth_keylen, 'A', c->hello,
-                                        c->nonce_c, c->nonce_a, proof);
+                                        c->nonce_c, c->nonce_a, c->bind, proof);
                         loom_chal_encode(c->nonce_a, proof, msg);
                         if (send(c->fd, msg, sizeof(msg), MSG_NOSIGNAL) != (ssize_t)sizeof(msg)) {
                             close(c->fd);
@@ -652,7 +785,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                 } else {
                     uint8_t theirs[32], want[32];
                     loom_auth_proof(tp->auth_key, tp->auth_keylen, 'C', c->hello, c->nonce_c,
-                                    c->nonce_a, want);
+                                    c->nonce_a, c->bind, want);
                     if (loom_proof_decode(c->buf, theirs) != 0 ||
                         !loom_equal_ct(theirs, want, sizeof(want)))
                         code = LOOM_ACK_AUTH;
@@ -675,6 +808,8 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                     c->state = HS_DEAD;
                     continue;
                 }
+                if (tp->auth_key)
+                    session_start(tp, &tp->peers[c->peer], c, 0);
                 tp->peers[c->peer].fd = c->fd;
                 c->fd = -1;
                 c->state = HS_DONE;
@@ -695,12 +830,23 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                     }
                 if (slot < 0 && nconn < maxconn)
                     slot = nconn++;
+                if (slot < 0)
+                    slot = evict_stranger(conns, nout, nconn);
                 if (slot < 0) {
                     close(fd);
                     continue;
                 }
                 conns[slot] = (hs_conn_t){.fd = fd, .peer = -1, .state = HS_WAIT_HELLO,
-                                          .need = LOOM_HELLO_BYTES};
+                                          .need = LOOM_HELLO_BYTES, .since = monotonic_s()};
+                /* An honest rank spoke as it connected: read it now, so that it is not
+                 * the one evicted when a crowd of silent strangers follows. */
+                if (hs_read(&conns[slot]) < 0) {
+                    close(fd);
+                    conns[slot].fd = -1;
+                    conns[slot].state = HS_DEAD;
+                } else if (conns[slot].have > 0) {
+                    conns[slot].pending = 1;
+                }
             }
         }
     }
@@ -770,24 +916,57 @@ static void set_held(loom_tp_t *tp, tcp_peer_t *peer, int held)
     update_events(tp, peer);
 }
 
+/* Encode f into out with its header tag when the connection is sealed; the
+ * length on the wire. The frame takes the next sequence number. */
+static size_t seal_header(tcp_peer_t *peer, const loom_frame_t *f, uint8_t *out, uint64_t *seq_p)
+{
+    loom_frame_encode(f, out);
+    if (peer->mac == MAC_NONE)
+        return LOOM_FRAME_BYTES;
+    *seq_p = peer->tx_seq++;
+    loom_frame_tag_header(&peer->tx_key, *seq_p, out, out + LOOM_FRAME_BYTES);
+    return LOOM_FRAME_BYTES + LOOM_MAC_BYTES;
+}
+
+static int payload_sealed(const tcp_peer_t *peer, uint64_t len)
+{
+    return peer->mac == MAC_FULL && len > 0;
+}
+
 /* Write as much of the send queue as the socket takes. */
 static loom_status_t flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
 {
     while (peer->sq.head) {
         loom_tp_req_t *req = peer->sq.head;
+        int sealed = payload_sealed(peer, req->len);
         if (!peer->shdr_ready) {
             loom_frame_t f = {.kind = LOOM_FRAME_DATA, .match = req->match, .len = req->len};
-            loom_frame_encode(&f, peer->shdr);
+            peer->shdr_len = seal_header(peer, &f, peer->shdr, &peer->shdr_seq);
             peer->shdr_ready = 1;
             peer->shdr_off = 0;
+            peer->stag_ready = 0;
+            peer->stag_off = 0;
+            if (sealed) {
+                loom_frame_tag_payload_start(&peer->tx_mac, &peer->tx_key, peer->shdr_seq);
+                peer->tx_hashed = req->off;   /* 0: a send starts at its beginning */
+            }
         }
-        struct iovec iov[2];
+        if (sealed && req->off == req->len && !peer->stag_ready) {
+            uint8_t full[LOOM_SHA256_BYTES];
+            loom_hmac_final(&peer->tx_mac, full);
+            memcpy(peer->stag, full, LOOM_MAC_BYTES);
+            peer->stag_ready = 1;
+        }
+        struct iovec iov[3];
         int niov = 0;
-        if (peer->shdr_off < LOOM_FRAME_BYTES)
+        if (peer->shdr_off < peer->shdr_len)
             iov[niov++] = (struct iovec){peer->shdr + peer->shdr_off,
-                                         LOOM_FRAME_BYTES - peer->shdr_off};
+                                         peer->shdr_len - peer->shdr_off};
         if (req->off < req->len)
             iov[niov++] = (struct iovec){(uint8_t *)req->buf + req->off, req->len - req->off};
+        if (peer->stag_ready && peer->stag_off < LOOM_MAC_BYTES)
+            iov[niov++] = (struct iovec){peer->stag + peer->stag_off,
+                                         LOOM_MAC_BYTES - peer->stag_off};
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
         ssize_t n = sendmsg(peer->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0) {
@@ -802,14 +981,24 @@ static loom_status_t flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
         }
         *moved = 1;
         size_t left = (size_t)n;
-        if (peer->shdr_off < LOOM_FRAME_BYTES) {
-            size_t h = LOOM_FRAME_BYTES - peer->shdr_off;
+        if (peer->shdr_off < peer->shdr_len) {
+            size_t h = peer->shdr_len - peer->shdr_off;
             h = h < left ? h : left;
             peer->shdr_off += h;
             left -= h;
         }
-        req->off += left;
-        if (peer->shdr_off == LOOM_FRAME_BYTES && req->off == req->len) {
+        size_t p = req->len - req->off < left ? req->len - req->off : left;
+        req->off += p;
+        left -= p;
+        peer->stag_off += left;
+        if (sealed && req->off > peer->tx_hashed) {
+            /* The bytes just sent, still in cache. */
+            loom_hmac_update(&peer->tx_mac, (const uint8_t *)req->buf + peer->tx_hashed,
+                             req->off - peer->tx_hashed);
+            peer->tx_hashed = req->off;
+        }
+        if (peer->shdr_off == peer->shdr_len && req->off == req->len &&
+            (!sealed || peer->stag_off == LOOM_MAC_BYTES)) {
             loom_req_queue_pop(&peer->sq);
             peer->shdr_ready = 0;
             req->status = LOOM_SUCCESS;
@@ -866,11 +1055,12 @@ static void buf_put(loom_tp_t *tp, uint8_t *buf, size_t cap)
     free(buf);
 }
 
-static tcp_unexp_t *unexp_new(loom_tp_t *tp, const loom_frame_t *f)
+/* An early message with room for its first bytes (at most first of them). */
+static tcp_unexp_t *unexp_new(loom_tp_t *tp, const loom_frame_t *f, size_t first)
 {
     tcp_unexp_t *u = calloc(1, sizeof(*u));
     if (u)
-        u->data = buf_get(tp, f->len, &u->cap);
+        u->data = buf_get(tp, f->len < first ? f->len : first, &u->cap);
     if (!u || !u->data) {
         free(u);
         tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory holding a %llu-byte early message",
@@ -928,13 +1118,14 @@ static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req)
         req->done = 1;
         return LOOM_SUCCESS;
     }
-    tcp_unexp_t *u = unexp_new(tp, &f);
+    tcp_unexp_t *u = unexp_new(tp, &f, req->len);
     if (!u)
         return tp->failed;
     if (req->len)
         memcpy(u->data, req->buf, req->len);
     u->got = req->len;
     u->complete = 1;
+    self->early_bytes += u->cap;
     unexp_append(self, u);
     req->off = req->len;
     req->done = 1;
@@ -989,6 +1180,7 @@ static loom_status_t irecv_owned(loom_tp_t *tp, loom_tp_req_t *req)
             memcpy(req->buf, u->data, u->got);
         req->off = u->got;
         unexp_remove(peer, u, prev);
+        peer->early_bytes -= u->cap;
         if (u->complete) {
             req->done = 1;
         } else {
@@ -1019,6 +1211,14 @@ static loom_status_t irecv_owned(loom_tp_t *tp, loom_tp_req_t *req)
         return gave_up_fail(tp, peer);
     loom_req_queue_push(&peer->rq, req);
     return LOOM_SUCCESS;
+}
+
+static loom_status_t early_full(loom_tp_t *tp, const tcp_peer_t *peer, uint64_t len)
+{
+    return tp_fail(tp, LOOM_ERR_NO_MEMORY,
+                   "rank %d sent rank %d a %llu-byte message nobody has posted a receive for, "
+                   "beyond the %zu bytes it may hold for one peer (LOOM_EARLY_MAX_BYTES)",
+                   peer->rank, tp->rank, (unsigned long long)len, tp->early_max);
 }
 
 static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_frame_t *f)
@@ -1052,12 +1252,38 @@ static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_fra
     if (!peer->cur_req) {
         tp->nunexpected++;
         tp->unexpected_bytes += f->len;
-        peer->cur_unexp = unexp_new(tp, f);
+        if (f->len > tp->early_max || peer->early_bytes > tp->early_max - f->len)
+            return early_full(tp, peer, f->len);
+        peer->cur_unexp = unexp_new(tp, f, EARLY_FIRST_BYTES);
         if (!peer->cur_unexp)
             return tp->failed;
+        peer->early_bytes += peer->cur_unexp->cap;
         unexp_append(peer, peer->cur_unexp);
     }
     return LOOM_SUCCESS;
+}
+
+/* Room in the early message being filled for at least one more byte, and
+ * for want if growing by doubling allows: its buffer grows with what came. */
+static uint8_t *early_room(loom_tp_t *tp, tcp_peer_t *peer, size_t want, size_t *room_p)
+{
+    tcp_unexp_t *u = peer->cur_unexp;
+    if (u->cap - peer->cur_off < want && u->cap < u->frame.len) {
+        size_t cap = u->cap * 2 > peer->cur_off + want ? u->cap * 2 : peer->cur_off + want;
+        if (cap > u->frame.len)
+            cap = u->frame.len;
+        uint8_t *data = realloc(u->data, cap);
+        if (!data) {
+            tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory holding a %llu-byte early message "
+                    "from rank %d", (unsigned long long)u->frame.len, peer->rank);
+            return NULL;
+        }
+        peer->early_bytes += cap - u->cap;
+        u->data = data;
+        u->cap = cap;
+    }
+    *room_p = u->cap - peer->cur_off;
+    return u->data;
 }
 
 static void finish_frame(tcp_peer_t *peer)
@@ -1119,38 +1345,84 @@ static int fill_stage(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
     }
 }
 
+static void mac_fail(loom_tp_t *tp, const tcp_peer_t *peer, const char *what)
+{
+    tp_fail(tp, LOOM_ERR_AUTH,
+            "rank %d received a frame from rank %d whose %s does not match its LOOM_AUTH_KEY "
+            "MAC: the connection was altered on the way (or a peer is broken)", tp->rank,
+            peer->rank, what);
+}
+
 static void handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
 {
+    size_t hdr_bytes = LOOM_FRAME_BYTES + (peer->mac ? LOOM_MAC_BYTES : 0);
     while (!tp->failed && peer->fd >= 0 && !peer->held) {
         size_t avail = peer->stage_end - peer->stage_beg;
         if (!peer->in_frame) {
-            if (avail < LOOM_FRAME_BYTES) {
+            if (avail < hdr_bytes) {
                 if (fill_stage(tp, peer, moved) <= 0)
                     return;
                 continue;
             }
+            const uint8_t *hdr = peer->stage + peer->stage_beg;
+            if (peer->mac) {
+                uint8_t want[LOOM_MAC_BYTES];
+                peer->cur_seq = peer->rx_seq++;
+                loom_frame_tag_header(&peer->rx_key, peer->cur_seq, hdr, want);
+                if (!loom_equal_ct(want, hdr + LOOM_FRAME_BYTES, sizeof(want))) {
+                    mac_fail(tp, peer, "header");
+                    return;
+                }
+            }
             loom_frame_t f;
-            if (loom_frame_decode(peer->stage + peer->stage_beg, peer->rank, &f, tp->err) !=
-                LOOM_SUCCESS) {
+            if (loom_frame_decode(hdr, peer->rank, &f, tp->err) != LOOM_SUCCESS) {
                 tp_fail(tp, LOOM_ERR_TRANSPORT, "%s", tp->err->msg);
                 return;
             }
-            peer->stage_beg += LOOM_FRAME_BYTES;
+            peer->stage_beg += hdr_bytes;
+            if (payload_sealed(peer, f.len))
+                loom_frame_tag_payload_start(&peer->rx_mac, &peer->rx_key, peer->cur_seq);
             if (start_frame(tp, peer, &f) != LOOM_SUCCESS)
                 return;
             if (peer->in_frame && f.len == 0)
                 finish_frame(peer);
             continue;
         }
-        uint8_t *dst = peer->cur_req ? (uint8_t *)peer->cur_req->buf : peer->cur_unexp->data;
         size_t remaining = peer->cur.len - peer->cur_off;
+        if (remaining == 0) {
+            /* The payload is in; its tag decides whether the receive completes. */
+            if (avail < LOOM_MAC_BYTES) {
+                if (fill_stage(tp, peer, moved) <= 0)
+                    return;
+                continue;
+            }
+            uint8_t full[LOOM_SHA256_BYTES];
+            loom_hmac_final(&peer->rx_mac, full);
+            if (!loom_equal_ct(full, peer->stage + peer->stage_beg, LOOM_MAC_BYTES)) {
+                mac_fail(tp, peer, "payload");
+                return;
+            }
+            peer->stage_beg += LOOM_MAC_BYTES;
+            finish_frame(peer);
+            continue;
+        }
+        uint8_t *dst;
+        size_t room = remaining;
+        if (peer->cur_req) {
+            dst = (uint8_t *)peer->cur_req->buf;
+        } else if ((dst = early_room(tp, peer, avail > 0 ? avail : DIRECT_READ_MIN, &room)) ==
+                   NULL) {
+            return;
+        }
+        room = room < remaining ? room : remaining;
+        size_t before = peer->cur_off;
         if (avail > 0) {
-            size_t k = avail < remaining ? avail : remaining;
+            size_t k = avail < room ? avail : room;
             memcpy(dst + peer->cur_off, peer->stage + peer->stage_beg, k);
             peer->stage_beg += k;
             peer->cur_off += k;
-        } else if (remaining >= DIRECT_READ_MIN) {
-            ssize_t n = recv(peer->fd, dst + peer->cur_off, remaining, MSG_DONTWAIT);
+        } else if (room >= DIRECT_READ_MIN) {
+            ssize_t n = recv(peer->fd, dst + peer->cur_off, room, MSG_DONTWAIT);
             if (n > 0) {
                 peer->cur_off += (size_t)n;
                 *moved = 1;
@@ -1167,11 +1439,13 @@ static void handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
         } else if (fill_stage(tp, peer, moved) <= 0) {
             return;
         }
+        if (peer->cur_off > before && payload_sealed(peer, peer->cur.len))
+            loom_hmac_update(&peer->rx_mac, dst + before, peer->cur_off - before);
         if (peer->cur_req)
             peer->cur_req->off = peer->cur_off;
         else
             peer->cur_unexp->got = peer->cur_off;
-        if (peer->cur_off == peer->cur.len)
+        if (peer->cur_off == peer->cur.len && !payload_sealed(peer, peer->cur.len))
             finish_frame(peer);
     }
 }
@@ -1185,17 +1459,24 @@ static void announce_failure(loom_tp_t *tp)
     if (tp->announced)
         return;
     tp->announced = 1;
-    uint8_t gave_up[LOOM_FRAME_BYTES];
+    uint8_t gave_up[LOOM_FRAME_BYTES + LOOM_MAC_BYTES];
     loom_frame_t f = {.kind = LOOM_FRAME_GAVE_UP};
-    loom_frame_encode(&f, gave_up);
     for (int j = 0; j < tp->size; j++) {
         tcp_peer_t *peer = &tp->peers[j];
         if (peer->fd < 0 || j == tp->rank)
             continue;
         int between = !peer->shdr_ready || (peer->shdr_off == 0 && peer->sq.head->off == 0);
-        if (between && send(peer->fd, gave_up, sizeof(gave_up), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+        if (!between)
+            goto shut;
+        /* A frame prepared but not started never goes out: this one takes its number. */
+        if (peer->shdr_ready)
+            peer->tx_seq = peer->shdr_seq;
+        uint64_t seq;
+        size_t len = seal_header(peer, &f, gave_up, &seq);
+        if (send(peer->fd, gave_up, len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
             /* no room or gone: the shut write side says enough */
         }
+shut:
         shutdown(peer->fd, SHUT_WR);
     }
 }
@@ -1316,10 +1597,11 @@ static void tcp_destroy(loom_tp_t *tp, double timeout_s)
             continue;
         if (!tp->announced && !peer->sq.head) {   /* (a failed instance has announced) */
             /* Say goodbye, so the peer can tell a finished rank from a dead one. */
-            uint8_t bye[LOOM_FRAME_BYTES];
+            uint8_t bye[LOOM_FRAME_BYTES + LOOM_MAC_BYTES];
             loom_frame_t f = {.kind = LOOM_FRAME_BYE};
-            loom_frame_encode(&f, bye);
-            send_all(peer->fd, bye, sizeof(bye), deadline);
+            uint64_t seq;
+            size_t len = seal_header(peer, &f, bye, &seq);
+            send_all(peer->fd, bye, len, deadline);
         }
         shutdown(peer->fd, SHUT_WR);
         close(peer->fd);

@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""test_relay.py - acts out on loopback the attack of issue 13: a process that
+can write the rendezvous store (here an unauthenticated loom-store) or sits on
+the network between two ranks relays their bytes and alters the payload.
+
+A last scenario floods a rank in its connect phase with 200 idle connections
+(issue 13, item 3): the job must still start and finish, with and without a key.
+
+Scenarios (2 ranks over TCP, tests/relay_rank runs 5 allreduces of 1024 int32):
+
+  store    the attacker rewrites rank 0's published address in the store to
+           its own and relays the connection, adding 999 to the first element
+           of every data frame it forwards;
+  replay   the attacker replays rank 0's signed address from an earlier run of
+           the same job (same job id and key) and listens on that old port;
+  network  the store is left alone; the attacker intercepts rank 1's
+           connection to rank 0 (an LD_PRELOAD shim stands in for a network
+           device that redirects it) and alters payload the same way.
+
+With LOOM_AUTH_KEY every rank must fail with LOOM_ERR_AUTH or
+LOOM_ERR_TRANSPORT and no call may return a wrong element. Without a key the
+outcome is printed (README: "Threat model") and checked against what the README
+says: the network relay changes results unnoticed.
+
+usage: test_relay.py BUILDDIR SHIM.so
+"""
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BUILD = sys.argv[1]
+SHIM = sys.argv[2]
+RANK = os.path.join(BUILD, "tests", "relay_rank")
+STORE = os.path.join(BUILD, "tools", "loom-store")
+KEY = "correct horse battery staple"
+failures = 0
+
+
+# ---- a client of the tcp:// store protocol (src/store_proto.h) ----------------
+class Store:
+    def __init__(self, port):
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.s.sendall(b"LOOMSTOR" + struct.pack(">II", 1, 0))
+        h = self._read(16)
+        if struct.unpack(">I", h[12:16])[0] != 0:
+            raise RuntimeError("store refused us")
+
+    def _read(self, n):
+        b = b""
+        while len(b) < n:
+            c = self.s.recv(n - len(b))
+            if not c:
+                raise RuntimeError("store closed")
+            b += c
+        return b
+
+    def _call(self, op, key, a=b"", arg=0):
+        k = key.encode()
+        self.s.sendall(struct.pack(">IIIIQ", op, len(k), len(a), 0, arg) + k + a)
+        rc, vlen, _ = struct.unpack(">IIQ", self._read(16))
+        return rc, self._read(vlen) if op in (2,) and rc == 0 else b""
+
+    def get(self, key, timeout=20):
+        end = time.time() + timeout
+        while time.time() < end:
+            rc, v = self._call(2, key)
+            if rc == 0:
+                return v
+            time.sleep(0.01)
+        raise RuntimeError("no key " + key)
+
+    def set(self, key, val):
+        self._call(1, key, val)
+
+
+def start_store():
+    p = subprocess.Popen([STORE, "--port", "0", "--host", "127.0.0.1"], stdout=subprocess.PIPE,
+                         text=True)
+    line = p.stdout.readline()
+    port = int(line.strip().rsplit(":", 1)[1])
+    return p, port
+
+
+# ---- the relay ------------------------------------------------------------------
+HELLO, NONCE, ACK, CHAL, PROOF, HDR, TAG = 40, 16, 16, 56, 40, 40, 16
+
+
+class Pump(threading.Thread):
+    """Copies src to dst; after `skip` handshake bytes it parses frames
+    (header, header tag, payload, payload tag with a key) and adds 999 to the
+    first int32 of every payload."""
+
+    def __init__(self, src, dst, skip, keyed):
+        super().__init__(daemon=True)
+        self.src, self.dst, self.skip, self.keyed = src, dst, skip, keyed
+        self.altered = 0
+
+    def run(self):
+        buf = b""
+        state, need = "skip", self.skip
+        try:
+            while True:
+                data = self.src.recv(1 << 16)
+                if not data:
+                    break
+                buf += data
+                out = b""
+                while buf and (state == "skip" or len(buf) >= need):
+                    if state == "skip":
+                        # The handshake goes through untouched, as it comes.
+                        take = min(need, len(buf))
+                        out, buf, need = out + buf[:take], buf[take:], need - take
+                        if need == 0:
+                            state, need = "hdr", HDR + (TAG if self.keyed else 0)
+                        continue
+                    part, buf = buf[:need], buf[need:]
+                    if state == "hdr":
+                        plen = struct.unpack("<Q", part[24:32])[0]
+                        if plen:
+                            state, need = "payload", plen
+                    elif state == "payload":
+                        if len(part) >= 4:
+                            v = struct.unpack("<i", part[:4])[0] + 999
+                            part = struct.pack("<i", v) + part[4:]
+                            self.altered += 1
+                        state, need = ("tag", TAG) if self.keyed else ("hdr", HDR)
+                    elif state == "tag":
+                        state, need = "hdr", HDR + TAG
+                    out += part
+                if out:
+                    self.dst.sendall(out)
+        except OSError:
+            pass
+        for s in (self.src, self.dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class Relay(threading.Thread):
+    """Listens on port (0: any), forwards every connection to target."""
+
+    def __init__(self, keyed, port=0):
+        super().__init__(daemon=True)
+        self.keyed = keyed
+        self.ls = socket.socket()
+        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        for _ in range(100):   # the old port may linger a moment after its job
+            try:
+                self.ls.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                if not port:
+                    raise
+                time.sleep(0.1)
+        else:
+            self.ls.bind(("127.0.0.1", port))
+        self.ls.listen(16)
+        self.port = self.ls.getsockname()[1]
+        self.target = None
+        self.pumps = []
+        self.connections = 0
+
+    def run(self):
+        while True:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            self.connections += 1
+            try:
+                u = socket.create_connection(self.target)
+            except OSError:
+                c.close()
+                continue
+            up = Pump(c, u, HELLO + NONCE + PROOF if self.keyed else HELLO, self.keyed)
+            down = Pump(u, c, CHAL + ACK if self.keyed else ACK, self.keyed)
+            self.pumps += [up, down]
+            up.start()
+            down.start()
+
+    def altered(self):
+        return sum(p.altered for p in self.pumps)
+
+
+# ---- a job ------------------------------------------------------------------------
+def rank_env(rank, port, keyed, job, extra=None, size=2):
+    env = dict(os.environ)
+    for v in ("LOOM_AUTH_KEY", "LOOM_AUTH_KEY_FILE", "LOOM_AUTH_MAC"):
+        env.pop(v, None)
+    env.update(LOOM_RANK=str(rank), LOOM_SIZE=str(size), LOOM_STORE="tcp://127.0.0.1:%d" % port,
+               LOOM_SHM="0", LOOM_TRANSPORT="tcp", LOOM_TIMEOUT="8", LOOM_JOB_ID=job)
+    if keyed:
+        env["LOOM_AUTH_KEY"] = KEY
+    env.update(extra or {})
+    return env
+
+
+def start_rank(rank, port, keyed, job, extra=None, size=2):
+    return subprocess.Popen([RANK, "5", "1024"], env=rank_env(rank, port, keyed, job, extra, size),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def outcome(p):
+    try:
+        out = p.communicate(timeout=60)[0].strip()
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return ("HUNG", 0, "")
+    # "rank R status NAME wrong W: message"
+    f = out.split(" ", 5)
+    if len(f) < 6:
+        return ("CRASHED", 0, out)
+    return (f[3], int(f[5].split(":")[0]), out)
+
+
+def addr_key(job):
+    return "loom/%s/world0/addr/0" % job
+
+
+def rewrite(value, new_addr):
+    """Replace the address line of a rank's record, keeping any signature."""
+    sig = b""
+    if value.startswith(b"LOOMSIG1"):
+        sig, value = value[:40], value[40:]
+    lines = value.split(b"\n")
+    lines[1] = new_addr.encode()
+    return sig + b"\n".join(lines)
+
+
+def check(name, keyed, results, relay):
+    global failures
+    wrong = sum(r[1] for r in results)
+    shown = "; ".join(r[2] for r in results)
+    if keyed:
+        ok = all(r[0] in ("AUTH", "TRANSPORT") for r in results) and wrong == 0
+        print("%s %s with a key: both ranks fail with AUTH/TRANSPORT, 0 wrong elements "
+              "(relay saw %d connection(s), altered %d payload(s)): %s"
+              % ("PASS" if ok else "FAIL", name, relay.connections, relay.altered(), shown))
+        failures += not ok
+    else:
+        print("INFO %s without a key: %d wrong element(s), relay altered %d payload(s): %s"
+              % (name, wrong, relay.altered(), shown))
+    return wrong
+
+
+def store_attack(keyed):
+    store, port = start_store()
+    job = "relay-store-%d-%d" % (keyed, os.getpid())
+    try:
+        relay = Relay(keyed)
+        relay.start()
+        r0 = start_rank(0, port, keyed, job)
+        st = Store(port)
+        real = st.get(addr_key(job))
+        raw = real[40:] if real.startswith(b"LOOMSIG1") else real
+        host, rport = raw.split(b"\n")[1].decode().rsplit(":", 1)
+        relay.target = (host, int(rport))
+        st.set(addr_key(job), rewrite(real, "127.0.0.1:%d" % relay.port))
+        r1 = start_rank(1, port, keyed, job)
+        return check("store rewrite", keyed, [outcome(r0), outcome(r1)], relay)
+    finally:
+        store.kill()
+        store.wait()
+
+
+def replay_attack():
+    """Run 1 of the job finishes; the attacker keeps rank 0's signed record and
+    its port. In run 2 it puts that record back and relays to the new rank 0."""
+    store, port = start_store()
+    job = "relay-replay-%d" % os.getpid()
+    try:
+        r0, r1 = start_rank(0, port, True, job), start_rank(1, port, True, job)
+        st = Store(port)
+        old = st.get(addr_key(job))
+        if [outcome(r0)[0], outcome(r1)[0]] != ["SUCCESS", "SUCCESS"]:
+            print("FAIL replay: the first run of the job failed")
+            return 1
+        old_port = int(old[40:].split(b"\n")[1].decode().rsplit(":", 1)[1])
+        store.kill()
+        store.wait()
+        store, port = start_store()
+        st = Store(port)
+        relay = Relay(True, old_port)
+        relay.start()
+        r0 = start_rank(0, port, True, job)
+        real = st.get(addr_key(job))
+        host, rport = real[40:].split(b"\n")[1].decode().rsplit(":", 1)
+        relay.target = (host, int(rport))
+        st.set(addr_key(job), old)
+        r1 = start_rank(1, port, True, job)
+        check("replayed signed address", True, [outcome(r0), outcome(r1)], relay)
+        return 0
+    finally:
+        store.kill()
+        store.wait()
+
+
+def network_attack(keyed):
+    store, port = start_store()
+    job = "relay-net-%d-%d" % (keyed, os.getpid())
+    try:
+        relay = Relay(keyed)
+        relay.start()
+        r0 = start_rank(0, port, keyed, job)
+        real = Store(port).get(addr_key(job))
+        raw = real[40:] if real.startswith(b"LOOMSIG1") else real
+        host, rport = raw.split(b"\n")[1].decode().rsplit(":", 1)
+        relay.target = (host, int(rport))
+        shim = {"LD_PRELOAD": SHIM, "RELAY_FROM_PORT": rport, "RELAY_TO_PORT": str(relay.port)}
+        r1 = start_rank(1, port, keyed, job, shim)
+        res = [outcome(r0), outcome(r1)]
+        if relay.connections == 0:
+            print("FAIL network: the shim did not redirect rank 1")
+            global failures
+            failures += 1
+        return check("network relay", keyed, res, relay)
+    finally:
+        store.kill()
+        store.wait()
+
+
+def idle_flood(keyed):
+    """200 idle connections to rank 0 while it waits for ranks 1 and 2."""
+    global failures
+    store, port = start_store()
+    job = "idle-%d-%d" % (keyed, os.getpid())
+    idle = []
+    try:
+        r0 = start_rank(0, port, keyed, job, size=3)
+        raw = Store(port).get(addr_key(job))
+        raw = raw[40:] if raw.startswith(b"LOOMSIG1") else raw
+        host, rport = raw.split(b"\n")[1].decode().rsplit(":", 1)
+        for _ in range(200):
+            idle.append(socket.create_connection((host, int(rport))))
+        t0 = time.time()
+        rest = [start_rank(r, port, keyed, job, size=3) for r in (1, 2)]
+        res = [outcome(p) for p in [r0] + rest]
+        ok = all(r[0] == "SUCCESS" and r[1] == 0 for r in res)
+        print("%s 200 idle connections to rank 0 during connect (%s key): the job ran in %.1f s: %s"
+              % ("PASS" if ok else "FAIL", "with a" if keyed else "without a", time.time() - t0,
+                 "; ".join(r[2] for r in res)))
+        failures += not ok
+    finally:
+        for c in idle:
+            c.close()
+        store.kill()
+        store.wait()
+
+
+idle_flood(False)
+idle_flood(True)
+store_attack(False)
+store_attack(True)
+replay_attack()
+if network_attack(False) == 0:
+    print("FAIL network relay without a key changed no result: the relay does not work, so "
+          "the keyed case proves nothing")
+    failures += 1
+network_attack(True)
+sys.exit(1 if failures else 0)
