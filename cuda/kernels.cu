@@ -44,6 +44,8 @@ namespace {
 
 LOOM_FUNCTORS(int8_t, i8)
 LOOM_FUNCTORS(uint8_t, u8)
+LOOM_FUNCTORS(int16_t, i16)
+LOOM_FUNCTORS(uint16_t, u16)
 LOOM_FUNCTORS(int32_t, i32)
 LOOM_FUNCTORS(uint32_t, u32)
 LOOM_FUNCTORS(int64_t, i64)
@@ -184,6 +186,8 @@ extern "C" int loom_cuda_reduce3(void *out, const void *a, const void *b, size_t
     switch (dt) {
     case LOOM_INT8: LOOM_DISPATCH_OP(i8)
     case LOOM_UINT8: LOOM_DISPATCH_OP(u8)
+    case LOOM_INT16: LOOM_DISPATCH_OP(i16)
+    case LOOM_UINT16: LOOM_DISPATCH_OP(u16)
     case LOOM_INT32: LOOM_DISPATCH_OP(i32)
     case LOOM_UINT32: LOOM_DISPATCH_OP(u32)
     case LOOM_INT64: LOOM_DISPATCH_OP(i64)
@@ -204,6 +208,8 @@ extern "C" int loom_cuda_avg(void *buf, size_t count, loom_dtype_t dt, int nrank
     switch (dt) {
     case LOOM_INT8: return launch_avg<avg_i8>(buf, count, nranks, s);
     case LOOM_UINT8: return launch_avg<avg_u8>(buf, count, nranks, s);
+    case LOOM_INT16: return launch_avg<avg_i16>(buf, count, nranks, s);
+    case LOOM_UINT16: return launch_avg<avg_u16>(buf, count, nranks, s);
     case LOOM_INT32: return launch_avg<avg_i32>(buf, count, nranks, s);
     case LOOM_UINT32: return launch_avg<avg_u32>(buf, count, nranks, s);
     case LOOM_INT64: return launch_avg<avg_i64>(buf, count, nranks, s);

@@ -49,12 +49,14 @@ typedef enum {
     LOOM_ERR_INTERNAL
 } loom_status_t;
 
-/** Element types. LOOM_FLOAT16 is IEEE binary16; LOOM_BFLOAT16 is bfloat16. */
+/** Element types. LOOM_FLOAT16 is IEEE binary16; LOOM_BFLOAT16 is bfloat16.
+ *  The 16-bit integers came later: they are last, so the values of the others
+ *  (which travel on the wire) stay. */
 typedef enum {
     LOOM_INT8, LOOM_UINT8, LOOM_INT32, LOOM_UINT32, LOOM_INT64, LOOM_UINT64,
-    LOOM_FLOAT16, LOOM_BFLOAT16, LOOM_FLOAT32, LOOM_FLOAT64
+    LOOM_FLOAT16, LOOM_BFLOAT16, LOOM_FLOAT32, LOOM_FLOAT64, LOOM_INT16, LOOM_UINT16
 } loom_dtype_t;
-#define LOOM_NUM_DTYPES 10
+#define LOOM_NUM_DTYPES 12
 
 /** Reduction operators. LOOM_AVG sums, then divides by the rank count
  *  (integer types truncate toward zero, as C division does). */

@@ -128,6 +128,8 @@ typedef struct loom_reduce_impl {
 #define LOOM_PORTABLE_KERNELS(isa)                                                      \
     LOOM_TYPE_KERNELS(isa, int8_t, i8)                                                  \
     LOOM_TYPE_KERNELS(isa, uint8_t, u8)                                                 \
+    LOOM_TYPE_KERNELS(isa, int16_t, i16)                                                \
+    LOOM_TYPE_KERNELS(isa, uint16_t, u16)                                               \
     LOOM_TYPE_KERNELS(isa, int32_t, i32)                                                \
     LOOM_TYPE_KERNELS(isa, uint32_t, u32)                                               \
     LOOM_TYPE_KERNELS(isa, int64_t, i64)                                                \
@@ -153,6 +155,8 @@ typedef struct loom_reduce_impl {
             [LOOM_BFLOAT16] = LOOM_TYPE_ENTRY(isa, bf16),                               \
             [LOOM_FLOAT32] = LOOM_TYPE_ENTRY(isa, f32),                                 \
             [LOOM_FLOAT64] = LOOM_TYPE_ENTRY(isa, f64),                                 \
+            [LOOM_INT16] = LOOM_TYPE_ENTRY(isa, i16),                                   \
+            [LOOM_UINT16] = LOOM_TYPE_ENTRY(isa, u16),                                  \
         },                                                                              \
         .avg = {                                                                        \
             [LOOM_INT8] = isa##_avg_i8,       [LOOM_UINT8] = isa##_avg_u8,              \
@@ -160,6 +164,7 @@ typedef struct loom_reduce_impl {
             [LOOM_INT64] = isa##_avg_i64,     [LOOM_UINT64] = isa##_avg_u64,            \
             [LOOM_FLOAT16] = isa##_avg_f16,   [LOOM_BFLOAT16] = isa##_avg_bf16,         \
             [LOOM_FLOAT32] = isa##_avg_f32,   [LOOM_FLOAT64] = isa##_avg_f64,           \
+            [LOOM_INT16] = isa##_avg_i16,     [LOOM_UINT16] = isa##_avg_u16,            \
         },                                                                              \
     };
 

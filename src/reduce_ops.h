@@ -156,10 +156,13 @@ static inline LOOM_HOSTDEV uint16_t loom_f32_to_bf16(float f)
         return (T)(sum / nranks);                                                       \
     }
 
-/* uint8_t and uint16_t promote to int: 255 * 255 still fits, so no signed overflow.
+/* uint8_t promotes to int: 255 * 255 still fits, so no signed overflow; uint16_t
+ * would not (65535 * 65535), so the 16-bit types compute in uint32_t.
  * uint32_t * uint32_t stays unsigned because int is 32 bits on every target. */
 LOOM_INT_OPS(int8_t, uint8_t, i8)
 LOOM_INT_OPS(uint8_t, uint8_t, u8)
+LOOM_INT_OPS(int16_t, uint32_t, i16)
+LOOM_INT_OPS(uint16_t, uint32_t, u16)
 LOOM_INT_OPS(int32_t, uint32_t, i32)
 LOOM_INT_OPS(uint32_t, uint32_t, u32)
 LOOM_INT_OPS(int64_t, uint64_t, i64)

@@ -17,6 +17,8 @@ static const struct {
     [LOOM_BFLOAT16] = {"bfloat16", "bf16", NULL, 2},
     [LOOM_FLOAT32] = {"float32", "float", "fp32", 4},
     [LOOM_FLOAT64] = {"float64", "double", "fp64", 8},
+    [LOOM_INT16] = {"int16", "short", NULL, 2},
+    [LOOM_UINT16] = {"uint16", "ushort", NULL, 2},
 };
 
 static const char *const ops[LOOM_NUM_OPS] = {

@@ -38,7 +38,7 @@ static const loom_op_t some_ops[] = { LOOM_SUM, LOOM_MAX, LOOM_AVG };
 
 static const char *const dtype_names[LOOM_NUM_DTYPES] = {
     "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32",
-    "float64"
+    "float64", "int16", "uint16"
 };
 static const char *const op_names[LOOM_NUM_OPS] = { "sum", "prod", "min", "max", "avg" };
 

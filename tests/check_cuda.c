@@ -39,7 +39,7 @@
 
 static const char *const dtype_names[LOOM_NUM_DTYPES] = {
     "int8", "uint8", "int32", "uint32", "int64", "uint64",
-    "float16", "bfloat16", "float32", "float64",
+    "float16", "bfloat16", "float32", "float64", "int16", "uint16",
 };
 static const char *const op_names[LOOM_NUM_OPS] = {"sum", "prod", "min", "max", "avg"};
 
@@ -70,6 +70,8 @@ typedef void (*avg_fn)(void *buf, size_t n, int nranks);
     }
 ELEM_FNS(int8_t, i8)
 ELEM_FNS(uint8_t, u8)
+ELEM_FNS(int16_t, i16)
+ELEM_FNS(uint16_t, u16)
 ELEM_FNS(int32_t, i32)
 ELEM_FNS(uint32_t, u32)
 ELEM_FNS(int64_t, i64)
@@ -82,10 +84,11 @@ ELEM_FNS(double, f64)
 #define ROW(sfx) {elem_sum_##sfx, elem_prod_##sfx, elem_min_##sfx, elem_max_##sfx, elem_sum_##sfx}
 static const elem_fn elem_table[LOOM_NUM_DTYPES][LOOM_NUM_OPS] = {
     ROW(i8), ROW(u8), ROW(i32), ROW(u32), ROW(i64), ROW(u64), ROW(f16), ROW(bf16), ROW(f32), ROW(f64),
+    ROW(i16), ROW(u16),
 };
 static const avg_fn avg_table[LOOM_NUM_DTYPES] = {
     elem_avg_i8, elem_avg_u8, elem_avg_i32, elem_avg_u32, elem_avg_i64, elem_avg_u64,
-    elem_avg_f16, elem_avg_bf16, elem_avg_f32, elem_avg_f64,
+    elem_avg_f16, elem_avg_bf16, elem_avg_f32, elem_avg_f64, elem_avg_i16, elem_avg_u16,
 };
 
 static size_t esize(loom_dtype_t dt)

@@ -49,7 +49,7 @@ static const char *const all_isas[] = { "generic", "avx2", "avx512" };
 
 static const char *const dtype_names[LOOM_NUM_DTYPES] = {
     "int8", "uint8", "int32", "uint32", "int64", "uint64",
-    "float16", "bfloat16", "float32", "float64",
+    "float16", "bfloat16", "float32", "float64", "int16", "uint16",
 };
 static const char *const op_names[LOOM_NUM_OPS] = { "sum", "prod", "min", "max", "avg" };
 
@@ -62,7 +62,7 @@ static const size_t lengths[] = { 0, 1, 7, 33, 1000 + 3, 4096 + 17 };
 
 static size_t elem_size(loom_dtype_t dt)
 {
-    static const size_t sizes[LOOM_NUM_DTYPES] = { 1, 1, 4, 4, 8, 8, 2, 2, 4, 8 };
+    static const size_t sizes[LOOM_NUM_DTYPES] = { 1, 1, 4, 4, 8, 8, 2, 2, 4, 8, 2, 2 };
     return sizes[dt];
 }
 
@@ -257,7 +257,8 @@ static void ref_op(loom_dtype_t dt, loom_op_t op, void *out, const void *a, cons
     }
     default: {
         size_t size = elem_size(dt);
-        int is_signed = dt == LOOM_INT8 || dt == LOOM_INT32 || dt == LOOM_INT64;
+        int is_signed = dt == LOOM_INT8 || dt == LOOM_INT16 || dt == LOOM_INT32 ||
+                        dt == LOOM_INT64;
         uint64_t x = 0, y = 0;
         memcpy(&x, a, size); /* little-endian: the low bytes */
         memcpy(&y, b, size);
@@ -287,6 +288,8 @@ static void ref_avg(loom_dtype_t dt, void *elem, int nranks)
     switch (dt) {
     REF_AVG_CASE(LOOM_INT8, int8_t, (int8_t)(v / nranks))
     REF_AVG_CASE(LOOM_UINT8, uint8_t, (uint8_t)(v / nranks))
+    REF_AVG_CASE(LOOM_INT16, int16_t, (int16_t)(v / nranks))
+    REF_AVG_CASE(LOOM_UINT16, uint16_t, (uint16_t)(v / nranks))
     REF_AVG_CASE(LOOM_INT32, int32_t, v / nranks)
     REF_AVG_CASE(LOOM_UINT32, uint32_t, v / (uint32_t)nranks)
     REF_AVG_CASE(LOOM_INT64, int64_t, v / nranks)

@@ -52,6 +52,8 @@ static void put(loom_dtype_t dt, void *buf, size_t i, double v)
     switch (dt) {
     case LOOM_INT8: ((int8_t *)buf)[i] = (int8_t)(int64_t)v; break;
     case LOOM_UINT8: ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break;
+    case LOOM_INT16: ((int16_t *)buf)[i] = (int16_t)(int64_t)v; break;
+    case LOOM_UINT16: ((uint16_t *)buf)[i] = (uint16_t)(int64_t)v; break;
     case LOOM_INT32: ((int32_t *)buf)[i] = (int32_t)(int64_t)v; break;
     case LOOM_UINT32: ((uint32_t *)buf)[i] = (uint32_t)(int64_t)v; break;
     case LOOM_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;

@@ -86,6 +86,17 @@ else
     fail "local rank / store / job id environment (rc=$rc)"; dump
 fi
 
+# Horovod's variables: rank, size, local rank and size, cross rank and size, host.
+run -H localhost:2,127.0.0.1:1 sh -c 'echo "$HOROVOD_RANK $HOROVOD_SIZE $HOROVOD_LOCAL_RANK/$HOROVOD_LOCAL_SIZE $HOROVOD_CROSS_RANK/$HOROVOD_CROSS_SIZE $HOROVOD_HOSTNAME"'
+expected="[0]<stdout>: 0 3 0/2 0/2 localhost
+[1]<stdout>: 1 3 1/2 0/1 localhost
+[2]<stdout>: 2 3 0/1 1/2 127.0.0.1"
+if [ $rc -eq 0 ] && [ "$(sort "$tmp/out")" = "$expected" ]; then
+    pass "HOROVOD_RANK, _SIZE, _LOCAL_*, _CROSS_*, _HOSTNAME"
+else
+    fail "Horovod's variables (rc=$rc)"; dump
+fi
+
 run -np 1 sh -c 'echo to-out; echo to-err >&2; printf "no newline"'
 if [ $rc -eq 0 ] && [ "$(cat "$tmp/out")" = '[0]<stdout>: to-out
 [0]<stdout>: no newline' ] && [ "$(cat "$tmp/err")" = '[0]<stderr>: to-err' ]; then

@@ -457,6 +457,8 @@ static void put_elem(void *buf, loom_dtype_t dt, size_t i, double v)
     switch (dt) {
     case LOOM_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
     case LOOM_UINT8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case LOOM_INT16: ((int16_t *)buf)[i] = (int16_t)v; break;
+    case LOOM_UINT16: ((uint16_t *)buf)[i] = (uint16_t)v; break;
     case LOOM_INT32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case LOOM_UINT32: ((uint32_t *)buf)[i] = (uint32_t)v; break;
     case LOOM_INT64: ((int64_t *)buf)[i] = (int64_t)v; break;
@@ -473,6 +475,8 @@ static double get_elem(const void *buf, loom_dtype_t dt, size_t i)
     switch (dt) {
     case LOOM_INT8: return ((const int8_t *)buf)[i];
     case LOOM_UINT8: return ((const uint8_t *)buf)[i];
+    case LOOM_INT16: return ((const int16_t *)buf)[i];
+    case LOOM_UINT16: return ((const uint16_t *)buf)[i];
     case LOOM_INT32: return ((const int32_t *)buf)[i];
     case LOOM_UINT32: return ((const uint32_t *)buf)[i];
     case LOOM_INT64: return (double)((const int64_t *)buf)[i];
@@ -487,8 +491,8 @@ static double get_elem(const void *buf, loom_dtype_t dt, size_t i)
 
 static int is_integer_type(loom_dtype_t dt)
 {
-    return dt == LOOM_INT8 || dt == LOOM_UINT8 || dt == LOOM_INT32 || dt == LOOM_UINT32 ||
-           dt == LOOM_INT64 || dt == LOOM_UINT64;
+    return dt == LOOM_INT8 || dt == LOOM_UINT8 || dt == LOOM_INT16 || dt == LOOM_UINT16 ||
+           dt == LOOM_INT32 || dt == LOOM_UINT32 || dt == LOOM_INT64 || dt == LOOM_UINT64;
 }
 
 /* x as the integer type holds it: Loom's integer sums and products wrap. */
@@ -497,6 +501,8 @@ static int64_t wrap_int(int64_t x, loom_dtype_t dt)
     switch (dt) {
     case LOOM_INT8: return (int8_t)(uint8_t)x;
     case LOOM_UINT8: return (uint8_t)x;
+    case LOOM_INT16: return (int16_t)(uint16_t)x;
+    case LOOM_UINT16: return (uint16_t)x;
     case LOOM_INT32: return (int32_t)(uint32_t)x;
     case LOOM_UINT32: return (uint32_t)x;
     default: return x;

@@ -1041,7 +1041,9 @@ static void usage(FILE *f)
         "loomrun on 127.0.0.1, or on all interfaces when a host is remote) and\n"
         "LOOM_JOB_ID; with -H or --hostfile also LOOM_HOST_ID=the host as given, so\n"
         "-H localhost:2,127.0.0.1:2 acts out two nodes on this machine. Under srun,\n"
-        "srun numbers the ranks (SLURM_PROCID...).\n"
+        "srun numbers the ranks (SLURM_PROCID...). Outside srun and --elastic, Horovod's\n"
+        "HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE and\n"
+        "_HOSTNAME are set too.\n"
         "Every output line is prefixed with \"[R]<stdout>: \" or \"[R]<stderr>: \".\n"
         "SIGINT, SIGTERM and SIGHUP are forwarded to all ranks, remote ones included;\n"
         "a remote rank also ends when its ssh connection does. When a rank exits\n"
@@ -1432,6 +1434,30 @@ static char *format_int(int v)
     char buf[24];
     snprintf(buf, sizeof(buf), "%d", v);
     return xstrdup(buf);
+}
+
+/* The variables Horovod's launchers set, so that Horovod scripts (and its
+ * tests) reading them agree with what loom_init reports. Horovod's cross rank
+ * numbers the hosts that have a rank with this local rank. */
+static void env_set_horovod(envv_t *e, int rank, int size, int lrank, int host)
+{
+    int cross_rank = 0, cross_size = 0;
+    for (int h = 0; h < g_nhosts; h++)
+        if (g_hosts[h].nranks > lrank) {
+            cross_rank += h < host;
+            cross_size++;
+        }
+    const struct { const char *name; int value; } v[] = {
+        { "HOROVOD_RANK", rank }, { "HOROVOD_SIZE", size }, { "HOROVOD_LOCAL_RANK", lrank },
+        { "HOROVOD_LOCAL_SIZE", g_hosts[host].nranks }, { "HOROVOD_CROSS_RANK", cross_rank },
+        { "HOROVOD_CROSS_SIZE", cross_size },
+    };
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        char *s = format_int(v[i].value);
+        env_set(e, v[i].name, s);
+        free(s);
+    }
+    env_set(e, "HOROVOD_HOSTNAME", g_hosts[host].name);
 }
 
 /* ---- elastic jobs ---------------------------------------------------------------
@@ -2348,12 +2374,14 @@ int main(int argc, char **argv)
                 env_set(&env, "LOOM_STORE", h->store);
                 if (named_hosts)
                     env_set(&env, "LOOM_HOST_ID", h->name);
+                env_set_horovod(&env, r, g_np, placed[rk->host] - 1, rk->host);
                 rc = start_rank(r, opt.argv, env.v, opt.wdir);
             } else {
                 env_set(&xenv, "LOOM_RANK", rank_s);
                 env_set(&xenv, "LOOM_LOCAL_RANK", lrank_s);
                 env_set(&xenv, "LOOM_LOCAL_SIZE", lsize_s);
                 env_set(&xenv, "LOOM_HOST_ID", h->name);
+                env_set_horovod(&xenv, r, g_np, placed[rk->host] - 1, rk->host);
                 if (h->store != NULL)
                     env_set(&xenv, "LOOM_STORE", h->store);
                 else

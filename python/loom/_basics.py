@@ -13,7 +13,9 @@ Average = _loom.AVG
 Min = _loom.MIN
 Max = _loom.MAX
 Product = _loom.PROD
-Adasum = None   # not implemented by Loom: passing it raises ValueError
+# Not a libloom op: loom.torch runs Adasum itself (loom/_adasum.py); the other
+# adapters refuse it.
+Adasum = 100
 
 _lock = threading.RLock()
 _world = None            # the world Comm

@@ -9,13 +9,28 @@ is ready once every rank has submitted it; ready names run in the order they
 became ready (ranks may submit in different orders). Ready allreduces of one
 type, op and scaling are packed into a fusion buffer of up to
 LOOM_FUSION_THRESHOLD bytes (default 64 MiB, 0 turns fusion off) and reduced in
-one call. A round starts at most every LOOM_CYCLE_TIME ms (default 1).
+one call. The engine wakes on a submission and runs a round at once; a round
+that moved nothing is followed by the next one only after LOOM_CYCLE_TIME ms
+(default 1) or the next submission, so ranks waiting on each other do not spin.
+
+Names already negotiated skip the table exchange (Horovod's response cache): a
+name that ran with the same metadata on every rank gets a slot in a cache every
+rank builds identically (up to LOOM_CACHE_CAPACITY names, default 1024, 0 turns
+it off). A round first reduces (MIN) one byte per slot, set where this rank has
+that name submitted unchanged, and a leading byte cleared by any rank that
+needs a full round (a new name, changed metadata, a pending table, shutdown, or
+its cached names found no partner last round); the slots every rank set run at
+once, in slot order, without any table exchange.
 
 Errors are raised, never turned into hangs: metadata that differs across ranks
 fails that name on every rank with a message naming it; names that cannot
 complete because every rank is blocked waiting (LOOM_STALL_TIMEOUT seconds,
-default 2, of rounds without progress) or has shut down fail likewise; a
-libloom failure (LOOM_TIMEOUT, a lost peer) fails everything pending.
+default 2, of rounds without progress) or has shut down fail likewise. A
+collective that fails for its own reasons (a bad argument, an unsupported type
+or scaling) fails its own handle only, on every rank, and the engine serves
+the next call; only a LoomInternalError (a lost peer, the transport, a
+timeout: the communicator is gone) ends the engine and fails everything
+pending with it.
 
 Tensors are handled through a Backend (torch tensors, NumPy arrays), chosen by
 the prefix of the type name that travels in the metadata ("torch.float32",
@@ -27,7 +42,7 @@ import threading
 import time
 
 from . import _basics, _loom
-from ._loom import LoomError
+from ._loom import LoomError, LoomInternalError
 
 JOIN = "__loom_join__"
 # Tensors larger than this are reduced in their own memory, never copied into a
@@ -137,7 +152,7 @@ def _describe(meta):
     return s
 
 
-def _mismatch(name, metas, joined):
+def _mismatch(name, metas, joined, n):
     """None when the submissions of name agree, else the error text."""
     present = [(r, m) for r, m in enumerate(metas) if m is not None]
     kinds = {m[0] for _, m in present}
@@ -162,8 +177,12 @@ def _mismatch(name, metas, joined):
     if joined and len(present) < len(metas) and kind != "allreduce":
         return ("loom: tensor '%s' (%s) cannot run while ranks %s have joined: only allreduce can"
                 % (name, kind, sorted(joined)))
+    if kind == "broadcast":
+        root = present[0][1][4]
+        if not 0 <= root < n:
+            return "loom: broadcast '%s': root rank %d is not a rank of this process set (of %d)" % (
+                name, root, n)
     if kind == "alltoall":
-        n = len(metas)
         for r, m in present:
             if len(m[7]) != n:
                 return "loom: alltoall '%s': rank %d gave %d splits for %d ranks" % (name, r, len(m[7]), n)
@@ -185,10 +204,17 @@ class Engine:
         self.threshold = _basics._env_size("LOOM_FUSION_THRESHOLD", 64 << 20)
         stall = _basics._env_float("LOOM_STALL_TIMEOUT", 2.0)
         self.stall_rounds = max(10, int(stall / max(self.cycle, 1e-4)))
+        self.capacity = max(0, int(_basics._env_float("LOOM_CACHE_CAPACITY", 1024)))
         self.cond = threading.Condition()
-        self.queue = []          # submitted, not yet announced
+        self.queue = []          # submitted, not yet seen by the engine thread
+        self.fresh = []          # seen, to announce in the next full round
+        self.hits = {}           # seen, cached unchanged: offered by slot, not announced
         self.local = {}          # announced, waiting for the other ranks
-        self.names = set()       # every name pending here (queue and local)
+        self.names = set()       # every name pending here (queue, fresh, hits, local)
+        self.idle = False        # the last round moved nothing
+        # The response cache, identical on every rank: name -> (slot, metas).
+        self.cache = {}
+        self.slots = []          # slot -> name
         self.waiting = 0         # user threads blocked in synchronize
         self.stop_req = False
         self.broken = None       # the LoomError that ended the engine
@@ -201,7 +227,7 @@ class Engine:
         self.stalled = 0
         self.round = 0
         self.fusion = {}         # dtype -> reusable fusion buffer
-        self.stats = {"rounds": 0, "fused_calls": 0, "tensors": 0}
+        self.stats = {"rounds": 0, "fused_calls": 0, "tensors": 0, "cached_rounds": 0}
 
     # ---- the program's side ------------------------------------------------
 
@@ -210,21 +236,29 @@ class Engine:
         return "%s.noname.%d" % (kind, self.counter)
 
     def submit(self, entry):
+        return self.submit_many([entry])[0]
+
+    def submit_many(self, entries):
+        """Submit entries together: the engine sees all of them in one round
+        (so a group fuses), or none when one name is a duplicate."""
         with self.cond:
             if self.broken is not None:
                 raise _like(self.broken, "loom: the engine stopped after an error: %s" % self.broken)
             if self.stop_req:
                 raise ValueError("loom: submit after shutdown")
-            if entry.name in self.names:
-                raise ValueError("loom: a collective named '%s' is already pending on this rank; "
-                                 "names must be unique among unfinished operations" % entry.name)
-            self.names.add(entry.name)
-            self.queue.append(entry)
+            seen = set()
+            for entry in entries:
+                if entry.name in self.names or entry.name in seen:
+                    raise ValueError("loom: a collective named '%s' is already pending on this rank; "
+                                     "names must be unique among unfinished operations" % entry.name)
+                seen.add(entry.name)
+            self.names.update(seen)
+            self.queue.extend(entries)
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name="loom-engine", daemon=True)
                 self.thread.start()
             self.cond.notify_all()
-        return entry.handle
+        return [e.handle for e in entries]
 
     def wait(self, handle):
         if not handle.event.is_set():
@@ -251,35 +285,65 @@ class Engine:
     # ---- the engine thread -------------------------------------------------
 
     def _run(self):
-        last = 0.0
         try:
             while True:
                 with self.cond:
-                    while not (self.queue or self.local or self.stop_req):
+                    while not (self.queue or self.fresh or self.hits or self.local or self.stop_req):
                         self.cond.wait()
-                delay = last + self.cycle - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-                last = time.monotonic()
-                with self.cond:
+                    if self.idle and not self.queue and not self.stop_req:
+                        # Nothing moved last round: wait for a submission (or
+                        # the cycle) instead of spinning with the other ranks.
+                        self.cond.wait(self.cycle)
                     new, self.queue = self.queue, []
-                    for e in new:
+                    waiting = self.waiting > 0 or self.stop_req
+                    stopping = self.stop_req
+                for e in new:
+                    c = self.cache.get(e.name)
+                    if c is not None and c[1][self.me] == e.meta():
+                        self.hits[e.name] = e
+                    else:
+                        self.fresh.append(e)
+                if self.slots and self._cached_round(stopping):
+                    continue
+                with self.cond:
+                    # A full round announces everything not yet announced, the hits too.
+                    announce = self.fresh + list(self.hits.values())
+                    self.fresh, self.hits = [], {}
+                    for e in announce:
                         self.local[e.name] = e
-                    msg = ([(e.name, e.meta()) for e in new], self.stop_req,
-                           self.waiting > 0 or self.stop_req)
+                msg = ([(e.name, e.meta()) for e in announce], stopping, waiting)
                 if self._round(msg):
                     return
-        except LoomError as exc:
+        except LoomError as exc:   # the engine's own exchange failed: the communicator is gone
             self._break(exc)
         except BaseException as exc:   # a bug must not leave the program waiting forever
             self._break(LoomError("loom engine failed: %r" % (exc,)))
             raise
 
+    def _cached_round(self, stopping):
+        """The cache's round: True when it ran instead of a full round."""
+        flags = bytearray(1 + len(self.slots))
+        flags[0] = 0 if (self.fresh or stopping or self.table or (self.hits and self.idle)) else 1
+        for name in self.hits:
+            flags[1 + self.cache[name][0]] = 1
+        self.comm.allreduce(None, flags, _loom.MIN, dtype=_loom.UINT8)
+        if not flags[0]:
+            return False
+        self.stats["rounds"] += 1
+        self.stats["cached_rounds"] += 1
+        ready = [self.slots[i - 1] for i in range(1, len(flags)) if flags[i]]
+        with self.cond:
+            for name in ready:
+                self.local[name] = self.hits.pop(name)
+        self.idle = not ready
+        self._execute([(name, list(self.cache[name][1])) for name in ready], set())
+        return True
+
     def _break(self, exc):
         with self.cond:
             self.broken = exc
-            pending = list(self.local.values()) + self.queue
-            self.local, self.queue = {}, []
+            pending = list(self.local.values()) + self.queue + self.fresh + list(self.hits.values())
+            self.local, self.queue, self.fresh, self.hits = {}, [], [], {}
             self.names.clear()
         for e in pending:
             self._complete(e, error=_like(exc, "loom: '%s' failed: %s" % (e.name, exc)))
@@ -295,6 +359,8 @@ class Engine:
         with self.cond:
             if self.local.get(e.name) is e:
                 del self.local[e.name]
+            if self.hits.get(e.name) is e:
+                del self.hits[e.name]
             self.names.discard(e.name)
         h.event.set()
 
@@ -358,7 +424,8 @@ class Engine:
             e = self.local.pop(name, None)
             if e is not None:
                 self._complete(e, error=LoomError(text))
-        self._execute(ready, joined)
+        self.idle = not (ready or failed or any_new)
+        self._execute([(name, self.table.pop(name)) for name in ready], joined)
         if len(self.shut) == self.n:
             for name, slot in list(self.table.items()):
                 e = self.local.pop(name, None)
@@ -370,10 +437,10 @@ class Engine:
         return False
 
     def _execute(self, ready, joined):
+        """Run the ready names, [(name, metas)], in this order on every rank."""
         buckets = {}   # (dtype, op, pre, post) -> [(name, metas)], bytes
-        for name in ready:
-            metas = self.table.pop(name)
-            error = _mismatch(name, metas, joined)
+        for name, metas in ready:
+            error = _mismatch(name, metas, joined, self.n)
             # Left in self.local until completed: should the collective fail,
             # _break completes it with the error (nobody waits forever).
             e = self.local.get(name)
@@ -383,24 +450,61 @@ class Engine:
                 continue
             meta = next(m for m in metas if m is not None)
             kind = meta[0]
+            if kind != JOIN and all(m is not None for m in metas):
+                self._remember(name, metas)
             if kind == "allreduce":
                 key = (meta[1], meta[3], meta[5], meta[6])
                 nbytes = _numel(meta[2]) * backend_of(meta[1]).esize(meta[1])
                 if nbytes > FUSE_MAX_TENSOR:
-                    self._allreduce([(e, meta)])
+                    self._guarded([(e, meta)], self._allreduce)
                     continue
                 items, size = buckets.get(key, ([], 0))
                 if items and (size + nbytes > self.threshold):
-                    self._allreduce(items)
+                    self._guarded(items, self._allreduce)
                     items, size = [], 0
                 items.append((e, meta))
                 buckets[key] = (items, size + nbytes)
                 continue
-            result = self._other(kind, name, e, metas, meta)
-            if e is not None:
-                self._complete(e, result)
+            self._guarded([(e, meta)], lambda items: self._one(kind, name, e, metas, meta))
         for items, _ in buckets.values():
-            self._allreduce(items)
+            self._guarded(items, self._allreduce)
+
+    def _one(self, kind, name, e, metas, meta):
+        result = self._other(kind, name, e, metas, meta)
+        if e is not None:
+            self._complete(e, result)
+
+    def _guarded(self, items, run):
+        """run(items); should it fail for a reason of its own (not the
+        communicator's), fail the entries still pending and go on. The checks
+        that can fail before any data moves see the same metadata on every
+        rank, so every rank fails the same entries and stays in step."""
+        try:
+            run(items)
+        except LoomInternalError:
+            raise
+        except Exception as exc:   # noqa: BLE001 - handed to the waiting threads
+            if isinstance(exc, LoomError) and self._comm_broken(exc):
+                raise
+            for e, _ in items:
+                if e is not None and not e.handle.event.is_set():
+                    err = exc if isinstance(exc, LoomError) else LoomError(
+                        "loom: '%s' failed: %s: %s" % (e.name, type(exc).__name__, exc))
+                    self._complete(e, error=err)
+
+    @staticmethod
+    def _comm_broken(exc):
+        # libloom refuses bad arguments before any data moves (the call can be
+        # retried); any other status left messages in flight.
+        return getattr(exc, "status", None) not in (_loom.ERR_INVALID_ARG, _loom.ERR_UNSUPPORTED)
+
+    def _remember(self, name, metas):
+        c = self.cache.get(name)
+        if c is not None:
+            self.cache[name] = (c[0], tuple(metas))
+        elif len(self.slots) < self.capacity:
+            self.cache[name] = (len(self.slots), tuple(metas))
+            self.slots.append(name)
 
     def _allreduce(self, items):
         """Reduce items (entries, or None where this rank joined) in one call."""

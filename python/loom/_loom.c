@@ -75,6 +75,8 @@ static int dtype_from_format(const char *f, Py_ssize_t itemsize)
         return -1;
     switch (f[0]) {
     case 'b': return LOOM_INT8;
+    case 'h': return LOOM_INT16;
+    case 'H': return LOOM_UINT16;
     case 'B': case '?': case 'c': return LOOM_UINT8;
     case 'e': return LOOM_FLOAT16;
     case 'f': return LOOM_FLOAT32;
@@ -92,8 +94,12 @@ static int dtype_from_dlpack(DLDataType t)
     if (t.lanes != 1)
         return -1;
     switch (t.code) {
-    case kDLInt: return t.bits == 8 ? LOOM_INT8 : t.bits == 32 ? LOOM_INT32 : t.bits == 64 ? LOOM_INT64 : -1;
-    case kDLUInt: return t.bits == 8 ? LOOM_UINT8 : t.bits == 32 ? LOOM_UINT32 : t.bits == 64 ? LOOM_UINT64 : -1;
+    case kDLInt:
+        return t.bits == 8 ? LOOM_INT8 : t.bits == 16 ? LOOM_INT16 : t.bits == 32 ? LOOM_INT32
+             : t.bits == 64 ? LOOM_INT64 : -1;
+    case kDLUInt:
+        return t.bits == 8 ? LOOM_UINT8 : t.bits == 16 ? LOOM_UINT16 : t.bits == 32 ? LOOM_UINT32
+             : t.bits == 64 ? LOOM_UINT64 : -1;
     case kDLFloat: return t.bits == 16 ? LOOM_FLOAT16 : t.bits == 32 ? LOOM_FLOAT32 : t.bits == 64 ? LOOM_FLOAT64 : -1;
     case kDLBfloat: return t.bits == 16 ? LOOM_BFLOAT16 : -1;
     case kDLBool: return t.bits == 8 ? LOOM_UINT8 : -1;
@@ -1198,7 +1204,8 @@ PyMODINIT_FUNC PyInit__loom(void)
     if (PyModule_AddObject(m, "Request", (PyObject *)&RequestType) < 0)
         goto fail;
     static const struct { const char *name; int value; } consts[] = {
-        {"INT8", LOOM_INT8}, {"UINT8", LOOM_UINT8}, {"INT32", LOOM_INT32},
+        {"INT8", LOOM_INT8}, {"UINT8", LOOM_UINT8}, {"INT16", LOOM_INT16},
+        {"UINT16", LOOM_UINT16}, {"INT32", LOOM_INT32},
         {"UINT32", LOOM_UINT32}, {"INT64", LOOM_INT64}, {"UINT64", LOOM_UINT64},
         {"FLOAT16", LOOM_FLOAT16}, {"BFLOAT16", LOOM_BFLOAT16}, {"FLOAT32", LOOM_FLOAT32},
         {"FLOAT64", LOOM_FLOAT64}, {"SUM", LOOM_SUM}, {"PROD", LOOM_PROD}, {"MIN", LOOM_MIN},

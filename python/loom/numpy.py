@@ -6,7 +6,7 @@ import pickle
 import numpy as np
 
 from . import _engine, _loom
-from ._basics import (Average, LoomError, Max, Min, Product, Sum, _set_comm, global_process_set)
+from ._basics import (Adasum, Average, LoomError, Max, Min, Product, Sum, _set_comm, global_process_set)
 
 try:
     import ml_dtypes
@@ -16,6 +16,7 @@ except ImportError:   # NumPy alone has no bfloat16
 
 _DTYPES = {
     np.dtype(np.int8): _loom.INT8, np.dtype(np.uint8): _loom.UINT8,
+    np.dtype(np.int16): _loom.INT16, np.dtype(np.uint16): _loom.UINT16,
     np.dtype(np.int32): _loom.INT32, np.dtype(np.uint32): _loom.UINT32,
     np.dtype(np.int64): _loom.INT64, np.dtype(np.uint64): _loom.UINT64,
     np.dtype(np.float16): _loom.FLOAT16, np.dtype(np.float32): _loom.FLOAT32,
@@ -41,7 +42,7 @@ def _view(a):
 
 
 def _op(op, what):
-    if op is None:
+    if op is None or op == Adasum:
         raise ValueError("%s: Adasum is not implemented by Loom" % what)
     return op
 

@@ -30,7 +30,7 @@ def _entry(kind, name, **kw):
 def _op_of(op, average, what):
     if average is not None:
         op = Average if average else Sum
-    if op is None:
+    if op is None or op == Adasum:
         raise ValueError("%s: Adasum is not implemented by Loom" % what)
     return op
 
@@ -265,7 +265,7 @@ class DistributedGradientTape:
     def __init__(self, gradtape, device_dense="", device_sparse="", compression=None,
                  sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0,
                  num_groups=0, groups=None, process_set=global_process_set):
-        if op is None:
+        if op is None or op == Adasum:
             raise ValueError("DistributedGradientTape: Adasum is not implemented by Loom")
         self._tape = gradtape
         self._compression = compression or Compression.none

@@ -1,9 +1,11 @@
 """loom.torch: Horovod's PyTorch API over Loom. A Horovod script runs after
 changing `import horovod.torch as hvd` to `import loom.torch as hvd`.
 
-Collectives take CPU tensors of any Loom type (int8, uint8, int32, int64,
+Collectives take CPU tensors of any Loom type (int8, uint8, int16, int32, int64,
 float16, bfloat16, float32, float64, bool) and go through the background engine
-(see loom/_engine.py): named, negotiated across ranks, small allreduces fused."""
+(see loom/_engine.py): named, negotiated across ranks, small allreduces fused.
+Every collective is differentiable (as Horovod's); errors derive from
+RuntimeError (LoomError), HorovodInternalError for a lost peer."""
 import contextlib
 import io
 import itertools
@@ -27,10 +29,13 @@ _handles = {}      # int handle -> (Engine, Handle)
 _handle_ids = itertools.count(1)   # next() is atomic under the GIL: hooks may run on other threads
 
 _DT = {
-    torch.int8: _loom.INT8, torch.uint8: _loom.UINT8, torch.int32: _loom.INT32,
+    torch.int8: _loom.INT8, torch.uint8: _loom.UINT8, torch.int16: _loom.INT16,
+    torch.int32: _loom.INT32,
     torch.int64: _loom.INT64, torch.float16: _loom.FLOAT16, torch.bfloat16: _loom.BFLOAT16,
     torch.float32: _loom.FLOAT32, torch.float64: _loom.FLOAT64, torch.bool: _loom.UINT8,
 }
+if hasattr(torch, "uint16"):   # PyTorch 2.3 and later
+    _DT[torch.uint16] = _loom.UINT16
 _BY_NAME = {str(k): k for k in _DT}
 
 
@@ -63,7 +68,14 @@ class _TorchBackend(_engine.Backend):
         dst.copy_(src)
 
     def scale_(self, t, factor):
-        t.mul_(factor)
+        # As Horovod: integers are scaled in float64 and truncated back,
+        # 16-bit floats in float32 (one rounding, not one per operation).
+        if not t.dtype.is_floating_point:
+            t.copy_(t.double().mul_(factor))
+        elif t.element_size() == 2:
+            t.copy_(t.float().mul_(factor))
+        else:
+            t.mul_(factor)
 
     def clone(self, t):
         return t.clone()
@@ -97,7 +109,8 @@ def _check_tensor(tensor, what):
     if tensor.device.type != "cpu":
         raise ValueError("%s: loom.torch takes CPU tensors (this one is on %s)" % (what, tensor.device))
     if tensor.is_sparse:
-        raise ValueError("%s: sparse tensors are not supported" % what)
+        raise ValueError("%s: sparse tensors take sparse_allreduce_async (or "
+                         "DistributedOptimizer(sparse_as_dense=True))" % what)
     if tensor.dtype not in _DT:
         raise TypeError("%s: loom has no element type for %s" % (what, tensor.dtype))
 
@@ -105,9 +118,20 @@ def _check_tensor(tensor, what):
 def _op_of(op, average, what):
     if average is not None:
         op = Average if average else Sum
-    if op is None:
-        raise ValueError("%s: Adasum is not implemented by Loom" % what)
+    if op is None or op == Adasum:
+        raise LoomError("%s: Adasum is only implemented for allreduce" % what)
     return op
+
+
+def _root_in_set(root_rank, process_set):
+    """Horovod's root ranks are global ranks: the rank within process_set's
+    communicator, or a rank out of its range (the engine then fails the call
+    on every rank alike) when root_rank is not a member."""
+    root = int(root_rank)
+    ps = process_set if process_set is not None else global_process_set
+    if ps is global_process_set:
+        return root
+    return ps.ranks.index(root) if root in ps.ranks else len(ps.ranks) + abs(root)
 
 
 def _enqueue(eng, entry):
@@ -142,15 +166,9 @@ def _chain(first, then):
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
-    _check_tensor(tensor, "allreduce")
-    op = _op_of(Average if op is None else op, average, "allreduce")
     eng = _engine_for(process_set)
-    work, finish = _in_place(tensor)
-    e = Entry("allreduce", name or eng.auto_name("allreduce"), tensor=work.detach(),
-              output=work.detach(), op=op, pre=prescale_factor, post=postscale_factor, finish=finish)
-    if finish is None:
-        e.finish = lambda r: tensor
-    return _enqueue(eng, e)
+    return _enqueue(eng, _allreduce_entry(eng, tensor, average, name, op, prescale_factor,
+                                          postscale_factor))
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -191,14 +209,40 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
                                         postscale_factor, process_set))
 
 
+def _allreduce_entry(eng, tensor, average, name, op, pre, post):
+    _check_tensor(tensor, "allreduce")
+    op = _op_of(Average if op is None else op, average, "allreduce")
+    work, finish = _in_place(tensor)
+    e = Entry("allreduce", name or eng.auto_name("allreduce"), tensor=work.detach(),
+              output=work.detach(), op=op, pre=pre, post=post, finish=finish)
+    if finish is None:
+        e.finish = lambda r: tensor
+    return e
+
+
+def _enqueue_group(eng, entries):
+    """Submit entries at once (the engine sees them in one round); one handle."""
+    hs = eng.submit_many(entries)
+    ids = []
+    for h in hs:
+        hid = next(_handle_ids)
+        _handles[hid] = (eng, h)
+        ids.append(hid)
+    return _group_handle(ids)
+
+
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """One handle for a group of in-place allreduces (fused together when they fit)."""
+    if (Average if op is None else op) == Adasum and average is None:
+        return _group_handle([allreduce_async_(t, None, None if name is None else "%s.%d" % (name, i),
+                                               Adasum, prescale_factor, postscale_factor, process_set)
+                              for i, t in enumerate(tensors)])
     eng = _engine_for(process_set)
     base = name or eng.auto_name("grouped_allreduce")
-    hs = [allreduce_async_(t, average, "%s.%d" % (base, i), op, prescale_factor, postscale_factor,
-                           process_set) for i, t in enumerate(tensors)]
-    return _group_handle(hs)
+    return _enqueue_group(eng, [_allreduce_entry(eng, t, average, "%s.%d" % (base, i), op,
+                                                 prescale_factor, postscale_factor)
+                                for i, t in enumerate(tensors)])
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -208,10 +252,26 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                                     process_set)
 
 
+class _GroupedAllreduceGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, average, name, op, pre, post, process_set, *tensors):
+        ctx.args = (average, op, pre, post, process_set)
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), average, name, op, pre, post,
+                                                         process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        average, op, pre, post, ps = ctx.args
+        out = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], average, None, op,
+                                                  pre, post, ps))
+        return (None, None, None, None, None, None) + tuple(out)
+
+
 def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                               postscale_factor, process_set))
+    """New tensors holding the reductions of tensors; differentiable."""
+    return list(_GroupedAllreduceGrad.apply(average, name, op, prescale_factor, postscale_factor,
+                                            process_set, *tensors))
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -240,10 +300,68 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     return _enqueue(eng, Entry("allgather", name or eng.auto_name("allgather"), tensor=t))
 
 
+def _ps(process_set):
+    return process_set if process_set is not None else global_process_set
+
+
+def _my_rows(grad, dims, ps):
+    """This rank's rows of a gradient of gathered rows (dims: rows per rank)."""
+    r = ps.rank() if ps is not global_process_set else _basics.rank()
+    start = sum(dims[:r])
+    return grad.narrow(0, start, dims[r])
+
+
+class _AllgatherGrad(torch.autograd.Function):
+    """Gradient of an allgather (as Horovod's): the average over the ranks of
+    the gathered gradient, this rank's rows."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.dim, ctx.ps = (tensor.shape[0] if tensor.dim() else 1), _ps(process_set)
+        return synchronize(allgather_async(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = synchronize(allreduce_async(grad.contiguous(), None, None, Average, 1.0, 1.0, ctx.ps))
+        dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64), None, ctx.ps))
+        return _my_rows(reduced, dims.tolist(), ctx.ps), None, None
+
+
 def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenation of every rank's tensor along dimension 0 (whose length may
-    differ by rank)."""
-    return synchronize(allgather_async(tensor, name, process_set))
+    differ by rank); differentiable."""
+    return _AllgatherGrad.apply(tensor, name, process_set)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    eng = _engine_for(process_set)
+    base = name or eng.auto_name("grouped_allgather")
+    entries = []
+    for i, tensor in enumerate(tensors):
+        _check_tensor(tensor, "grouped_allgather")
+        t = tensor.detach().contiguous()
+        entries.append(Entry("allgather", "%s.%d" % (base, i), tensor=t.reshape(1) if t.dim() == 0 else t))
+    return _enqueue_group(eng, entries)
+
+
+class _GroupedAllgatherGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.dims, ctx.ps = [t.shape[0] if t.dim() else 1 for t in tensors], _ps(process_set)
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], None, None,
+                                                      Average, 1.0, 1.0, ctx.ps))
+        dims = synchronize(grouped_allgather_async([torch.tensor([d], dtype=torch.int64) for d in ctx.dims],
+                                                   None, ctx.ps))
+        return (None, None) + tuple(_my_rows(g, d.tolist(), ctx.ps) for g, d in zip(reduced, dims))
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """allgather of each tensor, in one submission; differentiable."""
+    return list(_GroupedAllgatherGrad.apply(name, process_set, *tensors))
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
@@ -251,7 +369,7 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
     eng = _engine_for(process_set)
     work, finish = _in_place(tensor)
     e = Entry("broadcast", name or eng.auto_name("broadcast"), tensor=work.detach(),
-              output=work.detach(), root=int(root_rank), finish=finish)
+              output=work.detach(), root=_root_in_set(root_rank, process_set), finish=finish)
     if finish is None:
         e.finish = lambda r: tensor
     return _enqueue(eng, e)
@@ -267,8 +385,29 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
+class _BroadcastGrad(torch.autograd.Function):
+    """Gradient of a broadcast (as Horovod's): the average of the gradients on
+    the root, zero elsewhere."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root, ctx.ps = root_rank, _ps(process_set)
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = synchronize(allreduce_async(grad.contiguous(), None, None, Average, 1.0, 1.0, ctx.ps))
+        if _basics.rank() != ctx.root:
+            reduced.zero_()
+        return reduced, None, None, None
+
+
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
-    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+    """root_rank's tensor (root_rank is a global rank); differentiable."""
+    return _BroadcastGrad.apply(tensor, root_rank, name, process_set)
+
+
+_EQUAL = object()   # alltoall_async: equal splits, and return the received splits too
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
@@ -276,6 +415,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     eng = _engine_for(process_set)
     t = tensor.detach().contiguous()
     n = eng.n
+    equal = splits is _EQUAL
+    if equal:
+        splits = None
     if splits is None:
         if t.shape[0] % n:
             raise ValueError("alltoall: dimension 0 (%d) does not split over %d ranks" % (t.shape[0], n))
@@ -285,35 +427,140 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         if len(sp) != n or sum(sp) != t.shape[0] or min(sp) < 0:
             raise ValueError("alltoall: splits %s do not divide %d rows over %d ranks" % (sp, t.shape[0], n))
     e = Entry("alltoall", name or eng.auto_name("alltoall"), tensor=t, splits=sp)
-    if splits is None:
+    if splits is None and not equal:
         e.finish = lambda r: r[0]
     return _enqueue(eng, e)
 
 
+class _AlltoallGrad(torch.autograd.Function):
+    """Gradient of an alltoall: the alltoall of the gradient back, with the
+    received splits as the splits."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        out = synchronize(alltoall_async(tensor, splits if splits is not None else _EQUAL, name,
+                                         process_set))
+        output, received = out
+        ctx.recv, ctx.ps = received, process_set
+        if splits is None:
+            return output
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad, *ignored):
+        back, _ = synchronize(alltoall_async(grad.contiguous(), ctx.recv, None, ctx.ps))
+        return back, None, None, None
+
+
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Send splits[i] rows of dimension 0 to rank i (equal parts by default);
-    returns what arrived, and the received splits when splits is given."""
-    return synchronize(alltoall_async(tensor, splits, name, process_set))
+    returns what arrived, and the received splits when splits is given;
+    differentiable."""
+    return _AlltoallGrad.apply(tensor, splits, name, process_set)
+
+
+def _reducescatter_entry(eng, tensor, name, op, pre, post, what="reducescatter"):
+    _check_tensor(tensor, what)
+    op = _op_of(op, None, what)
+    t = tensor.detach().clone(memory_format=torch.contiguous_format)
+    if t.dim() == 0:
+        raise ValueError("%s: needs at least one dimension" % what)
+    return Entry("reducescatter", name or eng.auto_name("reducescatter"), tensor=t, output=t, op=op,
+                 pre=pre, post=post)
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0):
-    _check_tensor(tensor, "reducescatter")
     eng = _engine_for(process_set)
-    t = tensor.detach().clone(memory_format=torch.contiguous_format)
-    if t.dim() == 0:
-        raise ValueError("reducescatter: needs at least one dimension")
-    return _enqueue(eng, Entry("reducescatter", name or eng.auto_name("reducescatter"), tensor=t,
-                               output=t, op=_op_of(op, None, "reducescatter"),
-                               pre=prescale_factor, post=postscale_factor))
+    return _enqueue(eng, _reducescatter_entry(eng, tensor, name, op, prescale_factor, postscale_factor))
+
+
+def _reducescatter_grad_in(grads, op, ps, pre, post):
+    # As Horovod's: the gradient of a Sum is scaled by the set's size.
+    out = []
+    for g in grads:
+        if op == Sum:
+            g = g * ps.size()
+        if pre != 1.0:
+            g = g * pre
+        if post != 1.0:
+            g = g * post
+        out.append(g.contiguous())
+    return out
+
+
+class _ReducescatterGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, pre, post):
+        ctx.args = (op, _ps(process_set), pre, post)
+        return synchronize(reducescatter_async(tensor, name, op, process_set, pre, post))
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, ps, pre, post = ctx.args
+        g, = _reducescatter_grad_in([grad], op, ps, pre, post)
+        return synchronize(allgather_async(g, None, ps)), None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=None, op=Average, process_set=global_process_set,
                   prescale_factor=1.0, postscale_factor=1.0):
     """Reduce over the ranks, keep this rank's share of dimension 0 (even split,
-    the first ranks take one row more)."""
-    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                                           postscale_factor))
+    the first ranks take one row more); differentiable."""
+    return _ReducescatterGrad.apply(tensor, name, op, process_set, prescale_factor, postscale_factor)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    eng = _engine_for(process_set)
+    base = name or eng.auto_name("grouped_reducescatter")
+    return _enqueue_group(eng, [_reducescatter_entry(eng, t, "%s.%d" % (base, i), op, prescale_factor,
+                                                     postscale_factor, "grouped_reducescatter")
+                                for i, t in enumerate(tensors)])
+
+
+class _GroupedReducescatterGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, pre, post, *tensors):
+        ctx.args = (op, _ps(process_set), pre, post)
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set,
+                                                             pre, post)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, ps, pre, post = ctx.args
+        gs = _reducescatter_grad_in(grads, op, ps, pre, post)
+        return (None, None, None, None, None) + tuple(synchronize(grouped_allgather_async(gs, None, ps)))
+
+
+def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """reducescatter of each tensor, in one submission; differentiable."""
+    return list(_GroupedReducescatterGrad.apply(name, op, process_set, prescale_factor,
+                                                postscale_factor, *tensors))
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Allreduce of a sparse tensor as Horovod does it: allgather of its indices
+    and values (duplicates add up when used). Returns a callable that waits and
+    returns the sparse result."""
+    if op not in (Sum, Average):
+        raise LoomError("sparse_allreduce_async: op must be Sum or Average")
+    t = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    ih = allgather_async(t._indices().transpose(0, 1).contiguous(), name="%s.indices" % name,
+                         process_set=process_set)
+    vh = allgather_async(t._values(), name="%s.values" % name, process_set=process_set)
+    ps = _ps(process_set)
+
+    def handle():
+        values = synchronize(vh)
+        indices = synchronize(ih)
+        if op == Average:
+            values = values / ps.size()
+        if indices.dim() == 0 or values.dim() == 0:
+            return t.new().resize_as_(t)
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
+    return handle
 
 
 def barrier(process_set=global_process_set):
@@ -353,7 +600,7 @@ def synchronize(handle):
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """obj from root_rank, on every rank (pickled)."""
     name = name or type(obj).__name__
-    if _basics._set_comm(process_set).rank == root_rank:
+    if _basics.rank() == root_rank:
         b = io.BytesIO()
         torch.save(obj, b)
         data = torch.frombuffer(bytearray(b.getvalue()), dtype=torch.uint8)
@@ -364,7 +611,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     if data is None:
         data = torch.empty(int(sz.item()), dtype=torch.uint8)
     broadcast_(data, root_rank, name + ".t", process_set)
-    if _basics._set_comm(process_set).rank == root_rank:
+    if _basics.rank() == root_rank:
         return obj
     return torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu")
 
@@ -409,8 +656,21 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     """Make every rank's optimizer state (and hyper-parameters) root_rank's."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("broadcast_optimizer_state: LBFGS is not supported")
+    if not optimizer.state_dict()["state"]:
+        # A new optimizer has no state yet: as Horovod, give every trainable
+        # parameter a zero gradient and take one local step to create it.
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+                    if isinstance(optimizer, torch.optim.SparseAdam):
+                        p.grad = p.grad.to_sparse()
+        if getattr(optimizer, "_loom_distributed", False):
+            super(optimizer.__class__, optimizer).step()   # no allreduce: a local step
+        else:
+            optimizer.step()
     state = broadcast_object(optimizer.state_dict(), root_rank, "optimizer_state", process_set)
-    if _basics._set_comm(process_set).rank != root_rank:
+    if _basics.rank() != root_rank:
         optimizer.load_state_dict(state)
 
 
@@ -458,15 +718,20 @@ class Compression:
 # ---- DistributedOptimizer ------------------------------------------------------
 
 class _DistributedOptimizer(torch.optim.Optimizer):
+    _loom_distributed = True
+
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1,
-                 op=Average, gradient_predivide_factor=1.0, process_set=global_process_set):
+                 op=Average, gradient_predivide_factor=1.0, process_set=global_process_set,
+                 sparse_as_dense=False):
         super(self.__class__, self).__init__(params)
         self._compression = compression
+        self.sparse_as_dense = sparse_as_dense
         if named_parameters is not None:
             named_parameters = list(named_parameters)
         else:
-            named_parameters = [("allreduce.noname.%s" % i, v)
-                                for group in self.param_groups for i, v in enumerate(group["params"])]
+            named_parameters = [("allreduce.noname.%d.%d" % (i, j), v)
+                                for i, group in enumerate(self.param_groups)
+                                for j, v in enumerate(group["params"])]
         if any(not isinstance(p, tuple) for p in named_parameters):
             raise ValueError("named_parameters should be a sequence of (name, parameter) tuples")
         names = [k for k, _ in named_parameters]
@@ -477,7 +742,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         named_ids = {id(v) for _, v in named_parameters}
         if all_ids - named_ids:
             raise ValueError("named_parameters was given but does not cover every optimized parameter")
-        self._param_names = {v: k for k, v in sorted(named_parameters)}
+        self._parameter_names = {v: k for k, v in sorted(named_parameters)}
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {v: backward_passes_per_step for _, v in sorted(named_parameters)}
         self.op = op
@@ -488,7 +753,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._requires_update = set()
         self._synchronized = False
         self._should_synchronize = True
-        self._register_hooks()
+        # A rank outside process_set takes local steps (as Horovod's).
+        self._member = _ps(process_set).included()
+        if self._member:
+            self._register_hooks()
 
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes
@@ -508,10 +776,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._grad_accs.append(grad_acc)
 
     def _allreduce_grad_async(self, p):
-        name = self._param_names.get(p)
+        name = self._parameter_names.get(p)
         tensor = p.grad
         if tensor is None:
             tensor = p.grad = torch.zeros_like(p)
+        if tensor.is_sparse:
+            if not self.sparse_as_dense:
+                return sparse_allreduce_async(tensor, name, self.op, self.process_set), None, None
+            tensor = tensor.to_dense()
         compressed, ctx = self._compression.compress(tensor)
         if self.op == Average:
             pre = 1.0 / self.gradient_predivide_factor
@@ -541,16 +813,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Wait for every gradient's allreduce (starting those whose hook never ran)."""
+        if not self._member:
+            self._synchronized = True
+            return
         missing = self._requires_update - set(self._handles.keys())
-        for p in sorted(missing, key=lambda q: self._param_names.get(q, "")):
+        for p in sorted(missing, key=lambda q: self._parameter_names.get(q, "")):
             self._handles[p] = self._allreduce_grad_async(p)
         for p, (handle, ctx, compressed) in list(self._handles.items()):
             if handle is None:
                 self._handles[p] = self._allreduce_grad_async(p)
         for p, (handle, ctx, compressed) in self._handles.items():
-            out = synchronize(handle)
+            out = handle() if callable(handle) else synchronize(handle)
             self._allreduce_delay[p] = self.backward_passes_per_step
-            if ctx is not None or compressed is not p.grad:
+            if p.grad.is_sparse:
+                # The sparse path's sum, or the dense one's (sparse_as_dense), back in place.
+                agg = self._compression.decompress(out, ctx) if not callable(handle) else out
+                p.grad.zero_().add_(agg if agg.is_sparse else agg.to_sparse())
+            elif ctx is not None or compressed is not p.grad:
                 p.grad.copy_(self._compression.decompress(out, ctx))
         self._handles.clear()
         self._synchronized = True
@@ -597,7 +876,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, process_set)
+               gradient_predivide_factor, process_set, sparse_as_dense)
 
 
 def _fusion_stats(process_set=global_process_set):
