@@ -871,9 +871,10 @@ static loom_status_t qp_up(loom_tp_t *tp, ib_peer_t *p, const ib_rec_t *r)
             return tp->failed;
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTS;
-    /* A slow or lossy link (soft-RoCE over an emulated NIC: tens of ms for 8
-     * bytes) takes longer than 67 ms (timeout 14) to ack a large WRITE, and
-     * retries that run out break the QP: LOOM_IB_TIMEOUT is 20 (4.3 s) by
+    /* A slow link (soft-RoCE between two VMs: tens of ms for 8 bytes) takes
+     * longer than 67 ms (timeout 14) to ack a large WRITE: the requester
+     * retransmits what the responder is still taking in, and rxe broke the QP
+     * on that (remote invalid request). LOOM_IB_TIMEOUT is 20 (4.3 s) by
      * default, as NCCL's. A dead peer is found through the side channel. */
     a.timeout = tp->qp_timeout;
     a.retry_cnt = tp->qp_retry_cnt;
