@@ -143,6 +143,10 @@ class Pump(threading.Thread):
                 pass
 
 
+class PortTaken(Exception):
+    pass
+
+
 class Relay(threading.Thread):
     """Listens on port (0: any), forwards every connection to target."""
 
@@ -160,7 +164,7 @@ class Relay(threading.Thread):
                     raise
                 time.sleep(0.1)
         else:
-            self.ls.bind(("127.0.0.1", port))
+            raise PortTaken()
         self.ls.listen(16)
         self.port = self.ls.getsockname()[1]
         self.target = None
@@ -287,7 +291,12 @@ def replay_attack():
         store.wait()
         store, port = start_store()
         st = Store(port)
-        relay = Relay(True, old_port)
+        try:
+            relay = Relay(True, old_port)
+        except PortTaken:
+            # Another socket on this machine took the old port meanwhile.
+            print("SKIP replayed signed address: port %d is taken by another socket" % old_port)
+            return 0
         relay.start()
         r0 = start_rank(0, port, True, job)
         real = st.get(addr_key(job))
