@@ -44,7 +44,7 @@ typedef enum {
     LOOM_ERR_TRANSPORT,    /**< a socket or device error */
     LOOM_ERR_MISMATCH,     /**< ranks disagree on the collective, count, dtype or op */
     LOOM_ERR_UNSUPPORTED,
-    LOOM_ERR_AUTH,         /**< handshake refused: wrong job, version or key */
+    LOOM_ERR_AUTH,         /**< handshake refused (job, version, key) or a MAC mismatch */
     LOOM_ERR_ABORTED,      /**< loom_comm_abort was called */
     LOOM_ERR_INTERNAL
 } loom_status_t;

@@ -37,7 +37,7 @@ LOOM_API const char *loom_strerror(loom_status_t s)
     case LOOM_ERR_TRANSPORT: return "transport error";
     case LOOM_ERR_MISMATCH: return "ranks disagree on the call";
     case LOOM_ERR_UNSUPPORTED: return "unsupported";
-    case LOOM_ERR_AUTH: return "connection refused by the handshake";
+    case LOOM_ERR_AUTH: return "handshake refused or LOOM_AUTH_KEY check failed";
     case LOOM_ERR_ABORTED: return "aborted";
     case LOOM_ERR_INTERNAL: return "internal error";
     }

@@ -155,7 +155,8 @@ static loom_status_t read_list(loom_store_t *s, const char *key, entry_t **out, 
 {
     void *val;
     size_t len;
-    loom_status_t st = loom_store_get(s, key, &val, &len, 1.0, err);
+    /* Signed with LOOM_AUTH_KEY: nobody else can say who the members are. */
+    loom_status_t st = loom_store_get_signed(s, key, &val, &len, 1.0, err);
     if (st != LOOM_SUCCESS)
         return st;
     int n = parse_list(val, out);
@@ -208,7 +209,7 @@ static loom_status_t run_round(struct loom_elastic *e, loom_store_t *s, uint64_t
         return st;
     snprintf(k, sizeof(k), "%s/m/%lld", rkey, (long long)slot - 1);
     int mlen = snprintf(mine, sizeof(mine), "%lld %d %lld", e->id, cls, key);
-    if ((st = loom_store_set(s, k, mine, (size_t)mlen, err)) != LOOM_SUCCESS)
+    if ((st = loom_store_set_signed(s, k, mine, (size_t)mlen, err)) != LOOM_SUCCESS)
         return st;
     LOOM_INFO("elastic", "id %lld: registered for epoch %llu as %s %lld", e->id,
               (unsigned long long)R, cls == 0 ? "member" : "newcomer", key);
@@ -261,7 +262,12 @@ static loom_status_t run_round(struct loom_elastic *e, loom_store_t *s, uint64_t
             size_t len;
             entry_t *one = NULL;
             loom_err_t ignored = {0};
-            if (loom_store_get(s, k, &val, &len, 1.0, &ignored) != LOOM_SUCCESS)
+            loom_status_t gst = loom_store_get_signed(s, k, &val, &len, 1.0, &ignored);
+            if (gst == LOOM_ERR_AUTH) {
+                st = loom_err_set(err, gst, "elastic: %s", ignored.msg);
+                break;
+            }
+            if (gst != LOOM_SUCCESS)
                 continue;
             int ok = parse_list(val, &one) == 1;
             free(val);
@@ -271,6 +277,8 @@ static loom_status_t run_round(struct loom_elastic *e, loom_store_t *s, uint64_t
             }
             free(one);
         }
+        if (st != LOOM_SUCCESS)
+            break;   /* a forged registration */
         /* Who is still awaited: live previous members not registered. */
         char waiting[200] = "";
         size_t off = 0;
@@ -311,10 +319,13 @@ static loom_status_t run_round(struct loom_elastic *e, loom_store_t *s, uint64_t
             for (int i = 0; i < nseen; i++)
                 len += (size_t)snprintf(list + len, cap - len, "%lld %d %lld\n", seen[i].id,
                                         seen[i].cls, seen[i].key);
-            void *got = NULL;
-            size_t glen;
+            void *got = NULL, *signed_list = NULL;
+            size_t glen, slen;
             snprintf(k, sizeof(k), "%s/members", rkey);
-            st = loom_store_cas(s, k, "", 0, list, len, &got, &glen, err);
+            st = loom_store_sign(s, k, list, len, &signed_list, &slen, err);
+            if (st == LOOM_SUCCESS)
+                st = loom_store_cas(s, k, "", 0, signed_list, slen, &got, &glen, err);
+            free(signed_list);
             free(list);
             free(got);
             if (st != LOOM_SUCCESS)

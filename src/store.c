@@ -293,28 +293,42 @@ static void value_mac(const loom_store_t *s, const char *key, const void *val, s
     loom_hmac_sha256(s->key, s->keylen, parts, lens, 4, out);
 }
 
-loom_status_t loom_store_set_signed(loom_store_t *s, const char *key, const void *val,
-                                    size_t len, loom_err_t *err)
+loom_status_t loom_store_sign(loom_store_t *s, const char *key, const void *val, size_t len,
+                              void **out_p, size_t *outlen_p, loom_err_t *err)
 {
+    loom_status_t st;
     if (s == NULL)
         return loom_err_set(err, LOOM_ERR_INVALID_ARG, "store handle is NULL");
-    if (s->keylen == 0)
-        return loom_store_set(s, key, val, len, err);
-    loom_status_t st;
     if ((st = check_key(key, err)) != LOOM_SUCCESS ||
         (st = check_value("value", val, len, err)) != LOOM_SUCCESS)
         return st;
-    if (len > LOOM_STORE_VALUE_MAX - SIG_BYTES)
+    size_t head = s->keylen ? SIG_BYTES : 0;
+    if (len > LOOM_STORE_VALUE_MAX - head)
         return loom_err_set(err, LOOM_ERR_INVALID_ARG,
                             "signed store value of %zu bytes is larger than the limit", len);
-    uint8_t *buf = malloc(SIG_BYTES + len);
+    uint8_t *buf = malloc(head + len + 1);
     if (buf == NULL)
         return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
-    memcpy(buf, SIG_MAGIC, SIG_MAGIC_LEN);
-    value_mac(s, key, val, len, buf + SIG_MAGIC_LEN);
+    if (head) {
+        memcpy(buf, SIG_MAGIC, SIG_MAGIC_LEN);
+        value_mac(s, key, val, len, buf + SIG_MAGIC_LEN);
+    }
     if (len > 0)
-        memcpy(buf + SIG_BYTES, val, len);
-    st = loom_store_set(s, key, buf, SIG_BYTES + len, err);
+        memcpy(buf + head, val, len);
+    *out_p = buf;
+    *outlen_p = head + len;
+    return LOOM_SUCCESS;
+}
+
+loom_status_t loom_store_set_signed(loom_store_t *s, const char *key, const void *val,
+                                    size_t len, loom_err_t *err)
+{
+    void *buf;
+    size_t blen;
+    loom_status_t st = loom_store_sign(s, key, val, len, &buf, &blen, err);
+    if (st != LOOM_SUCCESS)
+        return st;
+    st = loom_store_set(s, key, buf, blen, err);
     free(buf);
     return st;
 }

@@ -48,6 +48,10 @@ loom_status_t loom_store_set_signed(loom_store_t *s, const char *key, const void
                                     size_t len, loom_err_t *err);
 loom_status_t loom_store_get_signed(loom_store_t *s, const char *key, void **val_p,
                                     size_t *len_p, double timeout_s, loom_err_t *err);
+/* The bytes set_signed would store for val under key (malloc'ed; the value
+ * itself, copied, without a key), for callers that store them otherwise (CAS). */
+loom_status_t loom_store_sign(loom_store_t *s, const char *key, const void *val, size_t len,
+                              void **out_p, size_t *outlen_p, loom_err_t *err);
 /* Check and strip the signature of a value got otherwise (loom_store_get). On
  * success *val_p and *len_p point into val, past the signature. */
 loom_status_t loom_store_verify(loom_store_t *s, const char *key, const void *val, size_t len,

@@ -4,10 +4,11 @@
  * ITERS allreduces of COUNT int32 elements (each rank contributes rank + 1),
  * and reports one line on stdout:
  *
- *   rank R status NAME wrong W: message
+ *   rank R status NAME wrong W peak P: message
  *
  * NAME is the loom_status_t of the first failing call (SUCCESS when none
- * failed), W the number of wrong elements the calls that succeeded returned.
+ * failed), W the number of wrong elements the calls that succeeded returned,
+ * P the process's peak virtual memory in KiB (VmPeak) when it reports.
  *
  *   relay_rank [ITERS [COUNT]]
  */
@@ -26,6 +27,19 @@ static const char *status_name(loom_status_t st)
     return (unsigned)st < sizeof(names) / sizeof(names[0]) ? names[st] : "?";
 }
 
+static long vm_peak_kib(void)
+{
+    char line[256];
+    long kib = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmPeak: %ld", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib;
+}
+
 int main(int argc, char **argv)
 {
     int iters = argc > 1 ? atoi(argv[1]) : 5;
@@ -34,8 +48,8 @@ int main(int argc, char **argv)
     loom_status_t st = loom_init(&c);
     if (st != LOOM_SUCCESS) {
         const char *r = getenv("LOOM_RANK");
-        printf("rank %s status %s wrong 0: %s\n", r ? r : "?", status_name(st),
-               loom_comm_last_error(NULL));
+        printf("rank %s status %s wrong 0 peak %ld: %s\n", r ? r : "?", status_name(st),
+               vm_peak_kib(), loom_comm_last_error(NULL));
         return 0;
     }
     int rank = loom_comm_rank(c), size = loom_comm_size(c);
@@ -49,8 +63,8 @@ int main(int argc, char **argv)
         for (size_t j = 0; j < count && st == LOOM_SUCCESS; j++)
             wrong += x[j] != want;
     }
-    printf("rank %d status %s wrong %ld: %s\n", rank, status_name(st), wrong,
-           st == LOOM_SUCCESS ? "" : loom_comm_last_error(c));
+    printf("rank %d status %s wrong %ld peak %ld: %s\n", rank, status_name(st), wrong,
+           vm_peak_kib(), st == LOOM_SUCCESS ? "" : loom_comm_last_error(c));
     fflush(stdout);
     free(x);
     loom_comm_destroy(c);

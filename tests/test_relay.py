@@ -3,8 +3,11 @@
 can write the rendezvous store (here an unauthenticated loom-store) or sits on
 the network between two ranks relays their bytes and alters the payload.
 
-A last scenario floods a rank in its connect phase with 200 idle connections
-(issue 13, item 3): the job must still start and finish, with and without a key.
+Two more scenarios bound what a stranger costs a rank (issue 13, item 3): 200
+idle connections during its connect phase must leave the job able to start and
+finish, with and without a key; and without a key (when anyone who knows the
+job id can pose as a rank), a frame header announcing 900 MiB followed by 100
+bytes must not make the rank allocate 900 MiB.
 
 Scenarios (2 ranks over TCP, tests/relay_rank runs 5 allreduces of 1024 int32):
 
@@ -25,6 +28,7 @@ says: the network relay changes results unnoticed.
 usage: test_relay.py BUILDDIR SHIM.so
 """
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -143,6 +147,10 @@ class Pump(threading.Thread):
                 pass
 
 
+class PortTaken(Exception):
+    pass
+
+
 class Relay(threading.Thread):
     """Listens on port (0: any), forwards every connection to target."""
 
@@ -160,7 +168,7 @@ class Relay(threading.Thread):
                     raise
                 time.sleep(0.1)
         else:
-            self.ls.bind(("127.0.0.1", port))
+            raise PortTaken()
         self.ls.listen(16)
         self.port = self.ls.getsockname()[1]
         self.target = None
@@ -212,12 +220,12 @@ def outcome(p):
         out = p.communicate(timeout=60)[0].strip()
     except subprocess.TimeoutExpired:
         p.kill()
-        return ("HUNG", 0, "")
-    # "rank R status NAME wrong W: message"
-    f = out.split(" ", 5)
-    if len(f) < 6:
-        return ("CRASHED", 0, out)
-    return (f[3], int(f[5].split(":")[0]), out)
+        return ("HUNG", 0, "", -1)
+    # "rank R status NAME wrong W peak P: message"
+    m = re.match(r"rank \S+ status (\S+) wrong (\d+) peak (-?\d+):", out)
+    if not m:
+        return ("CRASHED", 0, out, -1)
+    return (m.group(1), int(m.group(2)), out, int(m.group(3)))
 
 
 def addr_key(job):
@@ -287,7 +295,12 @@ def replay_attack():
         store.wait()
         store, port = start_store()
         st = Store(port)
-        relay = Relay(True, old_port)
+        try:
+            relay = Relay(True, old_port)
+        except PortTaken:
+            # Another socket on this machine took the old port meanwhile.
+            print("SKIP replayed signed address: port %d is taken by another socket" % old_port)
+            return 0
         relay.start()
         r0 = start_rank(0, port, True, job)
         real = st.get(addr_key(job))
@@ -354,8 +367,72 @@ def idle_flood(keyed):
         store.wait()
 
 
+def fnv1a(text):
+    h = 0xcbf29ce484222325
+    for b in text.encode():
+        h = ((h ^ b) * 0x100000001b3) & 0xffffffffffffffff
+    return h
+
+
+def vm_peak_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmPeak:"):
+                return int(line.split()[1])
+    return -1
+
+
+def huge_announcement():
+    """Pose as rank 1 (no key: the job id is all it takes, as the README says),
+    announce a 900 MiB user message and send 100 bytes of it."""
+    global failures
+    store, port = start_store()
+    job = "huge-%d" % os.getpid()
+    try:
+        r0 = start_rank(0, port, False, job)
+        st = Store(port)
+        raw = st.get(addr_key(job))
+        host, rport = raw.split(b"\n")[1].decode().rsplit(":", 1)
+        st.set("loom/%s/world0/addr/1" % job, raw.split(b"\n")[0] + b"\n127.0.0.1:1\n" +
+               raw.split(b"\n")[2] + b"\n-")
+        c = socket.create_connection((host, int(rport)), timeout=10)
+        hello = b"LOOMHELO" + struct.pack("<IIII", 2, 1, 2, 0) + \
+            struct.pack("<QQ", fnv1a(job), fnv1a("loom/%s/world0" % job))
+        c.sendall(hello)
+        ack = c.recv(16)
+        if ack[:8] != b"LOOMACK!" or struct.unpack("<I", ack[8:12])[0] != 0:
+            print("FAIL huge announcement: rank 0 did not accept the posing rank: %r" % ack)
+            failures += 1
+            return
+        before = vm_peak_kib(r0.pid)
+        n = 900 << 20
+        # magic, kind DATA, desc, 0, tag (a user tag nobody posted), len, total; then
+        # hang up: rank 0 reads the header and the bytes, then fails and reports its peak.
+        hdr = struct.pack("<IB3xIIQQQ", 0x4d464c4c, 1, 0xff0000, 0, 77, n, n)
+        c.sendall(hdr + b"x" * 100)
+        c.shutdown(socket.SHUT_WR)
+        try:
+            while c.recv(1 << 16):   # what rank 0 sends us, until it gives up
+                pass
+        except OSError:
+            pass
+        c.close()
+        res = outcome(r0)
+        ok = res[0] == "PEER_LOST" and 0 < res[3] and res[3] - before < 256 * 1024
+        print("%s a 900 MiB announcement with 100 bytes: rank 0's peak virtual memory grew by "
+              "%d MiB before it failed: %s" % ("PASS" if ok else "FAIL", (res[3] - before) // 1024,
+                                               res[2]))
+        failures += not ok
+    finally:
+        r0.kill()
+        r0.wait()
+        store.kill()
+        store.wait()
+
+
 idle_flood(False)
 idle_flood(True)
+huge_announcement()
 store_attack(False)
 store_attack(True)
 replay_attack()

@@ -1705,7 +1705,7 @@ static int final_members(loom_store_t *st, const char *base, long long **ids_p)
     unsigned long long epoch = strtoull(val, NULL, 10);
     free(val);
     snprintf(key, sizeof(key), "%s/e%llu/members", base, epoch);
-    if (loom_store_get(st, key, &val, &len, 1.0, &err) != LOOM_SUCCESS)
+    if (loom_store_get_signed(st, key, &val, &len, 1.0, &err) != LOOM_SUCCESS)
         return -1;
     int n = 0;
     long long *ids = NULL;

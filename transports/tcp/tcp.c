@@ -457,7 +457,8 @@ static int evict_stranger(hs_conn_t *conns, int from, int nconn)
         if (c->state != HS_WAIT_HELLO && c->state != HS_WAIT_PROOF)
             continue;
         int quiet = c->state == HS_WAIT_HELLO && c->have == 0;
-        if (victim < 0 || (quiet && !silent) || (quiet == silent && c->since < conns[victim].since)) {
+        if (victim < 0 || (quiet && !silent) ||
+            (quiet == silent && c->since < conns[victim].since)) {
             victim = i;
             silent = quiet;
         }
