@@ -4,8 +4,10 @@
 # 1, 2 and 3 ranks: the extension's Comm/Request API (blocking, non-blocking,
 # the GIL released), every collective and type through loom (NumPy) and
 # loom.torch, fusion and negotiation, the mismatch errors, and the
-# DistributedOptimizer equivalence test (fusion on and off), the elastic
-# API's state handling in a plain job; then
+# DistributedOptimizer equivalence test (fusion on and off), Horovod parity
+# (test_torch_horovod.py: every failure kind followed by a good call, the
+# gradients of every collective, sparse, int16, scaling, SyncBatchNorm, the
+# response cache), the elastic API's state handling in a plain job; then
 # loom.tensorflow and loom.keras (their equivalence tests too) where an
 # interpreter with TensorFlow is found. The examples in examples/python run
 # too (2 ranks), and must end with the loss lower.
@@ -57,6 +59,7 @@ torch_tests() {
     for np in 1 2 3; do
         run $np tests/python/test_torch.py
         run $np tests/python/test_torch_equiv.py
+        run $np tests/python/test_torch_horovod.py
     done
     run 2 tests/python/test_torch_equiv.py LOOM_FUSION_THRESHOLD=0
     run 1 tests/python/test_elastic_api.py

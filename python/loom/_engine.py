@@ -105,6 +105,12 @@ def backend_of(name):
     return BACKENDS[name.split(".", 1)[0]]
 
 
+# Set by a thread that submits and waits at once (loom.torch's synchronous
+# calls): its submissions do not wake the engine thread, as the thread runs
+# the rounds itself in wait(); waking it would only make the two contend.
+inline = threading.local()
+
+
 class Handle:
     __slots__ = ("event", "result", "error", "name")
 
@@ -212,6 +218,8 @@ class Engine:
         self.local = {}          # announced, waiting for the other ranks
         self.names = set()       # every name pending here (queue, fresh, hits, local)
         self.idle = False        # the last round moved nothing
+        self.done = False        # every rank shut down: no more rounds
+        self.round_lock = threading.Lock()   # one round at a time, engine thread or waiter
         # The response cache, identical on every rank: name -> (slot, metas).
         self.cache = {}
         self.slots = []          # slot -> name
@@ -257,16 +265,30 @@ class Engine:
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name="loom-engine", daemon=True)
                 self.thread.start()
-            self.cond.notify_all()
+            if not getattr(inline, "on", False):
+                self.cond.notify_all()
         return [e.handle for e in entries]
 
     def wait(self, handle):
         if not handle.event.is_set():
             with self.cond:
                 self.waiting += 1
-                self.cond.notify_all()
             try:
-                handle.event.wait()
+                while not handle.event.is_set():
+                    # While the engine thread is not in a round, the waiting
+                    # thread runs the rounds itself: a synchronous call then
+                    # costs no hand-over to the engine thread and back. Rounds
+                    # stay serial on this rank (the round lock), whoever runs them.
+                    if self.round_lock.acquire(blocking=False):
+                        try:
+                            if not handle.event.is_set():
+                                self._step_guarded()
+                        finally:
+                            self.round_lock.release()
+                        if self.idle and not handle.event.is_set():
+                            handle.event.wait(self.cycle)
+                    else:
+                        handle.event.wait(max(self.cycle, 1e-3))
             finally:
                 with self.cond:
                     self.waiting -= 1
@@ -285,40 +307,58 @@ class Engine:
     # ---- the engine thread -------------------------------------------------
 
     def _run(self):
-        try:
-            while True:
-                with self.cond:
-                    while not (self.queue or self.fresh or self.hits or self.local or self.stop_req):
-                        self.cond.wait()
-                    if self.idle and not self.queue and not self.stop_req:
-                        # Nothing moved last round: wait for a submission (or
-                        # the cycle) instead of spinning with the other ranks.
-                        self.cond.wait(self.cycle)
-                    new, self.queue = self.queue, []
-                    waiting = self.waiting > 0 or self.stop_req
-                    stopping = self.stop_req
-                for e in new:
-                    c = self.cache.get(e.name)
-                    if c is not None and c[1][self.me] == e.meta():
-                        self.hits[e.name] = e
-                    else:
-                        self.fresh.append(e)
-                if self.slots and self._cached_round(stopping):
-                    continue
-                with self.cond:
-                    # A full round announces everything not yet announced, the hits too.
-                    announce = self.fresh + list(self.hits.values())
-                    self.fresh, self.hits = [], {}
-                    for e in announce:
-                        self.local[e.name] = e
-                msg = ([(e.name, e.meta()) for e in announce], stopping, waiting)
-                if self._round(msg):
+        while True:
+            with self.cond:
+                while not (self.queue or self.fresh or self.hits or self.local or self.stop_req or
+                           self.broken is not None or self.done):
+                    self.cond.wait()
+                if self.broken is not None or self.done:
                     return
+                if self.idle and not self.queue and not self.stop_req:
+                    # Nothing moved last round: wait for a submission (or
+                    # the cycle) instead of spinning with the other ranks.
+                    self.cond.wait(self.cycle)
+            with self.round_lock:
+                self._step_guarded()
+
+    def _step_guarded(self):
+        try:
+            self._step()
         except LoomError as exc:   # the engine's own exchange failed: the communicator is gone
             self._break(exc)
         except BaseException as exc:   # a bug must not leave the program waiting forever
             self._break(LoomError("loom engine failed: %r" % (exc,)))
             raise
+
+    def _step(self):
+        """One round, under the round lock; nothing when nothing is pending."""
+        with self.cond:
+            if self.broken is not None or self.done:
+                return
+            if not (self.queue or self.fresh or self.hits or self.local or self.stop_req):
+                return
+            new, self.queue = self.queue, []
+            waiting = self.waiting > 0 or self.stop_req
+            stopping = self.stop_req
+        for e in new:
+            c = self.cache.get(e.name)
+            if c is not None and c[1][self.me] == e.meta():
+                self.hits[e.name] = e
+            else:
+                self.fresh.append(e)
+        if self.slots and self._cached_round(stopping):
+            return
+        with self.cond:
+            # A full round announces everything not yet announced, the hits too.
+            announce = self.fresh + list(self.hits.values())
+            self.fresh, self.hits = [], {}
+            for e in announce:
+                self.local[e.name] = e
+        msg = ([(e.name, e.meta()) for e in announce], stopping, waiting)
+        if self._round(msg):
+            with self.cond:
+                self.done = True
+                self.cond.notify_all()
 
     def _cached_round(self, stopping):
         """The cache's round: True when it ran instead of a full round."""
@@ -342,6 +382,7 @@ class Engine:
     def _break(self, exc):
         with self.cond:
             self.broken = exc
+            self.cond.notify_all()
             pending = list(self.local.values()) + self.queue + self.fresh + list(self.hits.values())
             self.local, self.queue, self.fresh, self.hits = {}, [], [], {}
             self.names.clear()
