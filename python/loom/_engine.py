@@ -41,7 +41,7 @@ import pickle
 import threading
 import time
 
-from . import _basics, _loom
+from . import _adasum, _basics, _loom
 from ._loom import LoomError, LoomInternalError
 
 JOIN = "__loom_join__"
@@ -91,6 +91,14 @@ class Backend:
         raise NotImplementedError
 
     def int_vector(self, values):
+        raise NotImplementedError
+
+    def to_float64(self, t):
+        """t's elements as a 1-D NumPy float64 array (Adasum's arithmetic)."""
+        raise NotImplementedError
+
+    def from_float64_(self, t, values):
+        """Write values (1-D float64) into t, cast to t's type."""
         raise NotImplementedError
 
 
@@ -148,7 +156,8 @@ def _describe(meta):
     s = "%s %s%s" % (kind, dtype.split(".", 1)[-1], list(shape))
     if kind in ("allreduce", "reducescatter"):
         s += " op=%s" % {_loom.SUM: "Sum", _loom.AVG: "Average", _loom.MIN: "Min",
-                         _loom.MAX: "Max", _loom.PROD: "Product"}.get(op, op)
+                         _loom.MAX: "Max", _loom.PROD: "Product",
+                         _basics.Adasum: "Adasum"}.get(op, op)
         if pre != 1.0 or post != 1.0:
             s += " scale=%g/%g" % (pre, post)
     if kind == "broadcast":
@@ -493,6 +502,9 @@ class Engine:
             kind = meta[0]
             if kind != JOIN and all(m is not None for m in metas):
                 self._remember(name, metas)
+            if kind == "allreduce" and meta[3] == _basics.Adasum:
+                self._guarded([(e, meta)], self._adasum)
+                continue
             if kind == "allreduce":
                 key = (meta[1], meta[3], meta[5], meta[6])
                 nbytes = _numel(meta[2]) * backend_of(meta[1]).esize(meta[1])
@@ -591,6 +603,21 @@ class Engine:
                 b.copy_(b.flat(e.output), buf[off:off + k])
                 self._complete(e, e.output)
             off += k
+
+    def _adasum(self, items):
+        """op=Adasum: never fused (the combination depends on whole vectors)."""
+        (e, meta), = items
+        name, pre, post = meta[1], meta[5], meta[6]
+        b = backend_of(name)
+        self.stats["tensors"] += 1
+        buf = e.output if e is not None else b.zeros(meta[2], name)
+        if pre != 1.0:
+            b.scale_(buf, pre)
+        b.from_float64_(buf, _adasum.adasum(self.comm, b.to_float64(buf)))
+        if post != 1.0:
+            b.scale_(buf, post)
+        if e is not None:
+            self._complete(e, e.output)
 
     def _other(self, kind, name, e, metas, meta):
         c = self.comm

@@ -1,6 +1,7 @@
 """loom.torch's Horovod parity (issue 15): the engine survives every kind of
 failing collective; the gradients of every collective; grouped allgather and
-reducescatter; sparse allreduce and sparse gradients; int16; Horovod's
+reducescatter; sparse allreduce and sparse gradients; int16; Adasum against
+its formula; Horovod's
 scaling; process-set roots as global ranks; DistributedOptimizer outside its
 set and without named_parameters; broadcast_optimizer_state on a new
 optimizer; SyncBatchNorm on the CPU; the response cache; Horovod's variables
@@ -256,6 +257,52 @@ def test_cache_and_fusion():
     T.check(after["fused_calls"] > before["fused_calls"], "a group was not fused: %s" % after)
 
 
+def test_adasum():
+    """op=Adasum against the formula: the tree of adasum(a, b) = (1 - a.b/2|a|^2) a
+    + (1 - a.b/2|b|^2) b over every rank's vector, computed here in float64."""
+    from loom import _adasum
+
+    def mine(r, n=37):
+        g = torch.Generator().manual_seed(100 + r)
+        return torch.randn(n, generator=g, dtype=torch.float64)
+    vs = [mine(r).numpy() for r in range(N)]
+    # The formula written out, independent of _adasum.combine.
+    def formula(a, b):
+        ab, aa, bb = np.dot(a, b), np.dot(a, a), np.dot(b, b)
+        return (1 - ab / (2 * aa)) * a + (1 - ab / (2 * bb)) * b
+    p = 1 << (N.bit_length() - 1)
+    tree = list(vs)
+    for i in range(N - p):
+        tree[i] = formula(tree[i], tree[p + i])
+    tree = tree[:p]
+    while len(tree) > 1:
+        tree = [formula(tree[i], tree[i + 1]) for i in range(0, len(tree), 2)]
+    want = torch.from_numpy(tree[0])
+    T.check(np.allclose(_adasum.reference(vs), tree[0]), "adasum reference tree")
+    for dt, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5), (torch.float16, 2e-2)):
+        got = hvd.allreduce(mine(R).to(dt), op=hvd.Adasum, name="adasum.%s" % dt)
+        T.check(got.dtype == dt and torch.allclose(got.double(), want, rtol=tol, atol=tol),
+                "Adasum %s: %s vs %s" % (dt, got[:4], want[:4]))
+    T.check(all(torch.equal(x, hvd.allgather(got.unsqueeze(0))[0]) for x in hvd.allgather(got.unsqueeze(0))),
+            "Adasum: the same bits on every rank")
+    # Orthogonal vectors add up; parallel ones average.
+    e = torch.zeros(max(N, 2), dtype=torch.float64)
+    e[R] = R + 1.0
+    T.check(torch.allclose(hvd.allreduce(e, op=hvd.Adasum), torch.arange(1.0, N + 1).double()
+                           if N > 1 else e), "Adasum of orthogonal vectors is their sum")
+    if N & (N - 1) == 0:
+        par = torch.full((4,), float(R + 1), dtype=torch.float64)
+        T.check(torch.allclose(hvd.allreduce(par, op=hvd.Adasum), torch.full((4,), (N + 1) / 2.0, dtype=torch.float64)),
+                "Adasum of parallel vectors is their average")
+    expect_error("Adasum on integers", lambda: hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Adasum))
+    # DistributedOptimizer(op=Adasum): SGD steps by the Adasum of the gradients.
+    w = torch.nn.Parameter(torch.zeros(37, dtype=torch.float64))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w", w)], op=hvd.Adasum)
+    (w * mine(R)).sum().backward()
+    opt.step()
+    T.check(torch.allclose(-w.detach(), want, atol=1e-10), "DistributedOptimizer(op=Adasum) step")
+
+
 def test_horovod_variables():
     if "HOROVOD_RANK" not in os.environ:
         return   # run by hand: loomrun exports them
@@ -266,7 +313,7 @@ def test_horovod_variables():
 
 
 for fn in (test_failures_then_good_calls, test_int16_and_scaling, test_gradients, test_sparse,
-           test_process_sets_and_optimizer, test_sync_batch_norm, test_cache_and_fusion,
+           test_process_sets_and_optimizer, test_sync_batch_norm, test_cache_and_fusion, test_adasum,
            test_horovod_variables):
     T.run(fn)
 hvd.shutdown()

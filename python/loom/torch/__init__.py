@@ -83,6 +83,12 @@ class _TorchBackend(_engine.Backend):
     def int_vector(self, values):
         return torch.tensor(values, dtype=torch.int32)
 
+    def to_float64(self, t):
+        return t.detach().reshape(-1).to(torch.float64).numpy().copy()
+
+    def from_float64_(self, t, values):
+        t.copy_(torch.from_numpy(values).reshape(t.shape))
+
 
 _TORCH = _TorchBackend()
 _engine.register_backend(_TORCH)
@@ -121,6 +127,13 @@ def _op_of(op, average, what):
     if op is None or op == Adasum:
         raise LoomError("%s: Adasum is only implemented for allreduce" % what)
     return op
+
+
+def _allreduce_op(op, average):
+    """allreduce's op: Average by default; Adasum passes through."""
+    if op == Adasum and average is None:
+        return Adasum
+    return _op_of(Average if op is None else op, average, "allreduce")
 
 
 def _root_in_set(root_rank, process_set):
@@ -208,7 +221,7 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
               postscale_factor=1.0, process_set=global_process_set):
     """A new tensor holding the reduction of tensor over the process set;
     differentiable."""
-    op = _op_of(Average if op is None else op, average, "allreduce")
+    op = _allreduce_op(op, average)
     compressed, ctx = compression.compress(tensor) if compression else (tensor, None)
     out = _AllreduceGrad.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(out, ctx) if compression else out
@@ -222,7 +235,11 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
 
 def _allreduce_entry(eng, tensor, average, name, op, pre, post):
     _check_tensor(tensor, "allreduce")
-    op = _op_of(Average if op is None else op, average, "allreduce")
+    if op == Adasum and average is None:
+        if not tensor.dtype.is_floating_point:
+            raise LoomError("allreduce: Adasum takes floating-point tensors (not %s)" % tensor.dtype)
+    else:
+        op = _op_of(Average if op is None else op, average, "allreduce")
     work, finish = _in_place(tensor)
     e = Entry("allreduce", name or eng.auto_name("allreduce"), tensor=work.detach(),
               output=work.detach(), op=op, pre=pre, post=post, finish=finish)
@@ -245,10 +262,6 @@ def _enqueue_group(eng, entries):
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """One handle for a group of in-place allreduces (fused together when they fit)."""
-    if (Average if op is None else op) == Adasum and average is None:
-        return _group_handle([allreduce_async_(t, None, None if name is None else "%s.%d" % (name, i),
-                                               Adasum, prescale_factor, postscale_factor, process_set)
-                              for i, t in enumerate(tensors)])
     eng = _engine_for(process_set)
     base = name or eng.auto_name("grouped_allreduce")
     return _enqueue_group(eng, [_allreduce_entry(eng, t, average, "%s.%d" % (base, i), op,
@@ -879,9 +892,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """Wrap optimizer so that step() applies gradients averaged (op) over the
     ranks. Each gradient's allreduce starts from a backward hook as soon as it is
     computed and is waited for in step(); with backward_passes_per_step=N,
-    gradients accumulate locally over N backward passes before one allreduce."""
+    gradients accumulate locally over N backward passes before one allreduce.
+    op=Adasum combines the gradients with Adasum (loom/_adasum.py) before the
+    wrapped optimizer's step; Horovod combines the steps' parameter deltas
+    instead, which is the same for plain SGD (Adasum is homogeneous)."""
     if op is None:
-        raise ValueError("DistributedOptimizer: Adasum is not implemented by Loom")
+        op = Adasum
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op=Average")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
