@@ -347,6 +347,10 @@ class Engine:
             if not (self.queue or self.fresh or self.hits or self.local or self.stop_req):
                 return
             new, self.queue = self.queue, []
+        tl = _basics.timeline
+        if tl and tl.mark_cycles:
+            tl.instant("CYCLE_START", "cycle")
+        with self.cond:
             waiting = self.waiting > 0 or self.stop_req
             stopping = self.stop_req
         for e in new:
@@ -375,9 +379,14 @@ class Engine:
         flags[0] = 0 if (self.fresh or stopping or self.table or (self.hits and self.idle)) else 1
         for name in self.hits:
             flags[1 + self.cache[name][0]] = 1
+        tl = _basics.timeline
+        t0 = tl.now() if tl else 0
         self.comm.allreduce(None, flags, _loom.MIN, dtype=_loom.UINT8)
         if not flags[0]:
             return False
+        if tl:
+            tl.span("NEGOTIATE_CACHED", "negotiation", t0, tl.now(),
+                    {"ready": [self.slots[i - 1] for i in range(1, len(flags)) if flags[i]]})
         self.stats["rounds"] += 1
         self.stats["cached_rounds"] += 1
         ready = [self.slots[i - 1] for i in range(1, len(flags)) if flags[i]]
@@ -430,7 +439,11 @@ class Engine:
 
     def _round(self, msg):
         """One negotiation round; True when the engine is to stop."""
+        tl = _basics.timeline
+        t0 = tl.now() if tl else 0
         msgs = self._exchange(msg)
+        if tl:
+            tl.span("NEGOTIATE", "negotiation", t0, tl.now(), {"announced": [n for n, _ in msg[0]]})
         self.round += 1
         self.stats["rounds"] += 1
         any_new = False
@@ -532,8 +545,15 @@ class Engine:
         communicator's), fail the entries still pending and go on. The checks
         that can fail before any data moves see the same metadata on every
         rank, so every rank fails the same entries and stays in step."""
+        tl = _basics.timeline
+        t0 = tl.now() if tl else 0
         try:
             run(items)
+            if tl:
+                m = items[0][1]
+                tl.span(("ADASUM" if m[3] == _basics.Adasum else m[0].upper()), "collective", t0, tl.now(),
+                        {"tensors": [e.name for e, _ in items if e is not None], "dtype": m[1],
+                         "fused": len(items)})
         except LoomInternalError:
             raise
         except Exception as exc:   # noqa: BLE001 - handed to the waiting threads
@@ -583,6 +603,8 @@ class Engine:
         if fb is None or fb.shape[0] < total:
             fb = self.fusion[name] = b.empty((total,), name)
         buf = fb[:total]
+        tl = _basics.timeline
+        t0 = tl.now() if tl else 0
         off = 0
         for e, m in items:
             k = _numel(m[2])
@@ -591,18 +613,26 @@ class Engine:
             else:
                 b.copy_(buf[off:off + k], b.zeros((k,), name))
             off += k
+        if tl:
+            t1 = tl.now()
+            tl.span("MEMCPY_IN_FUSION_BUFFER", "fusion", t0, t1, {"tensors": len(items)})
         if pre != 1.0:
             b.scale_(buf, pre)
         self.comm.allreduce(None, b.cap(buf), op, dtype=dt)
         if post != 1.0:
             b.scale_(buf, post)
+        t0 = tl.now() if tl else 0
         off = 0
         for e, m in items:
             k = _numel(m[2])
             if e is not None:
                 b.copy_(b.flat(e.output), buf[off:off + k])
-                self._complete(e, e.output)
             off += k
+        if tl:
+            tl.span("MEMCPY_OUT_FUSION_BUFFER", "fusion", t0, tl.now(), {"tensors": len(items)})
+        for e, m in items:
+            if e is not None:
+                self._complete(e, e.output)
 
     def _adasum(self, items):
         """op=Adasum: never fused (the combination depends on whole vectors)."""

@@ -1,7 +1,7 @@
 """loom.torch's Horovod parity (issue 15): the engine survives every kind of
 failing collective; the gradients of every collective; grouped allgather and
 reducescatter; sparse allreduce and sparse gradients; int16; Adasum against
-its formula; Horovod's
+its formula; the timeline API; Horovod's
 scaling; process-set roots as global ranks; DistributedOptimizer outside its
 set and without named_parameters; broadcast_optimizer_state on a new
 optimizer; SyncBatchNorm on the CPU; the response cache; Horovod's variables
@@ -303,6 +303,29 @@ def test_adasum():
     T.check(torch.allclose(-w.detach(), want, atol=1e-10), "DistributedOptimizer(op=Adasum) step")
 
 
+def test_timeline():
+    import json
+    import tempfile
+    d = hvd.broadcast_object(tempfile.mkdtemp() if R == 0 else None, 0, name="timeline.dir")
+    path = os.path.join(d, "timeline.json")
+    hvd.start_timeline(path, mark_cycles=True)
+    hvd.allreduce(torch.ones(3), name="tl.allreduce")
+    hvd.grouped_allreduce([torch.ones(3), torch.ones(4)], name="tl.group")
+    hvd.allgather(torch.ones(2), name="tl.allgather")
+    hvd.stop_timeline()
+    mine = path if R == 0 else os.path.join(d, "timeline.%d.json" % R)
+    events = json.load(open(mine))   # complete JSON once stopped
+    names = {e["name"] for e in events}
+    for want in ("NEGOTIATE", "ALLREDUCE", "ALLGATHER", "CYCLE_START", "MEMCPY_IN_FUSION_BUFFER"):
+        T.check(want in names, "timeline lacks %s: %s" % (want, sorted(names)))
+    T.check(any("tl.allreduce" in e.get("args", {}).get("tensors", []) for e in events),
+            "timeline names the tensors")
+    hvd.allreduce(torch.ones(1), name="tl.after")   # no timeline: nothing more written
+    T.check(json.load(open(mine)) == events, "written after stop_timeline")
+    hvd.barrier()
+    os.remove(mine)
+
+
 def test_horovod_variables():
     if "HOROVOD_RANK" not in os.environ:
         return   # run by hand: loomrun exports them
@@ -314,7 +337,7 @@ def test_horovod_variables():
 
 for fn in (test_failures_then_good_calls, test_int16_and_scaling, test_gradients, test_sparse,
            test_process_sets_and_optimizer, test_sync_batch_norm, test_cache_and_fusion, test_adasum,
-           test_horovod_variables):
+           test_timeline, test_horovod_variables):
     T.run(fn)
 hvd.shutdown()
 T.finish()
