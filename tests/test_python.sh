@@ -81,6 +81,23 @@ torch_tests() {
     wait
     sed 's/^/    /' "$tmp/out"
 
+    # horovodrun's command line: loom.runner starts loomrun; --gloo is ignored,
+    # --timeline-filename writes each rank's trace, HOROVOD_RANK agrees.
+    if LOOMRUN="$LOOMRUN" "$py" -m loom.runner -np 2 --gloo --timeline-filename "$tmp/tl.json" \
+            "$py" -c 'import os, torch, loom.torch as hvd; hvd.init(); hvd.allreduce(torch.ones(2), name="r"); print("runner", os.environ["HOROVOD_RANK"], hvd.rank(), hvd.size()); hvd.shutdown()' \
+            > "$tmp/out" 2>&1 &&
+        grep -q '^\[0\]<stdout>: runner 0 0 2$' "$tmp/out" && grep -q '^\[1\]<stdout>: runner 1 1 2$' "$tmp/out" &&
+        "$py" -c 'import json, sys; [json.load(open(f)) for f in sys.argv[1:]]' "$tmp/tl.json" "$tmp/tl.1.json" &&
+        grep -q '"NEGOTIATE' "$tmp/tl.json" &&
+        "$py" -m loom.runner -np 3 --mpi --min-np 2 --print-command "$py" x.py | grep -q -- '--elastic -np 3 --min-np 2 -- '; then
+        echo "ok: python -m loom.runner"
+        passes=$((passes + 1))
+    else
+        echo "FAIL: python -m loom.runner"
+        cat "$tmp/out"
+        failures=$((failures + 1))
+    fi
+
     example "$py" torch_train.py
     example "$py" horovod_torch_mnist.py
     example "$py" elastic_torch.py

@@ -93,6 +93,11 @@ def init(comm=None, process_sets=None):
         _sets[0] = global_process_set
         for ps in process_sets or []:
             add_process_set(ps)
+        # Horovod's variable (loom.runner --timeline-filename sets it); "DYNAMIC"
+        # only allows start_timeline, which is always allowed here.
+        path = os.environ.get("HOROVOD_TIMELINE")
+        if path and path != "DYNAMIC" and timeline is None:
+            start_timeline(path, os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES") == "1")
 
 
 def _release_sets():
