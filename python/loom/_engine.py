@@ -12,6 +12,10 @@ LOOM_FUSION_THRESHOLD bytes (default 64 MiB, 0 turns fusion off) and reduced in
 one call. The engine wakes on a submission and runs a round at once; a round
 that moved nothing is followed by the next one only after LOOM_CYCLE_TIME ms
 (default 1) or the next submission, so ranks waiting on each other do not spin.
+Rounds are run by whichever thread gets the round lock: the engine thread, or
+a thread waiting for a handle while the engine thread is idle; synchronous
+calls (loom.torch's) do not even wake the engine thread, so a small blocking
+allreduce costs its rounds' collectives and no thread hand-over.
 
 Names already negotiated skip the table exchange (Horovod's response cache): a
 name that ran with the same metadata on every rank gets a slot in a cache every
