@@ -4,8 +4,10 @@
 # 1, 2 and 3 ranks: the extension's Comm/Request API (blocking, non-blocking,
 # the GIL released), every collective and type through loom (NumPy) and
 # loom.torch, fusion and negotiation, the mismatch errors, and the
-# DistributedOptimizer equivalence test (fusion on and off), the elastic
-# API's state handling in a plain job; then
+# DistributedOptimizer equivalence test (fusion on and off), Horovod parity
+# (test_torch_horovod.py: every failure kind followed by a good call, the
+# gradients of every collective, sparse, int16, scaling, SyncBatchNorm, the
+# response cache), the elastic API's state handling in a plain job; then
 # loom.tensorflow and loom.keras (their equivalence tests too) where an
 # interpreter with TensorFlow is found. The examples in examples/python run
 # too (2 ranks), and must end with the loss lower.
@@ -57,6 +59,7 @@ torch_tests() {
     for np in 1 2 3; do
         run $np tests/python/test_torch.py
         run $np tests/python/test_torch_equiv.py
+        run $np tests/python/test_torch_horovod.py
     done
     run 2 tests/python/test_torch_equiv.py LOOM_FUSION_THRESHOLD=0
     run 1 tests/python/test_elastic_api.py
@@ -77,6 +80,23 @@ torch_tests() {
     fi
     wait
     sed 's/^/    /' "$tmp/out"
+
+    # horovodrun's command line: loom.runner starts loomrun; --gloo is ignored,
+    # --timeline-filename writes each rank's trace, HOROVOD_RANK agrees.
+    if LOOMRUN="$LOOMRUN" "$py" -m loom.runner -np 2 --gloo --timeline-filename "$tmp/tl.json" \
+            "$py" -c 'import os, torch, loom.torch as hvd; hvd.init(); hvd.allreduce(torch.ones(2), name="r"); print("runner", os.environ["HOROVOD_RANK"], hvd.rank(), hvd.size()); hvd.shutdown()' \
+            > "$tmp/out" 2>&1 &&
+        grep -q '^\[0\]<stdout>: runner 0 0 2$' "$tmp/out" && grep -q '^\[1\]<stdout>: runner 1 1 2$' "$tmp/out" &&
+        "$py" -c 'import json, sys; [json.load(open(f)) for f in sys.argv[1:]]' "$tmp/tl.json" "$tmp/tl.1.json" &&
+        grep -q '"NEGOTIATE' "$tmp/tl.json" &&
+        "$py" -m loom.runner -np 3 --mpi --min-np 2 --print-command "$py" x.py | grep -q -- '--elastic -np 3 --min-np 2 -- '; then
+        echo "ok: python -m loom.runner"
+        passes=$((passes + 1))
+    else
+        echo "FAIL: python -m loom.runner"
+        cat "$tmp/out"
+        failures=$((failures + 1))
+    fi
 
     example "$py" torch_train.py
     example "$py" horovod_torch_mnist.py

@@ -3,6 +3,7 @@ communicator, process sets, and the Horovod-style rank/size queries."""
 import atexit
 import os
 import threading
+import time
 
 from . import _loom
 from ._loom import LoomError
@@ -92,6 +93,11 @@ def init(comm=None, process_sets=None):
         _sets[0] = global_process_set
         for ps in process_sets or []:
             add_process_set(ps)
+        # Horovod's variable (loom.runner --timeline-filename sets it); "DYNAMIC"
+        # only allows start_timeline, which is always allowed here.
+        path = os.environ.get("HOROVOD_TIMELINE")
+        if path and path != "DYNAMIC" and timeline is None:
+            start_timeline(path, os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES") == "1")
 
 
 def _release_sets():
@@ -99,6 +105,7 @@ def _release_sets():
     the process sets other than the global one are unregistered."""
     for hook in reversed(_shutdown_hooks):
         hook()
+    stop_timeline()
     for ps in list(_sets.values()):
         if ps._engine_comm is not None:
             ps._engine_comm.close()
@@ -293,14 +300,85 @@ def loom_built():
     return True
 
 
+class Timeline:
+    """A Chrome trace (chrome://tracing, Perfetto) of the engine's work, in the
+    format of Loom's LOOM_TIMELINE files (loom-timeline-merge merges them):
+    per round a "negotiation" span (NEGOTIATE, or NEGOTIATE_CACHED when the
+    response cache served it; args: the names announced or run), per fused
+    allreduce a "fusion" span (MEMCPY_IN_FUSION_BUFFER / _OUT_), per collective
+    a "collective" span named after it (ALLREDUCE, ALLGATHER, ...; args: the
+    tensor names, bytes, op), and with mark_cycles an instant CYCLE_START per
+    round."""
+
+    def __init__(self, path, rank, mark_cycles):
+        self.path, self.rank, self.mark_cycles = path, rank, mark_cycles
+        self.lock = threading.Lock()
+        self.f = open(path, "w")
+        self.f.write('[\n{"name": "process_name", "ph": "M", "pid": %d, "args": {"name": "rank %d"}}'
+                     % (rank, rank))
+
+    @staticmethod
+    def now():
+        return time.time() * 1e6
+
+    def span(self, name, cat, start_us, end_us, args=None):
+        import json
+        with self.lock:
+            if self.f is None:
+                return
+            self.f.write(',\n{"name": %s, "cat": "%s", "ph": "X", "ts": %.3f, "dur": %.3f, "pid": %d, '
+                         '"tid": %d, "args": %s}' % (json.dumps(name), cat, start_us, end_us - start_us,
+                                                     self.rank, threading.get_ident() & 0xffff,
+                                                     json.dumps(args or {})))
+
+    def instant(self, name, cat):
+        with self.lock:
+            if self.f is not None:
+                self.f.write(',\n{"name": "%s", "cat": "%s", "ph": "i", "s": "p", "ts": %.3f, "pid": %d, '
+                             '"tid": 0}' % (name, cat, self.now(), self.rank))
+
+    def close(self):
+        with self.lock:
+            if self.f is not None:
+                self.f.write("\n]\n")
+                self.f.close()
+                self.f = None
+
+
+timeline = None   # the Timeline between start_timeline and stop_timeline
+
+
+def _timeline_path(pattern, rank):
+    """Rank 0 writes file_path itself; rank r the name with .r before the
+    extension (as LOOM_TIMELINE without %r), or %r replaced by the rank."""
+    if "%r" in pattern:
+        return pattern.replace("%r", str(rank))
+    if rank == 0:
+        return pattern
+    head, tail = os.path.split(pattern)
+    stem, ext = os.path.splitext(tail)
+    return os.path.join(head, "%s.%d%s" % (stem, rank, ext) if stem else "%s.%d" % (tail, rank))
+
+
 def start_timeline(file_path, mark_cycles=False):
-    """Horovod's timeline: Loom writes its own per-rank Chrome trace when
-    LOOM_TIMELINE is set before init; it cannot be switched on later."""
-    raise NotImplementedError("set LOOM_TIMELINE=<file> before init() instead")
+    """Horovod's timeline: from now on the engine records its negotiation,
+    fusion and collectives into a Chrome trace (see Timeline). Starting again
+    switches to the new file."""
+    global timeline
+    _check_init()
+    with _lock:
+        if timeline is not None:
+            timeline.close()
+        timeline = Timeline(_timeline_path(file_path, _world.rank), _world.rank, mark_cycles)
 
 
 def stop_timeline():
-    raise NotImplementedError("set LOOM_TIMELINE=<file> before init() instead")
+    """End the trace started by start_timeline (the file is complete JSON)."""
+    global timeline
+    with _lock:
+        if timeline is not None:
+            timeline.close()
+            timeline = None
 
 
 def _env_float(name, default):

@@ -12,6 +12,10 @@ LOOM_FUSION_THRESHOLD bytes (default 64 MiB, 0 turns fusion off) and reduced in
 one call. The engine wakes on a submission and runs a round at once; a round
 that moved nothing is followed by the next one only after LOOM_CYCLE_TIME ms
 (default 1) or the next submission, so ranks waiting on each other do not spin.
+Rounds are run by whichever thread gets the round lock: the engine thread, or
+a thread waiting for a handle while the engine thread is idle; synchronous
+calls (loom.torch's) do not even wake the engine thread, so a small blocking
+allreduce costs its rounds' collectives and no thread hand-over.
 
 Names already negotiated skip the table exchange (Horovod's response cache): a
 name that ran with the same metadata on every rank gets a slot in a cache every
@@ -41,7 +45,7 @@ import pickle
 import threading
 import time
 
-from . import _basics, _loom
+from . import _adasum, _basics, _loom
 from ._loom import LoomError, LoomInternalError
 
 JOIN = "__loom_join__"
@@ -93,6 +97,14 @@ class Backend:
     def int_vector(self, values):
         raise NotImplementedError
 
+    def to_float64(self, t):
+        """t's elements as a 1-D NumPy float64 array (Adasum's arithmetic)."""
+        raise NotImplementedError
+
+    def from_float64_(self, t, values):
+        """Write values (1-D float64) into t, cast to t's type."""
+        raise NotImplementedError
+
 
 BACKENDS = {}
 
@@ -103,6 +115,12 @@ def register_backend(b):
 
 def backend_of(name):
     return BACKENDS[name.split(".", 1)[0]]
+
+
+# Set by a thread that submits and waits at once (loom.torch's synchronous
+# calls): its submissions do not wake the engine thread, as the thread runs
+# the rounds itself in wait(); waking it would only make the two contend.
+inline = threading.local()
 
 
 class Handle:
@@ -142,7 +160,8 @@ def _describe(meta):
     s = "%s %s%s" % (kind, dtype.split(".", 1)[-1], list(shape))
     if kind in ("allreduce", "reducescatter"):
         s += " op=%s" % {_loom.SUM: "Sum", _loom.AVG: "Average", _loom.MIN: "Min",
-                         _loom.MAX: "Max", _loom.PROD: "Product"}.get(op, op)
+                         _loom.MAX: "Max", _loom.PROD: "Product",
+                         _basics.Adasum: "Adasum"}.get(op, op)
         if pre != 1.0 or post != 1.0:
             s += " scale=%g/%g" % (pre, post)
     if kind == "broadcast":
@@ -212,6 +231,8 @@ class Engine:
         self.local = {}          # announced, waiting for the other ranks
         self.names = set()       # every name pending here (queue, fresh, hits, local)
         self.idle = False        # the last round moved nothing
+        self.done = False        # every rank shut down: no more rounds
+        self.round_lock = threading.Lock()   # one round at a time, engine thread or waiter
         # The response cache, identical on every rank: name -> (slot, metas).
         self.cache = {}
         self.slots = []          # slot -> name
@@ -257,16 +278,30 @@ class Engine:
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name="loom-engine", daemon=True)
                 self.thread.start()
-            self.cond.notify_all()
+            if not getattr(inline, "on", False):
+                self.cond.notify_all()
         return [e.handle for e in entries]
 
     def wait(self, handle):
         if not handle.event.is_set():
             with self.cond:
                 self.waiting += 1
-                self.cond.notify_all()
             try:
-                handle.event.wait()
+                while not handle.event.is_set():
+                    # While the engine thread is not in a round, the waiting
+                    # thread runs the rounds itself: a synchronous call then
+                    # costs no hand-over to the engine thread and back. Rounds
+                    # stay serial on this rank (the round lock), whoever runs them.
+                    if self.round_lock.acquire(blocking=False):
+                        try:
+                            if not handle.event.is_set():
+                                self._step_guarded()
+                        finally:
+                            self.round_lock.release()
+                        if self.idle and not handle.event.is_set():
+                            handle.event.wait(self.cycle)
+                    else:
+                        handle.event.wait(max(self.cycle, 1e-3))
             finally:
                 with self.cond:
                     self.waiting -= 1
@@ -285,40 +320,62 @@ class Engine:
     # ---- the engine thread -------------------------------------------------
 
     def _run(self):
-        try:
-            while True:
-                with self.cond:
-                    while not (self.queue or self.fresh or self.hits or self.local or self.stop_req):
-                        self.cond.wait()
-                    if self.idle and not self.queue and not self.stop_req:
-                        # Nothing moved last round: wait for a submission (or
-                        # the cycle) instead of spinning with the other ranks.
-                        self.cond.wait(self.cycle)
-                    new, self.queue = self.queue, []
-                    waiting = self.waiting > 0 or self.stop_req
-                    stopping = self.stop_req
-                for e in new:
-                    c = self.cache.get(e.name)
-                    if c is not None and c[1][self.me] == e.meta():
-                        self.hits[e.name] = e
-                    else:
-                        self.fresh.append(e)
-                if self.slots and self._cached_round(stopping):
-                    continue
-                with self.cond:
-                    # A full round announces everything not yet announced, the hits too.
-                    announce = self.fresh + list(self.hits.values())
-                    self.fresh, self.hits = [], {}
-                    for e in announce:
-                        self.local[e.name] = e
-                msg = ([(e.name, e.meta()) for e in announce], stopping, waiting)
-                if self._round(msg):
+        while True:
+            with self.cond:
+                while not (self.queue or self.fresh or self.hits or self.local or self.stop_req or
+                           self.broken is not None or self.done):
+                    self.cond.wait()
+                if self.broken is not None or self.done:
                     return
+                if self.idle and not self.queue and not self.stop_req:
+                    # Nothing moved last round: wait for a submission (or
+                    # the cycle) instead of spinning with the other ranks.
+                    self.cond.wait(self.cycle)
+            with self.round_lock:
+                self._step_guarded()
+
+    def _step_guarded(self):
+        try:
+            self._step()
         except LoomError as exc:   # the engine's own exchange failed: the communicator is gone
             self._break(exc)
         except BaseException as exc:   # a bug must not leave the program waiting forever
             self._break(LoomError("loom engine failed: %r" % (exc,)))
             raise
+
+    def _step(self):
+        """One round, under the round lock; nothing when nothing is pending."""
+        with self.cond:
+            if self.broken is not None or self.done:
+                return
+            if not (self.queue or self.fresh or self.hits or self.local or self.stop_req):
+                return
+            new, self.queue = self.queue, []
+        tl = _basics.timeline
+        if tl and tl.mark_cycles:
+            tl.instant("CYCLE_START", "cycle")
+        with self.cond:
+            waiting = self.waiting > 0 or self.stop_req
+            stopping = self.stop_req
+        for e in new:
+            c = self.cache.get(e.name)
+            if c is not None and c[1][self.me] == e.meta():
+                self.hits[e.name] = e
+            else:
+                self.fresh.append(e)
+        if self.slots and self._cached_round(stopping):
+            return
+        with self.cond:
+            # A full round announces everything not yet announced, the hits too.
+            announce = self.fresh + list(self.hits.values())
+            self.fresh, self.hits = [], {}
+            for e in announce:
+                self.local[e.name] = e
+        msg = ([(e.name, e.meta()) for e in announce], stopping, waiting)
+        if self._round(msg):
+            with self.cond:
+                self.done = True
+                self.cond.notify_all()
 
     def _cached_round(self, stopping):
         """The cache's round: True when it ran instead of a full round."""
@@ -326,9 +383,14 @@ class Engine:
         flags[0] = 0 if (self.fresh or stopping or self.table or (self.hits and self.idle)) else 1
         for name in self.hits:
             flags[1 + self.cache[name][0]] = 1
+        tl = _basics.timeline
+        t0 = tl.now() if tl else 0
         self.comm.allreduce(None, flags, _loom.MIN, dtype=_loom.UINT8)
         if not flags[0]:
             return False
+        if tl:
+            tl.span("NEGOTIATE_CACHED", "negotiation", t0, tl.now(),
+                    {"ready": [self.slots[i - 1] for i in range(1, len(flags)) if flags[i]]})
         self.stats["rounds"] += 1
         self.stats["cached_rounds"] += 1
         ready = [self.slots[i - 1] for i in range(1, len(flags)) if flags[i]]
@@ -342,6 +404,7 @@ class Engine:
     def _break(self, exc):
         with self.cond:
             self.broken = exc
+            self.cond.notify_all()
             pending = list(self.local.values()) + self.queue + self.fresh + list(self.hits.values())
             self.local, self.queue, self.fresh, self.hits = {}, [], [], {}
             self.names.clear()
@@ -380,7 +443,11 @@ class Engine:
 
     def _round(self, msg):
         """One negotiation round; True when the engine is to stop."""
+        tl = _basics.timeline
+        t0 = tl.now() if tl else 0
         msgs = self._exchange(msg)
+        if tl:
+            tl.span("NEGOTIATE", "negotiation", t0, tl.now(), {"announced": [n for n, _ in msg[0]]})
         self.round += 1
         self.stats["rounds"] += 1
         any_new = False
@@ -452,6 +519,9 @@ class Engine:
             kind = meta[0]
             if kind != JOIN and all(m is not None for m in metas):
                 self._remember(name, metas)
+            if kind == "allreduce" and meta[3] == _basics.Adasum:
+                self._guarded([(e, meta)], self._adasum)
+                continue
             if kind == "allreduce":
                 key = (meta[1], meta[3], meta[5], meta[6])
                 nbytes = _numel(meta[2]) * backend_of(meta[1]).esize(meta[1])
@@ -479,8 +549,15 @@ class Engine:
         communicator's), fail the entries still pending and go on. The checks
         that can fail before any data moves see the same metadata on every
         rank, so every rank fails the same entries and stays in step."""
+        tl = _basics.timeline
+        t0 = tl.now() if tl else 0
         try:
             run(items)
+            if tl:
+                m = items[0][1]
+                tl.span(("ADASUM" if m[3] == _basics.Adasum else m[0].upper()), "collective", t0, tl.now(),
+                        {"tensors": [e.name for e, _ in items if e is not None], "dtype": m[1],
+                         "fused": len(items)})
         except LoomInternalError:
             raise
         except Exception as exc:   # noqa: BLE001 - handed to the waiting threads
@@ -530,6 +607,8 @@ class Engine:
         if fb is None or fb.shape[0] < total:
             fb = self.fusion[name] = b.empty((total,), name)
         buf = fb[:total]
+        tl = _basics.timeline
+        t0 = tl.now() if tl else 0
         off = 0
         for e, m in items:
             k = _numel(m[2])
@@ -538,18 +617,41 @@ class Engine:
             else:
                 b.copy_(buf[off:off + k], b.zeros((k,), name))
             off += k
+        if tl:
+            t1 = tl.now()
+            tl.span("MEMCPY_IN_FUSION_BUFFER", "fusion", t0, t1, {"tensors": len(items)})
         if pre != 1.0:
             b.scale_(buf, pre)
         self.comm.allreduce(None, b.cap(buf), op, dtype=dt)
         if post != 1.0:
             b.scale_(buf, post)
+        t0 = tl.now() if tl else 0
         off = 0
         for e, m in items:
             k = _numel(m[2])
             if e is not None:
                 b.copy_(b.flat(e.output), buf[off:off + k])
-                self._complete(e, e.output)
             off += k
+        if tl:
+            tl.span("MEMCPY_OUT_FUSION_BUFFER", "fusion", t0, tl.now(), {"tensors": len(items)})
+        for e, m in items:
+            if e is not None:
+                self._complete(e, e.output)
+
+    def _adasum(self, items):
+        """op=Adasum: never fused (the combination depends on whole vectors)."""
+        (e, meta), = items
+        name, pre, post = meta[1], meta[5], meta[6]
+        b = backend_of(name)
+        self.stats["tensors"] += 1
+        buf = e.output if e is not None else b.zeros(meta[2], name)
+        if pre != 1.0:
+            b.scale_(buf, pre)
+        b.from_float64_(buf, _adasum.adasum(self.comm, b.to_float64(buf)))
+        if post != 1.0:
+            b.scale_(buf, post)
+        if e is not None:
+            self._complete(e, e.output)
 
     def _other(self, kind, name, e, metas, meta):
         c = self.comm

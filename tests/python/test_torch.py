@@ -13,7 +13,7 @@ hvd.init()
 R, N = hvd.rank(), hvd.size()
 T = Tally(R)
 
-DTYPES = [torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
           torch.float32, torch.float64]
 OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
        "Product": hvd.Product}

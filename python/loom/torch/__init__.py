@@ -83,6 +83,12 @@ class _TorchBackend(_engine.Backend):
     def int_vector(self, values):
         return torch.tensor(values, dtype=torch.int32)
 
+    def to_float64(self, t):
+        return t.detach().reshape(-1).to(torch.float64).numpy().copy()
+
+    def from_float64_(self, t, values):
+        t.copy_(torch.from_numpy(values).reshape(t.shape))
+
 
 _TORCH = _TorchBackend()
 _engine.register_backend(_TORCH)
@@ -123,6 +129,13 @@ def _op_of(op, average, what):
     return op
 
 
+def _allreduce_op(op, average):
+    """allreduce's op: Average by default; Adasum passes through."""
+    if op == Adasum and average is None:
+        return Adasum
+    return _op_of(Average if op is None else op, average, "allreduce")
+
+
 def _root_in_set(root_rank, process_set):
     """Horovod's root ranks are global ranks: the rank within process_set's
     communicator, or a rank out of its range (the engine then fails the call
@@ -132,6 +145,17 @@ def _root_in_set(root_rank, process_set):
     if ps is global_process_set:
         return root
     return ps.ranks.index(root) if root in ps.ranks else len(ps.ranks) + abs(root)
+
+
+def _sync(submit, *args):
+    """submit(*args), then wait: the waiting thread runs the rounds itself, so
+    the engine thread is not woken for this call (see _engine.Engine.wait)."""
+    _engine.inline.on = True
+    try:
+        h = submit(*args)
+    finally:
+        _engine.inline.on = False
+    return synchronize(h)
 
 
 def _enqueue(eng, entry):
@@ -184,12 +208,12 @@ class _AllreduceGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, pre, post, process_set):
         ctx.args = (op, pre, post, process_set)
-        return synchronize(allreduce_async(tensor, None, name, op, pre, post, process_set))
+        return _sync(allreduce_async, tensor, None, name, op, pre, post, process_set)
 
     @staticmethod
     def backward(ctx, grad):
         op, pre, post, ps = ctx.args
-        return (synchronize(allreduce_async(grad.contiguous(), None, None, op, pre, post, ps)),
+        return (_sync(allreduce_async, grad.contiguous(), None, None, op, pre, post, ps),
                 None, None, None, None, None)
 
 
@@ -197,7 +221,7 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
               postscale_factor=1.0, process_set=global_process_set):
     """A new tensor holding the reduction of tensor over the process set;
     differentiable."""
-    op = _op_of(Average if op is None else op, average, "allreduce")
+    op = _allreduce_op(op, average)
     compressed, ctx = compression.compress(tensor) if compression else (tensor, None)
     out = _AllreduceGrad.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(out, ctx) if compression else out
@@ -205,13 +229,17 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    return _sync(allreduce_async_, tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set)
 
 
 def _allreduce_entry(eng, tensor, average, name, op, pre, post):
     _check_tensor(tensor, "allreduce")
-    op = _op_of(Average if op is None else op, average, "allreduce")
+    if op == Adasum and average is None:
+        if not tensor.dtype.is_floating_point:
+            raise LoomError("allreduce: Adasum takes floating-point tensors (not %s)" % tensor.dtype)
+    else:
+        op = _op_of(Average if op is None else op, average, "allreduce")
     work, finish = _in_place(tensor)
     e = Entry("allreduce", name or eng.auto_name("allreduce"), tensor=work.detach(),
               output=work.detach(), op=op, pre=pre, post=post, finish=finish)
@@ -234,10 +262,6 @@ def _enqueue_group(eng, entries):
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """One handle for a group of in-place allreduces (fused together when they fit)."""
-    if (Average if op is None else op) == Adasum and average is None:
-        return _group_handle([allreduce_async_(t, None, None if name is None else "%s.%d" % (name, i),
-                                               Adasum, prescale_factor, postscale_factor, process_set)
-                              for i, t in enumerate(tensors)])
     eng = _engine_for(process_set)
     base = name or eng.auto_name("grouped_allreduce")
     return _enqueue_group(eng, [_allreduce_entry(eng, t, average, "%s.%d" % (base, i), op,
@@ -256,14 +280,14 @@ class _GroupedAllreduceGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, average, name, op, pre, post, process_set, *tensors):
         ctx.args = (average, op, pre, post, process_set)
-        return tuple(synchronize(grouped_allreduce_async(list(tensors), average, name, op, pre, post,
-                                                         process_set)))
+        return tuple(_sync(grouped_allreduce_async, list(tensors), average, name, op, pre, post,
+                                                         process_set))
 
     @staticmethod
     def backward(ctx, *grads):
         average, op, pre, post, ps = ctx.args
-        out = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], average, None, op,
-                                                  pre, post, ps))
+        out = _sync(grouped_allreduce_async, [g.contiguous() for g in grads], average, None, op,
+                                                  pre, post, ps)
         return (None, None, None, None, None, None) + tuple(out)
 
 
@@ -276,8 +300,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None, op=Non
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+    return _sync(grouped_allreduce_async_, tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set)
 
 
 _groups = {}   # handle -> list of member handles
@@ -318,12 +342,12 @@ class _AllgatherGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
         ctx.dim, ctx.ps = (tensor.shape[0] if tensor.dim() else 1), _ps(process_set)
-        return synchronize(allgather_async(tensor, name, process_set))
+        return _sync(allgather_async, tensor, name, process_set)
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = synchronize(allreduce_async(grad.contiguous(), None, None, Average, 1.0, 1.0, ctx.ps))
-        dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64), None, ctx.ps))
+        reduced = _sync(allreduce_async, grad.contiguous(), None, None, Average, 1.0, 1.0, ctx.ps)
+        dims = _sync(allgather_async, torch.tensor([ctx.dim], dtype=torch.int64), None, ctx.ps)
         return _my_rows(reduced, dims.tolist(), ctx.ps), None, None
 
 
@@ -348,14 +372,14 @@ class _GroupedAllgatherGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, process_set, *tensors):
         ctx.dims, ctx.ps = [t.shape[0] if t.dim() else 1 for t in tensors], _ps(process_set)
-        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+        return tuple(_sync(grouped_allgather_async, list(tensors), name, process_set))
 
     @staticmethod
     def backward(ctx, *grads):
-        reduced = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], None, None,
-                                                      Average, 1.0, 1.0, ctx.ps))
-        dims = synchronize(grouped_allgather_async([torch.tensor([d], dtype=torch.int64) for d in ctx.dims],
-                                                   None, ctx.ps))
+        reduced = _sync(grouped_allreduce_async, [g.contiguous() for g in grads], None, None,
+                                                      Average, 1.0, 1.0, ctx.ps)
+        dims = _sync(grouped_allgather_async, [torch.tensor([d], dtype=torch.int64) for d in ctx.dims],
+                                                   None, ctx.ps)
         return (None, None) + tuple(_my_rows(g, d.tolist(), ctx.ps) for g, d in zip(reduced, dims))
 
 
@@ -382,7 +406,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return _sync(broadcast_async_, tensor, root_rank, name, process_set)
 
 
 class _BroadcastGrad(torch.autograd.Function):
@@ -392,11 +416,11 @@ class _BroadcastGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root, ctx.ps = root_rank, _ps(process_set)
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+        return _sync(broadcast_async, tensor, root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = synchronize(allreduce_async(grad.contiguous(), None, None, Average, 1.0, 1.0, ctx.ps))
+        reduced = _sync(allreduce_async, grad.contiguous(), None, None, Average, 1.0, 1.0, ctx.ps)
         if _basics.rank() != ctx.root:
             reduced.zero_()
         return reduced, None, None, None
@@ -438,8 +462,8 @@ class _AlltoallGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        out = synchronize(alltoall_async(tensor, splits if splits is not None else _EQUAL, name,
-                                         process_set))
+        out = _sync(alltoall_async, tensor, splits if splits is not None else _EQUAL, name,
+                                         process_set)
         output, received = out
         ctx.recv, ctx.ps = received, process_set
         if splits is None:
@@ -449,7 +473,7 @@ class _AlltoallGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, *ignored):
-        back, _ = synchronize(alltoall_async(grad.contiguous(), ctx.recv, None, ctx.ps))
+        back, _ = _sync(alltoall_async, grad.contiguous(), ctx.recv, None, ctx.ps)
         return back, None, None, None
 
 
@@ -494,13 +518,13 @@ class _ReducescatterGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, pre, post):
         ctx.args = (op, _ps(process_set), pre, post)
-        return synchronize(reducescatter_async(tensor, name, op, process_set, pre, post))
+        return _sync(reducescatter_async, tensor, name, op, process_set, pre, post)
 
     @staticmethod
     def backward(ctx, grad):
         op, ps, pre, post = ctx.args
         g, = _reducescatter_grad_in([grad], op, ps, pre, post)
-        return synchronize(allgather_async(g, None, ps)), None, None, None, None, None
+        return _sync(allgather_async, g, None, ps), None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=None, op=Average, process_set=global_process_set,
@@ -523,14 +547,14 @@ class _GroupedReducescatterGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, process_set, pre, post, *tensors):
         ctx.args = (op, _ps(process_set), pre, post)
-        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set,
-                                                             pre, post)))
+        return tuple(_sync(grouped_reducescatter_async, list(tensors), name, op, process_set,
+                                                             pre, post))
 
     @staticmethod
     def backward(ctx, *grads):
         op, ps, pre, post = ctx.args
         gs = _reducescatter_grad_in(grads, op, ps, pre, post)
-        return (None, None, None, None, None) + tuple(synchronize(grouped_allgather_async(gs, None, ps)))
+        return (None, None, None, None, None) + tuple(_sync(grouped_allgather_async, gs, None, ps))
 
 
 def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
@@ -868,15 +892,65 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """Wrap optimizer so that step() applies gradients averaged (op) over the
     ranks. Each gradient's allreduce starts from a backward hook as soon as it is
     computed and is waited for in step(); with backward_passes_per_step=N,
-    gradients accumulate locally over N backward passes before one allreduce."""
+    gradients accumulate locally over N backward passes before one allreduce.
+    op=Adasum combines the gradients with Adasum (loom/_adasum.py) before the
+    wrapped optimizer's step; Horovod combines the steps' parameter deltas
+    instead, which is the same for plain SGD (Adasum is homogeneous)."""
     if op is None:
-        raise ValueError("DistributedOptimizer: Adasum is not implemented by Loom")
+        op = Adasum
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor needs op=Average")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, process_set, sparse_as_dense)
+
+
+class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
+    """Batch normalization over the whole batch of every rank of process_set
+    (Horovod's SyncBatchNorm), on the CPU too: in training, the per-channel
+    sums, sums of squares and counts are allreduced (differentiably, so the
+    gradient flows to every rank's inputs); in eval, the running statistics."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, process_set=global_process_set):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        self.process_set = process_set
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError("SyncBatchNorm: expected at least 2D input (got %dD)" % input.dim())
+
+    def forward(self, input):
+        self._check_input_dim(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                factor = 1.0 / float(self.num_batches_tracked)
+        if not self.training and self.track_running_stats:
+            return torch.nn.functional.batch_norm(input, self.running_mean, self.running_var,
+                                                  self.weight, self.bias, False, 0.0, self.eps)
+        c = input.shape[1]
+        # float64 statistics: E[x^2] - E[x]^2 cancels badly in float32.
+        x = input.transpose(0, 1).reshape(c, -1).double()
+        local = torch.cat([x.sum(1), (x * x).sum(1),
+                           torch.tensor([x.shape[1]], dtype=torch.float64)])
+        total = allreduce(local, op=Sum, name=None, process_set=self.process_set)
+        n = total[-1]
+        mean = total[:c] / n
+        var = total[c:2 * c] / n - mean * mean
+        if self.training and self.track_running_stats:
+            with torch.no_grad():
+                unbiased = var * n / (n - 1) if n > 1 else var
+                self.running_mean.mul_(1 - factor).add_(factor * mean.to(self.running_mean.dtype))
+                self.running_var.mul_(1 - factor).add_(factor * unbiased.to(self.running_var.dtype))
+        shape = [1, c] + [1] * (input.dim() - 2)
+        y = (input.double() - mean.view(shape)) / torch.sqrt(var.view(shape) + self.eps)
+        y = y.to(input.dtype)
+        if self.affine:
+            y = y * self.weight.view(shape) + self.bias.view(shape)
+        return y
 
 
 def _fusion_stats(process_set=global_process_set):
