@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "settings.h"
+#include "store_proto.h"
 
 const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_RANK", NULL, "rank of this process (else RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK)"},
@@ -19,6 +20,11 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_TIMEOUT", "300", "seconds a call may wait without progress before LOOM_ERR_TIMEOUT"},
     {"LOOM_AUTH_KEY", NULL, "shared secret every TCP connection between ranks must prove (HMAC-SHA256 challenge, both ways); never printed"},
     {"LOOM_AUTH_KEY_FILE", NULL, "file holding that secret (a trailing newline is dropped); LOOM_AUTH_KEY wins when both are set"},
+    {"LOOM_STORE_MAX_BYTES", "268435456", "tcp:// store server (rank 0, loomrun, loom-store): bytes of keys, values and requests it holds at once; a SET beyond is refused"},
+    {"LOOM_STORE_MAX_CLIENTS", "8192", "tcp:// store server: connections at once (the oldest without a finished hello, else the longest idle, makes room)"},
+    {"LOOM_STORE_MAX_CLIENTS_PER_HOST", "2048", "tcp:// store server: connections at once from one source address"},
+    {"LOOM_STORE_HELLO_TIMEOUT", "5", "tcp:// store server: seconds a new connection has to finish its hello"},
+    {"LOOM_STORE_IDLE_TIMEOUT", "120", "tcp:// store server: seconds a client with no WAIT parked may stay silent (clients reconnect on their own)"},
     {"LOOM_TRANSPORT", "auto", "network transport between nodes: auto (ibverbs when a device is up, else tcp), tcp or ibverbs"},
     {"LOOM_SHM", "1", "1: ranks on one node talk through shared memory; 0: through the network transport"},
     {"LOOM_SHM_CMA", "1", "1: shared memory copies large messages straight from the sender (cross-memory attach) where the kernel allows; 0: always through the rings"},
@@ -104,6 +110,42 @@ static loom_status_t int_setting(loom_getenv_fn get, void *arg, const char *name
     if (loom_parse_long(v, min, max, out) != 0)
         return loom_err_set(err, LOOM_ERR_INVALID_ARG,
                             "%s=\"%s\" is not an integer in [%ld, %ld]", name, v, min, max);
+    return LOOM_SUCCESS;
+}
+
+static loom_status_t seconds_setting(loom_getenv_fn get, void *arg, const char *name,
+                                     double *out, loom_err_t *err)
+{
+    const char *v = lookup(get, arg, name);
+    char *end;
+    errno = 0;
+    double d = v ? strtod(v, &end) : 0;
+    if (v == NULL || errno != 0 || end == v || *end != '\0' || !(d > 0) || d > 1e7)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG,
+                            "%s=\"%s\" is not a positive number of seconds", name, v ? v : "");
+    *out = d;
+    return LOOM_SUCCESS;
+}
+
+loom_status_t loom_store_limits_from_env(loom_store_limits_t *lim, loom_err_t *err)
+{
+    loom_getenv_fn get = loom_getenv_process;
+    loom_status_t st;
+    long v;
+    memset(lim, 0, sizeof(*lim));
+    if ((st = int_setting(get, NULL, "LOOM_STORE_MAX_BYTES", 4096, LONG_MAX, &v, err)) !=
+        LOOM_SUCCESS)
+        return st;
+    lim->max_bytes = (uint64_t)v;
+    if ((st = int_setting(get, NULL, "LOOM_STORE_MAX_CLIENTS", 1, 1L << 24,
+                          &lim->max_clients, err)) != LOOM_SUCCESS ||
+        (st = int_setting(get, NULL, "LOOM_STORE_MAX_CLIENTS_PER_HOST", 1, 1L << 24,
+                          &lim->max_clients_per_host, err)) != LOOM_SUCCESS ||
+        (st = seconds_setting(get, NULL, "LOOM_STORE_HELLO_TIMEOUT", &lim->hello_timeout_s,
+                              err)) != LOOM_SUCCESS ||
+        (st = seconds_setting(get, NULL, "LOOM_STORE_IDLE_TIMEOUT", &lim->idle_timeout_s,
+                              err)) != LOOM_SUCCESS)
+        return st;
     return LOOM_SUCCESS;
 }
 
