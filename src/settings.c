@@ -8,6 +8,10 @@
 #include <string.h>
 #include <strings.h>
 
+#include <stdatomic.h>
+#include <sys/stat.h>
+
+#include "log.h"
 #include "settings.h"
 #include "store_proto.h"
 
@@ -169,6 +173,19 @@ static loom_status_t load_auth_key(loom_settings_t *s, loom_getenv_fn get, void 
     if (!f)
         return loom_err_set(err, LOOM_ERR_INVALID_ARG, "LOOM_AUTH_KEY_FILE=%s: %s", path,
                             strerror(errno));
+    /* Like ssh with a private key, but only a warning: shared-group setups
+     * exist. Shown whatever LOOM_DEBUG says, once per process. */
+    static _Atomic int warned;
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && (sb.st_mode & (S_IRWXG | S_IRWXO)) != 0 &&
+        atomic_exchange(&warned, 1) == 0) {
+        (void)loom_log_level();   /* opens the log */
+        loom_log_write(LOOM_LOG_WARN, "init", "LOOM_AUTH_KEY_FILE=%s can be read or written by "
+                       "%s (mode %03o): anyone who reads the key can join or tamper with the "
+                       "job; chmod 600 it", path,
+                       (sb.st_mode & S_IRWXO) ? "other users" : "its group",
+                       (unsigned)(sb.st_mode & 0777));
+    }
     size_t n = fread(s->auth_key, 1, sizeof(s->auth_key), f);
     int bad = ferror(f) || n == sizeof(s->auth_key);
     fclose(f);
