@@ -29,6 +29,7 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_STORE_MAX_CLIENTS_PER_HOST", "2048", "tcp:// store server: connections at once from one source address"},
     {"LOOM_STORE_HELLO_TIMEOUT", "5", "tcp:// store server: seconds a new connection has to finish its hello"},
     {"LOOM_STORE_IDLE_TIMEOUT", "120", "tcp:// store server: seconds a client with no WAIT parked may stay silent (clients reconnect on their own)"},
+    {"LOOM_FILE_STORE_GROUP", "0", "1: a file:// store directory shared by a group: creates 0770/0660 and accepts the group's files (else 0700/0600, only this user's)"},
     {"LOOM_TRANSPORT", "auto", "network transport between nodes: auto (ibverbs when a device is up, else tcp), tcp or ibverbs"},
     {"LOOM_SHM", "1", "1: ranks on one node talk through shared memory; 0: through the network transport"},
     {"LOOM_SHM_CMA", "1", "1: shared memory copies large messages straight from the sender (cross-memory attach) where the kernel allows; 0: always through the rings"},
@@ -200,6 +201,26 @@ static loom_status_t load_auth_key(loom_settings_t *s, loom_getenv_fn get, void 
     return LOOM_SUCCESS;
 }
 
+/* Whether the launcher says every rank of the job runs on this node: its
+ * local size equals the world size (loomrun, torchrun, Open MPI, MPICH), or
+ * Slurm gave the job one node. The first launcher whose pair is set decides. */
+static int launcher_single_node(loom_getenv_fn get, void *arg)
+{
+    static const char *const pairs[][2] = {
+        {"LOOM_LOCAL_SIZE", "LOOM_SIZE"}, {"LOCAL_WORLD_SIZE", "WORLD_SIZE"},
+        {"OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE"}, {"MPI_LOCALNRANKS", "PMI_SIZE"},
+    };
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+        long local, world;
+        if (loom_parse_long(get(pairs[i][0], arg), 1, INT_MAX, &local) == 0 &&
+            loom_parse_long(get(pairs[i][1], arg), 1, INT_MAX, &world) == 0)
+            return local == world;
+    }
+    long nodes;
+    return loom_parse_long(get("SLURM_JOB_NUM_NODES", arg), 1, INT_MAX, &nodes) == 0 &&
+           nodes == 1;
+}
+
 loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *arg,
                                  loom_err_t *err)
 {
@@ -279,6 +300,8 @@ loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *a
     if ((st = int_setting(get, arg, "LOOM_IB_SL", 0, 15, &v, err)) != LOOM_SUCCESS)
         return st;
     s->ib_sl = (int)v;
+
+    s->single_node = launcher_single_node(get, arg);
 
     /* The job id keeps jobs sharing a store (or a stale file:// directory) apart. */
     static const char *const job_vars[] = {"LOOM_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"};

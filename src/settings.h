@@ -40,6 +40,7 @@ typedef struct loom_settings {
     int net_gdr;               /* LOOM_NET_GDR: -1 auto, 0 off, 1 forced */
     size_t ib_reg_cache;       /* LOOM_IB_REG_CACHE bytes; 0 registers per message */
     int ib_tc, ib_sl;          /* LOOM_IB_TC (RoCE traffic class), LOOM_IB_SL (service level) */
+    int single_node;           /* the launcher says every rank runs on this node */
 } loom_settings_t;
 
 /* Fill s from the variables, validating each; a malformed value is an
