@@ -1672,15 +1672,10 @@ int loom_store_server_port(const loom_store_server_t *srv)
     return srv->port;
 }
 
-void loom_store_server_stop(loom_store_server_t *srv)
+/* Everything of a server whose thread has ended (or never ran: the fuzzer,
+ * tests/fuzz/fuzz_store_server.c, drives clients by hand). */
+static void server_free(loom_store_server_t *srv)
 {
-    if (srv == NULL)
-        return;
-    uint64_t one = 1;
-    while (write(srv->wfd, &one, sizeof(one)) < 0 && errno == EINTR)
-        ;
-    pthread_join(srv->thread, NULL);
-
     while (srv->clients != NULL)
         drop(srv, srv->clients);
     while (srv->dead != NULL) {
@@ -1703,4 +1698,15 @@ void loom_store_server_stop(loom_store_server_t *srv)
     close(srv->ep);
     close(srv->lfd);
     free(srv);
+}
+
+void loom_store_server_stop(loom_store_server_t *srv)
+{
+    if (srv == NULL)
+        return;
+    uint64_t one = 1;
+    while (write(srv->wfd, &one, sizeof(one)) < 0 && errno == EINTR)
+        ;
+    pthread_join(srv->thread, NULL);
+    server_free(srv);
 }
