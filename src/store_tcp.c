@@ -1316,8 +1316,12 @@ static int evictable(const srv_client_t *c)
 {
     if (!c->hello_done)
         return 1;
-    return c->parked == NULL && !has_output(c) && c->in_len == 0 && !c->have_req &&
-           c->discard == 0;
+    if (c->parked != NULL || has_output(c) || c->in_len != 0 || c->have_req || c->discard != 0)
+        return 0;
+    /* A request already on its way would be answered by EOF: keep that one. */
+    char b;
+    return recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && (errno == EAGAIN ||
+                                                               errno == EWOULDBLOCK);
 }
 
 /* Close the oldest connection without a finished hello, else the longest
@@ -1419,16 +1423,29 @@ static void accept_clients(loom_store_server_t *srv)
     }
 }
 
+static int expired(const loom_store_server_t *srv, const srv_client_t *c, double now)
+{
+    if (!c->hello_done)
+        return now - c->since > srv->lim.hello_timeout_s;
+    return c->parked == NULL && !has_output(c) && now - c->last_active > srv->lim.idle_timeout_s;
+}
+
 /* Close connections past their hello deadline, and clients idle too long. */
 static void sweep(loom_store_server_t *srv, double now)
 {
     srv_client_t *c_next;
+restart:
     for (srv_client_t *c = srv->clients; c != NULL; c = c_next) {
         c_next = c->next;
-        if (!c->hello_done ? now - c->since > srv->lim.hello_timeout_s
-                           : c->parked == NULL && !has_output(c) &&
-                                 now - c->last_active > srv->lim.idle_timeout_s)
+        if (!expired(srv, c, now))
+            continue;
+        /* If this thread was starved, the bytes that keep c alive may wait
+         * unread: act on them first. */
+        client_event(srv, c, EPOLLIN);
+        if (!c->dead && expired(srv, c, now))
             drop(srv, c);
+        if (c_next != NULL && c_next->dead)
+            goto restart;   /* answering c dropped others: the list changed */
     }
 }
 

@@ -35,7 +35,7 @@ start_store() {
     spid=$!
     port=""
     for _ in $(seq 100); do
-        port=$(sed -n 's/^loom-store listening on tcp:\/\/.*:\([0-9][0-9]*\)$/\1/p' "$tmp/store.out")
+        port=$(sed -n 's/^loom-store listening on tcp:\/\/.*:\([0-9][0-9]*\)$/\1/p' "$tmp/store.out" 2>/dev/null)
         [ -n "$port" ] && break
         sleep 0.1
     done
@@ -92,7 +92,7 @@ for r in 0 1 2 3; do
 done
 wait_job() {
     ok=0
-    for r in 0 1 2 3; do grep -q 'allreduce OK' "$tmp/job.$r" && ok=$((ok + 1)); done
+    for r in 0 1 2 3; do grep -qs 'allreduce OK' "$tmp/job.$r" && ok=$((ok + 1)); done
 }
 for _ in $(seq 900); do
     wait_job
