@@ -8,7 +8,12 @@
 #include <string.h>
 #include <strings.h>
 
+#include <stdatomic.h>
+#include <sys/stat.h>
+
+#include "log.h"
 #include "settings.h"
+#include "store_proto.h"
 
 const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_RANK", NULL, "rank of this process (else RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK)"},
@@ -21,6 +26,12 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_AUTH_KEY_FILE", NULL, "file holding that secret (a trailing newline is dropped); LOOM_AUTH_KEY wins when both are set"},
     {"LOOM_AUTH_MAC", "full", "with a key, what TCP frames' MACs cover: full (headers and payload) or headers (cheaper, payload bytes unprotected); the same on every rank"},
     {"LOOM_EARLY_MAX_BYTES", "1073741824", "TCP: most bytes of messages from one peer held before their receive is posted"},
+    {"LOOM_STORE_MAX_BYTES", "268435456", "tcp:// store server (rank 0, loomrun, loom-store): bytes of keys, values and requests it holds at once; a SET beyond is refused"},
+    {"LOOM_STORE_MAX_CLIENTS", "8192", "tcp:// store server: connections at once (the oldest without a finished hello, else the longest idle, makes room)"},
+    {"LOOM_STORE_MAX_CLIENTS_PER_HOST", "2048", "tcp:// store server: connections at once from one source address"},
+    {"LOOM_STORE_HELLO_TIMEOUT", "5", "tcp:// store server: seconds a new connection has to finish its hello"},
+    {"LOOM_STORE_IDLE_TIMEOUT", "120", "tcp:// store server: seconds a client with no WAIT parked may stay silent (clients reconnect on their own)"},
+    {"LOOM_FILE_STORE_GROUP", "0", "1: a file:// store directory shared by a group: creates 0770/0660 and accepts the group's files (else 0700/0600, only this user's)"},
     {"LOOM_TRANSPORT", "auto", "network transport between nodes: auto (ibverbs when a device is up, else tcp), tcp or ibverbs"},
     {"LOOM_SHM", "1", "1: ranks on one node talk through shared memory; 0: through the network transport"},
     {"LOOM_SHM_CMA", "1", "1: shared memory copies large messages straight from the sender (cross-memory attach) where the kernel allows; 0: always through the rings"},
@@ -113,6 +124,42 @@ static loom_status_t int_setting(loom_getenv_fn get, void *arg, const char *name
     return LOOM_SUCCESS;
 }
 
+static loom_status_t seconds_setting(loom_getenv_fn get, void *arg, const char *name,
+                                     double *out, loom_err_t *err)
+{
+    const char *v = lookup(get, arg, name);
+    char *end;
+    errno = 0;
+    double d = v ? strtod(v, &end) : 0;
+    if (v == NULL || errno != 0 || end == v || *end != '\0' || !(d > 0) || d > 1e7)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG,
+                            "%s=\"%s\" is not a positive number of seconds", name, v ? v : "");
+    *out = d;
+    return LOOM_SUCCESS;
+}
+
+loom_status_t loom_store_limits_from_env(loom_store_limits_t *lim, loom_err_t *err)
+{
+    loom_getenv_fn get = loom_getenv_process;
+    loom_status_t st;
+    long v;
+    memset(lim, 0, sizeof(*lim));
+    if ((st = int_setting(get, NULL, "LOOM_STORE_MAX_BYTES", 4096, LONG_MAX, &v, err)) !=
+        LOOM_SUCCESS)
+        return st;
+    lim->max_bytes = (uint64_t)v;
+    if ((st = int_setting(get, NULL, "LOOM_STORE_MAX_CLIENTS", 1, 1L << 24,
+                          &lim->max_clients, err)) != LOOM_SUCCESS ||
+        (st = int_setting(get, NULL, "LOOM_STORE_MAX_CLIENTS_PER_HOST", 1, 1L << 24,
+                          &lim->max_clients_per_host, err)) != LOOM_SUCCESS ||
+        (st = seconds_setting(get, NULL, "LOOM_STORE_HELLO_TIMEOUT", &lim->hello_timeout_s,
+                              err)) != LOOM_SUCCESS ||
+        (st = seconds_setting(get, NULL, "LOOM_STORE_IDLE_TIMEOUT", &lim->idle_timeout_s,
+                              err)) != LOOM_SUCCESS)
+        return st;
+    return LOOM_SUCCESS;
+}
+
 /* LOOM_AUTH_KEY, else the contents of LOOM_AUTH_KEY_FILE. */
 static loom_status_t load_auth_key(loom_settings_t *s, loom_getenv_fn get, void *arg,
                                    loom_err_t *err)
@@ -133,6 +180,19 @@ static loom_status_t load_auth_key(loom_settings_t *s, loom_getenv_fn get, void 
     if (!f)
         return loom_err_set(err, LOOM_ERR_INVALID_ARG, "LOOM_AUTH_KEY_FILE=%s: %s", path,
                             strerror(errno));
+    /* Like ssh with a private key, but only a warning: shared-group setups
+     * exist. Shown whatever LOOM_DEBUG says, once per process. */
+    static _Atomic int warned;
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && (sb.st_mode & (S_IRWXG | S_IRWXO)) != 0 &&
+        atomic_exchange(&warned, 1) == 0) {
+        (void)loom_log_level();   /* opens the log */
+        loom_log_write(LOOM_LOG_WARN, "init", "LOOM_AUTH_KEY_FILE=%s can be read or written by "
+                       "%s (mode %03o): anyone who reads the key can join or tamper with the "
+                       "job; chmod 600 it", path,
+                       (sb.st_mode & S_IRWXO) ? "other users" : "its group",
+                       (unsigned)(sb.st_mode & 0777));
+    }
     size_t n = fread(s->auth_key, 1, sizeof(s->auth_key), f);
     int bad = ferror(f) || n == sizeof(s->auth_key);
     fclose(f);
@@ -145,6 +205,26 @@ static loom_status_t load_auth_key(loom_settings_t *s, loom_getenv_fn get, void 
         return loom_err_set(err, LOOM_ERR_INVALID_ARG, "LOOM_AUTH_KEY_FILE=%s is empty", path);
     s->auth_keylen = n;
     return LOOM_SUCCESS;
+}
+
+/* Whether the launcher says every rank of the job runs on this node: its
+ * local size equals the world size (loomrun, torchrun, Open MPI, MPICH), or
+ * Slurm gave the job one node. The first launcher whose pair is set decides. */
+static int launcher_single_node(loom_getenv_fn get, void *arg)
+{
+    static const char *const pairs[][2] = {
+        {"LOOM_LOCAL_SIZE", "LOOM_SIZE"}, {"LOCAL_WORLD_SIZE", "WORLD_SIZE"},
+        {"OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE"}, {"MPI_LOCALNRANKS", "PMI_SIZE"},
+    };
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+        long local, world;
+        if (loom_parse_long(get(pairs[i][0], arg), 1, INT_MAX, &local) == 0 &&
+            loom_parse_long(get(pairs[i][1], arg), 1, INT_MAX, &world) == 0)
+            return local == world;
+    }
+    long nodes;
+    return loom_parse_long(get("SLURM_JOB_NUM_NODES", arg), 1, INT_MAX, &nodes) == 0 &&
+           nodes == 1;
 }
 
 loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *arg,
@@ -246,6 +326,8 @@ loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *a
     if ((st = int_setting(get, arg, "LOOM_IB_SL", 0, 15, &v, err)) != LOOM_SUCCESS)
         return st;
     s->ib_sl = (int)v;
+
+    s->single_node = launcher_single_node(get, arg);
 
     /* The job id keeps jobs sharing a store (or a stale file:// directory) apart. */
     static const char *const job_vars[] = {"LOOM_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"};

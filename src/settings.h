@@ -44,6 +44,7 @@ typedef struct loom_settings {
     int ib_odp;                /* LOOM_IB_ODP: on-demand paging where the HCA has it */
     int ib_timeout, ib_retry_cnt, ib_rnr_retry;   /* QP attributes (LOOM_IB_TIMEOUT, ...) */
     int ib_tc, ib_sl;          /* LOOM_IB_TC (RoCE traffic class), LOOM_IB_SL (service level) */
+    int single_node;           /* the launcher says every rank runs on this node */
 } loom_settings_t;
 
 /* Fill s from the variables, validating each; a malformed value is an

@@ -16,7 +16,15 @@
  * escapes to up to 3 KiB, so long names are cut into 200-byte pieces, all but
  * the last being directories: "d.<piece>/.../k.<last piece>". The prefixes
  * keep a directory, a value ("k."), its lock ("l.") and temporaries (".t.")
- * from ever sharing a name. */
+ * from ever sharing a name.
+ *
+ * Other users of the machine must not steer a rank through the directory: it
+ * must be a real directory (no symlink), ours, and not writable by others
+ * unless sticky; every file is opened with O_NOFOLLOW | O_NONBLOCK and must be
+ * a regular file of ours (a planted symlink, FIFO or someone else's file is an
+ * error, never followed, waited on or believed). What we create is 0700/0600;
+ * LOOM_FILE_STORE_GROUP=1 makes it 0770/0660 and trusts the group instead, for
+ * a directory several users share. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -28,6 +36,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,8 +46,15 @@
 #define POLL_MIN_S     0.001
 #define POLL_MAX_S     0.050
 
+/* What the store creates, alone or shared with the group (LOOM_FILE_STORE_GROUP). */
+#define DIR_MODE(group)  ((group) ? 0770 : 0700)
+#define FILE_MODE(group) ((group) ? 0660 : 0600)
+/* Flags of every open: never through a symlink, never blocked on a FIFO. */
+#define SAFE_OPEN        (O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
+
 typedef struct file_store {
     char *dir;          /* no trailing '/' */
+    int group;          /* LOOM_FILE_STORE_GROUP=1: shared with the group */
     double op_timeout;  /* bound on waiting for a key's lock */
     char host[64];      /* this host's name, for temporary file names */
 } file_store_t;
@@ -118,8 +134,51 @@ static void key_path_free(key_path_t *kp)
     free(kp->lock);
 }
 
-/* mkdir -p of the first len bytes of path. */
-static int mkdir_p(const char *path, size_t len)
+/* errno for "not a regular file" (a FIFO, device or directory where a value
+ * belongs): there is none, so a private value that why() names. */
+#define EFTYPE_NOT_REG (-1000)
+
+static const char *why(int e)
+{
+    switch (e) {
+    case EFTYPE_NOT_REG:
+        return "not a regular file (planted by someone else?)";
+    case ELOOP:
+        return "a symbolic link (planted by someone else?)";
+    case EPERM:
+        return "owned by another user (for a store shared by a group, LOOM_FILE_STORE_GROUP=1)";
+    default:
+        return strerror(e);
+    }
+}
+
+/* Whether an entry of the store (lstat'ed) can be trusted: of the right type,
+ * not a symlink, ours unless the group is trusted. errno says why not. */
+static int trusted(const struct stat *sb, mode_t type, int group)
+{
+    if ((sb->st_mode & S_IFMT) != type) {
+        errno = S_ISLNK(sb->st_mode) ? ELOOP : type == S_IFDIR ? ENOTDIR : EFTYPE_NOT_REG;
+        return 0;
+    }
+    if (!group && sb->st_uid != geteuid()) {
+        errno = EPERM;
+        return 0;
+    }
+    return 1;
+}
+
+/* Whether an open file of the store is one to believe; errno says why not. */
+static int check_file(int fd, int group)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) != 0)
+        return -1;
+    return trusted(&sb, S_IFREG, group) ? 0 : -1;
+}
+
+/* mkdir -p of the first len bytes of path, new directories in mode; those
+ * past the first from bytes (inside the store) must be trusted ones. */
+static int mkdir_p(const char *path, size_t len, mode_t mode, size_t from, int group)
 {
     char *p = strndup(path, len);
     if (p == NULL) {
@@ -132,7 +191,15 @@ static int mkdir_p(const char *path, size_t len)
             continue;
         char saved = p[i];
         p[i] = '\0';
-        if (mkdir(p, 0777) != 0 && errno != EEXIST)
+        if (mkdir(p, mode) == 0) {
+            /* The umask may have taken the group's bits. */
+            if (group)
+                chmod(p, mode);
+        } else if (errno != EEXIST) {
+            rc = -1;
+        }
+        struct stat sb;
+        if (rc == 0 && i > from && (lstat(p, &sb) != 0 || !trusted(&sb, S_IFDIR, group)))
             rc = -1;
         p[i] = saved;
     }
@@ -156,18 +223,28 @@ static int mkdir_p(const char *path, size_t len)
 static loom_status_t lock_key(const file_store_t *fs, const key_path_t *kp, int create,
                               int *fd_p, loom_err_t *err)
 {
-    if (create && kp->leaf_len > strlen(fs->dir) && mkdir_p(kp->file, kp->leaf_len) != 0)
+    size_t dlen = strlen(fs->dir);
+    if (create && kp->leaf_len > dlen &&
+        mkdir_p(kp->file, kp->leaf_len, DIR_MODE(fs->group), dlen, fs->group) != 0)
         return loom_err_set(err, LOOM_ERR_TRANSPORT, "cannot create store directory for %s: %s",
-                            kp->file, strerror(errno));
-    int fd = open(kp->lock, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0666);
+                            kp->file, why(errno));
+    int fd = open(kp->lock, O_RDWR | SAFE_OPEN | (create ? O_CREAT : 0), FILE_MODE(fs->group));
     if (fd < 0) {
         if (!create && (errno == ENOENT || errno == ENOTDIR)) {
             *fd_p = -1;
             return LOOM_SUCCESS;
         }
         return loom_err_set(err, LOOM_ERR_TRANSPORT, "cannot open store lock %s: %s", kp->lock,
-                            strerror(errno));
+                            why(errno));
     }
+    if (check_file(fd, fs->group) != 0) {
+        int e = errno;
+        close(fd);
+        return loom_err_set(err, LOOM_ERR_TRANSPORT, "refusing store lock %s: %s", kp->lock,
+                            why(e));
+    }
+    if (create && fs->group)
+        (void)fchmod(fd, FILE_MODE(fs->group));   /* past the umask; fails on another's: fine */
     /* Non-blocking attempts with backoff, so the wait stays bounded. */
     double deadline = loom_store_now() + fs->op_timeout, backoff = POLL_MIN_S;
     for (;;) {
@@ -203,22 +280,23 @@ static void unlock_key(int fd)
 }
 
 /* Read a key's file: *found_p = 0 when it does not exist. */
-static loom_status_t read_value(const key_path_t *kp, void **val_p, size_t *len_p, int *found_p,
-                                loom_err_t *err)
+static loom_status_t read_value(const file_store_t *fs, const key_path_t *kp, void **val_p,
+                                size_t *len_p, int *found_p, loom_err_t *err)
 {
     loom_status_t st;
-    int fd = open(kp->file, O_RDONLY | O_CLOEXEC);
+    int fd = open(kp->file, O_RDONLY | SAFE_OPEN);
     if (fd < 0) {
         if (errno == ENOENT || errno == ENOTDIR) {
             *found_p = 0;
             return LOOM_SUCCESS;
         }
         return loom_err_set(err, LOOM_ERR_TRANSPORT, "cannot open %s: %s", kp->file,
-                            strerror(errno));
+                            why(errno));
     }
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        st = loom_err_set(err, LOOM_ERR_TRANSPORT, "fstat %s: %s", kp->file, strerror(errno));
+    if (check_file(fd, fs->group) != 0 || fstat(fd, &sb) != 0) {
+        st = loom_err_set(err, LOOM_ERR_TRANSPORT, "refusing store file %s: %s", kp->file,
+                          why(errno));
         goto close_file;
     }
     if (sb.st_size < 0 || (uint64_t)sb.st_size > LOOM_STORE_VALUE_MAX) {
@@ -294,7 +372,9 @@ static loom_status_t write_value(const file_store_t *fs, const key_path_t *kp, c
         unsigned long n = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
         snprintf(tmp, tcap, "%.*s/.t.%s.%ld.%lu", (int)kp->leaf_len, kp->file, fs->host,
                  (long)getpid(), n);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | SAFE_OPEN, FILE_MODE(fs->group));
+        if (fd >= 0 && fs->group)
+            fchmod(fd, FILE_MODE(fs->group));   /* past the umask */
         if (fd < 0 && (errno != EEXIST || tries > 100)) {
             st = loom_err_set(err, LOOM_ERR_TRANSPORT, "cannot create %s: %s", tmp,
                               strerror(errno));
@@ -367,9 +447,37 @@ static loom_status_t file_open(const char *rest, int rank, double timeout_s, loo
         if (!keep_byte((unsigned char)*p))
             *p = '_';
 
-    if (mkdir_p(fs->dir, n) != 0) {
+    const char *g = getenv("LOOM_FILE_STORE_GROUP");
+    fs->group = g != NULL && strcmp(g, "1") == 0;
+    if (mkdir_p(fs->dir, n, DIR_MODE(fs->group), n, fs->group) != 0) {
         st = loom_err_set(err, LOOM_ERR_INVALID_ARG, "cannot create store directory %s: %s",
                           fs->dir, strerror(errno));
+        goto free_dir;
+    }
+    /* The directory decides who can plant names in it. */
+    struct stat sb;
+    if (lstat(fs->dir, &sb) != 0) {
+        st = loom_err_set(err, LOOM_ERR_INVALID_ARG, "store directory %s: %s", fs->dir,
+                          strerror(errno));
+        goto free_dir;
+    }
+    if (S_ISLNK(sb.st_mode) || !S_ISDIR(sb.st_mode)) {
+        st = loom_err_set(err, LOOM_ERR_INVALID_ARG, "store directory %s is %s; give the real "
+                          "directory's path", fs->dir,
+                          S_ISLNK(sb.st_mode) ? "a symbolic link" : "not a directory");
+        goto free_dir;
+    }
+    if (!fs->group && sb.st_uid != geteuid()) {
+        st = loom_err_set(err, LOOM_ERR_INVALID_ARG, "store directory %s belongs to uid %u, not "
+                          "to this user (%u): its owner could steer this job (for a directory "
+                          "shared by a group, LOOM_FILE_STORE_GROUP=1)", fs->dir,
+                          (unsigned)sb.st_uid, (unsigned)geteuid());
+        goto free_dir;
+    }
+    if ((sb.st_mode & S_IWOTH) && !(sb.st_mode & S_ISVTX)) {
+        st = loom_err_set(err, LOOM_ERR_INVALID_ARG, "store directory %s is writable by every "
+                          "user and not sticky (mode %04o): anyone could replace its files "
+                          "(chmod o-w or +t)", fs->dir, (unsigned)(sb.st_mode & 07777));
         goto free_dir;
     }
     if (access(fs->dir, W_OK | X_OK) != 0) {
@@ -420,7 +528,7 @@ static loom_status_t file_try_get(void *impl, const char *key, void **val_p, siz
     loom_status_t st = key_path_make(impl, key, &kp, err);
     if (st != LOOM_SUCCESS)
         return st;
-    st = read_value(&kp, val_p, len_p, found_p, err);
+    st = read_value(impl, &kp, val_p, len_p, found_p, err);
     key_path_free(&kp);
     return st;
 }
@@ -468,7 +576,7 @@ static loom_status_t file_add(void *impl, const char *key, int64_t delta, int64_
     st = lock_key(fs, &kp, 1, &lfd, err);
     if (st != LOOM_SUCCESS)
         goto free_path;
-    st = read_value(&kp, &val, &len, &found, err);
+    st = read_value(fs, &kp, &val, &len, &found, err);
     if (st != LOOM_SUCCESS)
         goto unlock;
     if (found && loom_store_parse_int64(val, len, &cur) != 0) {
@@ -512,7 +620,7 @@ static loom_status_t file_cas(void *impl, const char *key, const void *expected,
     st = lock_key(fs, &kp, 1, &lfd, err);
     if (st != LOOM_SUCCESS)
         goto free_path;
-    st = read_value(&kp, &cur, &clen, &found, err);
+    st = read_value(fs, &kp, &cur, &clen, &found, err);
     if (st != LOOM_SUCCESS)
         goto unlock;
     if (!found) {

@@ -32,6 +32,8 @@
  *     CAS     expected   desired   -               OK + value after the operation
  *     DELETE  -          -         -               OK, arg = 1 if the key existed
  *
+ * SET, CAS and ADD may also answer FULL: the server holds as much as its
+ * LOOM_STORE_MAX_BYTES allows (the request's payload was read and dropped).
  * ADD stores the sum as decimal text, so GET returns "5". For CAS an absent key
  * reads as the empty value. Lengths are checked on both sides against
  * LOOM_STORE_KEY_MAX and LOOM_STORE_VALUE_MAX; the server drops a client whose
@@ -81,6 +83,7 @@ enum {
     LOOM_STORE_RC_TIMEOUT,
     LOOM_STORE_RC_NOT_INTEGER,
     LOOM_STORE_RC_OVERFLOW,
+    LOOM_STORE_RC_FULL,
 };
 
 typedef struct loom_store_req {
@@ -106,6 +109,23 @@ int loom_store_req_unpack(const uint8_t in[LOOM_STORE_REQ_LEN], loom_store_req_t
 int loom_store_resp_unpack(const uint8_t in[LOOM_STORE_RESP_LEN], uint32_t op,
                            loom_store_resp_t *resp_p);
 
+/* What the server lets its clients take (LOOM_STORE_* settings). */
+typedef struct loom_store_limits {
+    uint64_t max_bytes;          /* keys, values and request buffers held at once */
+    long max_clients;            /* connections at once */
+    long max_clients_per_host;   /* connections at once from one source address */
+    double hello_timeout_s;      /* a new connection must finish its hello within this */
+    double idle_timeout_s;       /* a client with nothing parked, silent this long, is closed */
+} loom_store_limits_t;
+
+/* The limits the LOOM_STORE_* variables set (defaults where unset). */
+loom_status_t loom_store_limits_from_env(loom_store_limits_t *lim, loom_err_t *err);
+
+/* loom_store_server_start with explicit limits (NULL: from the environment). */
+loom_status_t loom_store_server_start_limits(const char *host, int port,
+                                             const loom_store_limits_t *lim, int *sys_errno_p,
+                                             loom_err_t *err, loom_store_server_t **srv_p);
+
 /* loom_store_server_start that also tells, in *sys_errno_p, why it could not
  * listen (EADDRINUSE: someone serves the port already; EADDRNOTAVAIL: host is
  * not an address of this machine or does not resolve), 0 otherwise. */
@@ -115,5 +135,10 @@ loom_status_t loom_store_server_start_errno(const char *host, int port, int *sys
 loom_status_t loom_store_server_start_key(const char *host, int port, const void *key,
                                           size_t keylen, int *sys_errno_p, loom_err_t *err,
                                           loom_store_server_t **srv_p);
+/* Both: a key (keylen 0: none) and explicit limits (NULL: from the environment). */
+loom_status_t loom_store_server_start_opts(const char *host, int port, const void *key,
+                                           size_t keylen, const loom_store_limits_t *lim,
+                                           int *sys_errno_p, loom_err_t *err,
+                                           loom_store_server_t **srv_p);
 
 #endif

@@ -58,6 +58,15 @@ static const char cas_script[] =
     "if v == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) return ARGV[2] end\n"
     "return v\n";
 
+/* GET, refused inside the server when the value is longer than the store's
+ * limit (ARGV[1]): hiredis would read a reply of any length into memory, and
+ * anyone who can write the key decides its length. */
+#define TOO_BIG_WORD "LOOM_VALUE_TOO_BIG"
+static const char get_script[] =
+    "local n = redis.call('STRLEN', KEYS[1])\n"
+    "if n > tonumber(ARGV[1]) then return redis.error_reply('" TOO_BIG_WORD " ' .. n) end\n"
+    "return redis.call('GET', KEYS[1])\n";
+
 typedef struct redis_store {
     char host[NI_MAXHOST];
     int port;
@@ -409,6 +418,12 @@ static loom_status_t take_string(redis_store_t *r, redisReply *reply, void **val
                                  size_t *len_p, loom_err_t *err)
 {
     size_t len = (size_t)reply->len;
+    if (len > LOOM_STORE_VALUE_MAX) {
+        freeReplyObject(reply);
+        return loom_err_set(err, LOOM_ERR_TRANSPORT,
+                            "the redis server at %s returned a value of %zu bytes, more than "
+                            "the store's limit of %u", r->addr, len, LOOM_STORE_VALUE_MAX);
+    }
     char *val = malloc(len + 1);
     if (val == NULL) {
         freeReplyObject(reply);
@@ -550,17 +565,29 @@ static loom_status_t redis_try_get(void *impl, const char *key, void **val_p, si
                                    int *found_p, loom_err_t *err)
 {
     redis_store_t *r = impl;
-    const char *argv[2] = { "GET" };
-    size_t argvlen[2] = { 3 };
+    char max[16];
+    int maxlen = snprintf(max, sizeof(max), "%u", LOOM_STORE_VALUE_MAX);
+    const char *argv[5] = { "EVAL", get_script, "1", NULL, max };
+    size_t argvlen[5] = { 4, sizeof(get_script) - 1, 1, 0, (size_t)maxlen };
     redisReply *reply;
 
-    loom_status_t st = rd_call(r, r->op_timeout, key, 1, 2, argv, argvlen, &reply, err);
+    loom_status_t st = rd_call(r, r->op_timeout, key, 3, 5, argv, argvlen, &reply, err);
     if (st != LOOM_SUCCESS)
         return st;
     if (reply->type == REDIS_REPLY_NIL) {
         freeReplyObject(reply);
         *found_p = 0;
         return LOOM_SUCCESS;
+    }
+    if (reply->type == REDIS_REPLY_ERROR && reply->str != NULL &&
+        strstr(reply->str, TOO_BIG_WORD) != NULL) {
+        const char *n = strstr(reply->str, TOO_BIG_WORD) + sizeof(TOO_BIG_WORD);
+        st = loom_err_set(err, LOOM_ERR_TRANSPORT,
+                          "store key %s at redis %s holds %.20s bytes, more than the store's "
+                          "value limit of %u: refused unread", key, r->addr, n,
+                          LOOM_STORE_VALUE_MAX);
+        freeReplyObject(reply);
+        return st;
     }
     if (reply->type != REDIS_REPLY_STRING)
         return bad_reply(r, "GET", key, reply, err);

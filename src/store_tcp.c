@@ -149,10 +149,12 @@ int loom_store_resp_unpack(const uint8_t in[LOOM_STORE_RESP_LEN], uint32_t op,
         break;
     case LOOM_STORE_OP_ADD:
         ok = r.rc == LOOM_STORE_RC_OK || r.rc == LOOM_STORE_RC_NOT_INTEGER ||
-             r.rc == LOOM_STORE_RC_OVERFLOW;
+             r.rc == LOOM_STORE_RC_OVERFLOW || r.rc == LOOM_STORE_RC_FULL;
         break;
     case LOOM_STORE_OP_SET:
     case LOOM_STORE_OP_CAS:
+        ok = r.rc == LOOM_STORE_RC_OK || r.rc == LOOM_STORE_RC_FULL;
+        break;
     case LOOM_STORE_OP_DELETE:
         ok = r.rc == LOOM_STORE_RC_OK;
         break;
@@ -506,6 +508,16 @@ static loom_status_t tcp_call(tcp_store_t *t, uint32_t op, const char *key, cons
 {
     loom_status_t st;
 
+    /* A connection the server closed while we were idle (its idle timeout, or
+     * room made for others) reads as EOF before we send: replace it. */
+    if (t->fd >= 0) {
+        char peek;
+        ssize_t r = recv(t->fd, &peek, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            close(t->fd);
+            t->fd = -1;
+        }
+    }
     /* A broken stream is replaced before the next request, never during one, so
      * no request is ever sent twice; the attempt fits in this call's time. */
     if (t->fd < 0 &&
@@ -559,6 +571,13 @@ static loom_status_t tcp_call(tcp_store_t *t, uint32_t op, const char *key, cons
             return conn_fail(t, io, errno, timeout_s, err);
         }
         val[resp.vlen] = '\0';
+    }
+    if (resp.rc == LOOM_STORE_RC_FULL) {
+        free(val);
+        return loom_err_set(err, LOOM_ERR_NO_MEMORY,
+                            "the store server at %s refused to store key %s (%zu bytes): it "
+                            "already holds what its LOOM_STORE_MAX_BYTES allows", t->addr, key,
+                            alen + blen);
     }
     *resp_p = resp;
     if (val_p != NULL) {
@@ -775,17 +794,34 @@ const loom_store_ops_t loom_store_tcp_ops = {
  * that loom_store_server_stop writes. Each client is a small state machine: the
  * hello, then a request header, then its payload. While a client has a response
  * pending or a WAIT parked, its input is not read (the protocol has one request
- * in flight), which also bounds its buffers to one request. */
+ * in flight), which also bounds its buffers to one request.
+ *
+ * Anyone who reaches the port is a client, so what one may take is bounded
+ * (loom_store_limits_t): a deadline for the hello, an idle timeout, connection
+ * caps in total and per source address, and a byte quota over keys, values and
+ * request payloads. Values are shared blobs, so a GET costs no copy however
+ * slowly its client reads, and a replaced value a reader still holds counts
+ * against the quota until it is sent. */
 
 typedef struct srv_client srv_client_t;
+
+typedef struct srv_blob {
+    size_t refs;
+    uint32_t len;
+    uint8_t data[];
+} srv_blob_t;
+
+/* What an entry costs the quota besides its value. */
+#define ENTRY_COST(klen) (sizeof(srv_entry_t) + (size_t)(klen) + 1)
+/* How often connections are checked against their deadlines. */
+#define SWEEP_S 0.25
 
 typedef struct srv_entry {
     struct srv_entry *next;       /* hash chain */
     uint64_t hash;
     uint32_t klen;
     char *key;
-    uint8_t *val;
-    uint32_t vlen;
+    srv_blob_t *val;              /* NULL when absent */
     int present;                  /* 0: a placeholder that only holds waiters */
     srv_client_t *waiters;        /* clients parked in WAIT on this key */
 } srv_entry_t;
@@ -803,9 +839,17 @@ struct srv_client {
     loom_store_req_t req;
     uint8_t *out;
     size_t out_len, out_off, out_cap;
+    srv_blob_t *out_blob;         /* a value being sent after out, from blob_off */
+    size_t blob_off;
+    size_t reserved;              /* quota taken for the request being read */
+    uint64_t discard;             /* payload bytes to read and drop, then answer FULL */
     srv_entry_t *parked;          /* the key this client waits for, or NULL */
     double deadline;
     srv_client_t *wprev, *wnext;  /* the entry's waiter list */
+    double since;                 /* accepted at */
+    double last_active;           /* hello or last request finished */
+    uint8_t src[16];              /* source address, for the per-host cap */
+    uint8_t src_len;
 };
 
 struct loom_store_server {
@@ -814,11 +858,41 @@ struct loom_store_server {
     srv_entry_t **tab;
     size_t tab_size, n_entries;
     srv_client_t *clients, *dead;
-    size_t n_parked;
+    size_t n_parked, n_clients;
     double accept_resume;         /* > 0: accepting paused (out of fds) until then */
     uint8_t key[1024];            /* LOOM_AUTH_KEY clients must prove; keylen 0: none */
     size_t keylen;
+    double next_sweep;
+    loom_store_limits_t lim;
+    uint64_t held;                /* bytes counted against lim.max_bytes */
 };
+
+static srv_blob_t *blob_new(loom_store_server_t *srv, const void *val, uint32_t len)
+{
+    srv_blob_t *b = malloc(sizeof(*b) + len);
+    if (b == NULL)
+        return NULL;
+    b->refs = 1;
+    b->len = len;
+    if (len > 0)
+        memcpy(b->data, val, len);
+    srv->held += sizeof(*b) + len;
+    return b;
+}
+
+static void blob_unref(loom_store_server_t *srv, srv_blob_t *b)
+{
+    if (b != NULL && --b->refs == 0) {
+        srv->held -= sizeof(*b) + b->len;
+        free(b);
+    }
+}
+
+/* Whether the quota has room for n more bytes. */
+static int quota_has(const loom_store_server_t *srv, uint64_t n)
+{
+    return srv->held <= srv->lim.max_bytes && n <= srv->lim.max_bytes - srv->held;
+}
 
 static uint64_t key_hash(const char *key, size_t len)
 {
@@ -874,6 +948,7 @@ static srv_entry_t *entry_find(loom_store_server_t *srv, const char *key, uint32
     e->key[klen] = '\0';
     e->klen = klen;
     e->hash = h;
+    srv->held += ENTRY_COST(klen);
     size_t i = h & (srv->tab_size - 1);
     e->next = srv->tab[i];
     srv->tab[i] = e;
@@ -891,21 +966,19 @@ static void entry_maybe_free(loom_store_server_t *srv, srv_entry_t *e)
         pp = &(*pp)->next;
     *pp = e->next;
     srv->n_entries--;
-    free(e->val);
+    srv->held -= ENTRY_COST(e->klen);
+    blob_unref(srv, e->val);
     free(e->key);
     free(e);
 }
 
-static int entry_set(srv_entry_t *e, const void *val, uint32_t len)
+static int entry_set(loom_store_server_t *srv, srv_entry_t *e, const void *val, uint32_t len)
 {
-    uint8_t *v = malloc(len > 0 ? len : 1);
+    srv_blob_t *v = blob_new(srv, val, len);
     if (v == NULL)
         return -1;
-    if (len > 0)
-        memcpy(v, val, len);
-    free(e->val);
+    blob_unref(srv, e->val);
     e->val = v;
-    e->vlen = len;
     e->present = 1;
     return 0;
 }
@@ -934,19 +1007,24 @@ static void unpark(loom_store_server_t *srv, srv_client_t *c)
     c->parked = NULL;
     c->wprev = c->wnext = NULL;
     srv->n_parked--;
+    c->last_active = loom_store_now();   /* its idle time starts when the WAIT ends */
 }
 
 static int can_read(const srv_client_t *c)
 {
-    return !c->closing && c->parked == NULL && c->out_len == 0;
+    return !c->closing && c->parked == NULL && c->out_len == 0 && c->out_blob == NULL;
+}
+
+static int has_output(const srv_client_t *c)
+{
+    return c->out_off < c->out_len || c->out_blob != NULL;
 }
 
 static void update_interest(loom_store_server_t *srv, srv_client_t *c)
 {
     if (c->dead)
         return;
-    uint32_t want = EPOLLRDHUP | (can_read(c) ? EPOLLIN : 0) |
-                    (c->out_off < c->out_len ? EPOLLOUT : 0);
+    uint32_t want = EPOLLRDHUP | (can_read(c) ? EPOLLIN : 0) | (has_output(c) ? EPOLLOUT : 0);
     if (want == c->events)
         return;
     struct epoll_event ev = { .events = want, .data.ptr = c };
@@ -965,6 +1043,11 @@ static void drop(loom_store_server_t *srv, srv_client_t *c)
         unpark(srv, c);
         entry_maybe_free(srv, e);
     }
+    blob_unref(srv, c->out_blob);
+    c->out_blob = NULL;
+    srv->held -= c->reserved;
+    c->reserved = 0;
+    srv->n_clients--;
     if (c->prev != NULL)
         c->prev->next = c->next;
     else
@@ -984,14 +1067,32 @@ static void free_client(srv_client_t *c)
     free(c);
 }
 
-static int flush(srv_client_t *c)
+static int flush(loom_store_server_t *srv, srv_client_t *c)
 {
-    while (c->out_off < c->out_len) {
-        ssize_t r = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (r > 0)
-            c->out_off += (size_t)r;
-        else if (r < 0 && errno == EINTR)
+    while (has_output(c)) {
+        struct iovec iov[2];
+        int n = 0;
+        size_t head = c->out_len - c->out_off;
+        if (head > 0)
+            iov[n++] = (struct iovec){ c->out + c->out_off, head };
+        if (c->out_blob != NULL)
+            iov[n++] = (struct iovec){ c->out_blob->data + c->blob_off,
+                                       c->out_blob->len - c->blob_off };
+        struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
+        ssize_t r = n > 0 ? sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) : 0;
+        if (r >= 0) {
+            size_t done = (size_t)r, h = done < head ? done : head;
+            c->out_off += h;
+            if (c->out_blob != NULL) {
+                c->blob_off += done - h;
+                if (c->blob_off == c->out_blob->len) {
+                    blob_unref(srv, c->out_blob);
+                    c->out_blob = NULL;
+                }
+            }
+            if (r == 0 && n > 0)
+                return 0;
+        } else if (errno == EINTR)
             continue;
         else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return 0;
@@ -1025,15 +1126,22 @@ static int out_append(srv_client_t *c, const void *p, size_t n)
     return 0;
 }
 
-/* Queue a response and push out what the socket takes now. -1: drop c. */
-static int reply(srv_client_t *c, uint32_t rc, uint64_t arg, const void *val, uint32_t vlen)
+/* Queue a response, with value val (may be NULL), and push out what the
+ * socket takes now. -1: drop c. */
+static int reply(loom_store_server_t *srv, srv_client_t *c, uint32_t rc, uint64_t arg,
+                 srv_blob_t *val)
 {
-    loom_store_resp_t r = { .rc = rc, .vlen = vlen, .arg = arg };
+    loom_store_resp_t r = { .rc = rc, .vlen = val != NULL ? val->len : 0, .arg = arg };
     uint8_t h[LOOM_STORE_RESP_LEN];
     loom_store_resp_pack(h, &r);
-    if (out_append(c, h, sizeof(h)) != 0 || out_append(c, val, vlen) != 0)
+    if (out_append(c, h, sizeof(h)) != 0)
         return -1;
-    return flush(c);
+    if (val != NULL && val->len > 0) {
+        val->refs++;
+        c->out_blob = val;
+        c->blob_off = 0;
+    }
+    return flush(srv, c);
 }
 
 /* Answer everyone parked on e, which now has a value. */
@@ -1042,7 +1150,7 @@ static void wake(loom_store_server_t *srv, srv_entry_t *e)
     while (e->waiters != NULL) {
         srv_client_t *w = e->waiters;
         unpark(srv, w);
-        if (reply(w, LOOM_STORE_RC_OK, 0, NULL, 0) != 0)
+        if (reply(srv, w, LOOM_STORE_RC_OK, 0, NULL) != 0)
             drop(srv, w);
         else
             update_interest(srv, w);
@@ -1060,27 +1168,32 @@ static int execute(loom_store_server_t *srv, srv_client_t *c)
     srv_entry_t *e = entry_find(srv, key, r->klen, h, 0);
     int present = e != NULL && e->present;
 
+    /* A new key costs the quota too: a flood of ADDs to fresh keys fills it. */
+    if (e == NULL && r->op != LOOM_STORE_OP_GET && r->op != LOOM_STORE_OP_DELETE &&
+        r->op != LOOM_STORE_OP_WAIT && !quota_has(srv, ENTRY_COST(r->klen) + 64))
+        return reply(srv, c, LOOM_STORE_RC_FULL, 0, NULL);
+
     switch (r->op) {
     case LOOM_STORE_OP_SET:
         if (e == NULL && (e = entry_find(srv, key, r->klen, h, 1)) == NULL)
             return -1;
-        if (entry_set(e, a, r->alen) != 0) {
+        if (entry_set(srv, e, a, r->alen) != 0) {
             entry_maybe_free(srv, e);
             return -1;
         }
         wake(srv, e);
-        return reply(c, LOOM_STORE_RC_OK, 0, NULL, 0);
+        return reply(srv, c, LOOM_STORE_RC_OK, 0, NULL);
 
     case LOOM_STORE_OP_GET:
         if (!present)
-            return reply(c, LOOM_STORE_RC_NOT_FOUND, 0, NULL, 0);
-        return reply(c, LOOM_STORE_RC_OK, 0, e->val, e->vlen);
+            return reply(srv, c, LOOM_STORE_RC_NOT_FOUND, 0, NULL);
+        return reply(srv, c, LOOM_STORE_RC_OK, 0, e->val);
 
     case LOOM_STORE_OP_WAIT:
         if (present)
-            return reply(c, LOOM_STORE_RC_OK, 0, NULL, 0);
+            return reply(srv, c, LOOM_STORE_RC_OK, 0, NULL);
         if (r->arg == 0)
-            return reply(c, LOOM_STORE_RC_TIMEOUT, 0, NULL, 0);
+            return reply(srv, c, LOOM_STORE_RC_TIMEOUT, 0, NULL);
         if (e == NULL && (e = entry_find(srv, key, r->klen, h, 1)) == NULL)
             return -1;
         park(srv, c, e, loom_store_now() + (double)r->arg / 1000.0);
@@ -1089,54 +1202,56 @@ static int execute(loom_store_server_t *srv, srv_client_t *c)
     case LOOM_STORE_OP_ADD: {
         int64_t cur = 0, delta, sum;
         memcpy(&delta, &r->arg, sizeof(delta));
-        if (present && loom_store_parse_int64(e->val, e->vlen, &cur) != 0)
-            return reply(c, LOOM_STORE_RC_NOT_INTEGER, 0, NULL, 0);
+        if (present && loom_store_parse_int64(e->val->data, e->val->len, &cur) != 0)
+            return reply(srv, c, LOOM_STORE_RC_NOT_INTEGER, 0, NULL);
         if (__builtin_add_overflow(cur, delta, &sum))
-            return reply(c, LOOM_STORE_RC_OVERFLOW, 0, NULL, 0);
+            return reply(srv, c, LOOM_STORE_RC_OVERFLOW, 0, NULL);
         char text[24];
         int n = snprintf(text, sizeof(text), "%" PRId64, sum);
         if (e == NULL && (e = entry_find(srv, key, r->klen, h, 1)) == NULL)
             return -1;
-        if (entry_set(e, text, (uint32_t)n) != 0) {
+        if (entry_set(srv, e, text, (uint32_t)n) != 0) {
             entry_maybe_free(srv, e);
             return -1;
         }
         wake(srv, e);
         uint64_t out;
         memcpy(&out, &sum, sizeof(out));
-        return reply(c, LOOM_STORE_RC_OK, out, NULL, 0);
+        return reply(srv, c, LOOM_STORE_RC_OK, out, NULL);
     }
 
     case LOOM_STORE_OP_CAS: {
-        uint32_t clen = present ? e->vlen : 0;
-        if (r->alen == clen && (clen == 0 || memcmp(a, e->val, clen) == 0)) {
+        uint32_t clen = present ? e->val->len : 0;
+        if (r->alen == clen && (clen == 0 || memcmp(a, e->val->data, clen) == 0)) {
             if (e == NULL && (e = entry_find(srv, key, r->klen, h, 1)) == NULL)
                 return -1;
-            if (entry_set(e, b, r->blen) != 0) {
+            if (entry_set(srv, e, b, r->blen) != 0) {
                 entry_maybe_free(srv, e);
                 return -1;
             }
             wake(srv, e);
             present = 1;
         }
-        return reply(c, LOOM_STORE_RC_OK, 0, present ? e->val : NULL, present ? e->vlen : 0);
+        return reply(srv, c, LOOM_STORE_RC_OK, 0, present ? e->val : NULL);
     }
 
     case LOOM_STORE_OP_DELETE:
         if (present) {
-            free(e->val);
+            blob_unref(srv, e->val);
             e->val = NULL;
-            e->vlen = 0;
             e->present = 0;
             entry_maybe_free(srv, e);
         }
-        return reply(c, LOOM_STORE_RC_OK, present ? 1 : 0, NULL, 0);
+        return reply(srv, c, LOOM_STORE_RC_OK, present ? 1 : 0, NULL);
     }
     return -1;  /* unreachable: the header was validated */
 }
 
-static void reset_input(srv_client_t *c)
+static void reset_input(loom_store_server_t *srv, srv_client_t *c)
 {
+    srv->held -= c->reserved;
+    c->reserved = 0;
+    c->discard = 0;
     c->in_len = 0;
     c->need = LOOM_STORE_REQ_LEN;
     c->have_req = 0;
@@ -1148,17 +1263,17 @@ static void reset_input(srv_client_t *c)
 }
 
 /* Answer the hello with word; closing: then drop the client. */
-static int hello_answer(srv_client_t *c, uint32_t word, int closing, const void *more,
-                        size_t morelen)
+static int hello_answer(loom_store_server_t *srv, srv_client_t *c, uint32_t word, int closing,
+                        const void *more, size_t morelen)
 {
     uint8_t h[LOOM_STORE_HELLO_LEN];
     loom_store_hello_pack(h, LOOM_STORE_PROTO_VERSION, word);
     c->hello_done = word != LOOM_STORE_HELLO_CHALLENGE;
     c->closing = closing;
-    reset_input(c);
+    reset_input(srv, c);
     if (out_append(c, h, sizeof(h)) != 0 || (morelen && out_append(c, more, morelen) != 0))
         return -1;
-    return flush(c);
+    return flush(srv, c);
 }
 
 /* The hello, and with a key on either side the nonces and proofs (store_proto.h):
@@ -1169,7 +1284,7 @@ static int hello_step(loom_store_server_t *srv, srv_client_t *c)
         if (memcmp(c->in, LOOM_STORE_MAGIC, LOOM_STORE_MAGIC_LEN) != 0)
             return -1;
         if (get32(c->in + 8) != LOOM_STORE_PROTO_VERSION)
-            return hello_answer(c, LOOM_STORE_HELLO_REFUSED, 1, NULL, 0);
+            return hello_answer(srv, c, LOOM_STORE_HELLO_REFUSED, 1, NULL, 0);
         if (get32(c->in + 12) == LOOM_STORE_HELLO_AUTH) {
             c->hs = 1;
             c->in_len = 0;
@@ -1177,20 +1292,20 @@ static int hello_step(loom_store_server_t *srv, srv_client_t *c)
             return 0;
         }
         if (srv->keylen)
-            return hello_answer(c, LOOM_STORE_HELLO_AUTH_REQUIRED, 1, NULL, 0);
-        return hello_answer(c, LOOM_STORE_HELLO_OK, 0, NULL, 0);
+            return hello_answer(srv, c, LOOM_STORE_HELLO_AUTH_REQUIRED, 1, NULL, 0);
+        return hello_answer(srv, c, LOOM_STORE_HELLO_OK, 0, NULL, 0);
     }
     if (c->hs == 1) {
         memcpy(c->nonce_c, c->in, LOOM_STORE_NONCE_LEN);
         if (!srv->keylen)
-            return hello_answer(c, LOOM_STORE_HELLO_OK, 0, NULL, 0);
+            return hello_answer(srv, c, LOOM_STORE_HELLO_OK, 0, NULL, 0);
         uint8_t chal[LOOM_STORE_NONCE_LEN + LOOM_STORE_PROOF_LEN];
         if (getrandom(c->nonce_s, sizeof(c->nonce_s), 0) != (ssize_t)sizeof(c->nonce_s))
             return -1;
         memcpy(chal, c->nonce_s, sizeof(c->nonce_s));
         loom_store_auth_proof(srv->key, srv->keylen, 'S', c->nonce_c, c->nonce_s,
                               chal + LOOM_STORE_NONCE_LEN);
-        if (hello_answer(c, LOOM_STORE_HELLO_CHALLENGE, 0, chal, sizeof(chal)) != 0)
+        if (hello_answer(srv, c, LOOM_STORE_HELLO_CHALLENGE, 0, chal, sizeof(chal)) != 0)
             return -1;
         c->hs = 2;
         c->in_len = 0;
@@ -1200,8 +1315,8 @@ static int hello_step(loom_store_server_t *srv, srv_client_t *c)
     uint8_t want[LOOM_STORE_PROOF_LEN];
     loom_store_auth_proof(srv->key, srv->keylen, 'C', c->nonce_c, c->nonce_s, want);
     if (!loom_equal_ct(want, c->in, sizeof(want)))
-        return hello_answer(c, LOOM_STORE_HELLO_REFUSED_AUTH, 1, NULL, 0);
-    return hello_answer(c, LOOM_STORE_HELLO_OK, 0, NULL, 0);
+        return hello_answer(srv, c, LOOM_STORE_HELLO_REFUSED_AUTH, 1, NULL, 0);
+    return hello_answer(srv, c, LOOM_STORE_HELLO_OK, 0, NULL, 0);
 }
 
 /* c->in holds c->need bytes: the hello, a header or a whole request. -1: drop c. */
@@ -1214,21 +1329,60 @@ static int process(loom_store_server_t *srv, srv_client_t *c)
             return -1;
         c->have_req = 1;
         /* At most 24 + 1024 + 2 * 64 MiB: no overflow in size_t. */
-        c->need = LOOM_STORE_REQ_LEN + (size_t)c->req.klen + c->req.alen + c->req.blen;
+        size_t payload = (size_t)c->req.klen + c->req.alen + c->req.blen;
+        c->need = LOOM_STORE_REQ_LEN + payload;
+        if (c->req.alen + (uint64_t)c->req.blen > 0 && !quota_has(srv, payload)) {
+            /* Read the payload into nothing, then say why: the client learns the
+             * store is full instead of seeing its connection drop. */
+            c->discard = payload;
+            return 0;
+        }
+        c->reserved = payload;
+        srv->held += payload;
         return 0;
     }
     /* Keys are C strings on the client side; an embedded NUL is a forged request. */
     if (memchr(c->in + LOOM_STORE_REQ_LEN, 0, c->req.klen) != NULL)
         return -1;
     int rc = execute(srv, c);
-    reset_input(c);
+    reset_input(srv, c);
+    c->last_active = loom_store_now();
     return rc;
+}
+
+/* Read and drop what c->discard says is left of a refused request. -1: drop c,
+ * 0: would block or done. */
+static int discard_input(loom_store_server_t *srv, srv_client_t *c)
+{
+    uint8_t sink[16384];
+    while (c->discard > 0) {
+        size_t want = c->discard < sizeof(sink) ? (size_t)c->discard : sizeof(sink);
+        ssize_t r = recv(c->fd, sink, want, 0);
+        if (r == 0)
+            return -1;
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+        }
+        c->discard -= (uint64_t)r;
+    }
+    reset_input(srv, c);
+    c->last_active = loom_store_now();
+    return reply(srv, c, LOOM_STORE_RC_FULL, 0, NULL);
 }
 
 /* Read what c may send now and act on every complete unit. -1: drop c. */
 static int client_read(loom_store_server_t *srv, srv_client_t *c)
 {
     while (can_read(c)) {
+        if (c->discard > 0) {
+            if (discard_input(srv, c) != 0)
+                return -1;
+            if (c->discard > 0)
+                return 0;
+            continue;
+        }
         if (c->in_len == c->need) {
             if (process(srv, c) != 0)
                 return -1;
@@ -1268,7 +1422,7 @@ static void client_event(loom_store_server_t *srv, srv_client_t *c, uint32_t ev)
         return;
     if (ev & EPOLLERR)
         goto drop_client;
-    if ((ev & EPOLLOUT) && flush(c) != 0)
+    if ((ev & EPOLLOUT) && flush(srv, c) != 0)
         goto drop_client;
     if (can_read(c)) {
         if ((ev & (EPOLLIN | EPOLLHUP | EPOLLRDHUP)) && client_read(srv, c) != 0)
@@ -1277,7 +1431,7 @@ static void client_event(loom_store_server_t *srv, srv_client_t *c, uint32_t ev)
         /* Gone while parked or while we had an answer for it: nobody to tell. */
         goto drop_client;
     }
-    if (c->closing && c->out_len == 0)
+    if (c->closing && !has_output(c))
         goto drop_client;
     update_interest(srv, c);
     return;
@@ -1286,12 +1440,72 @@ drop_client:
     drop(srv, c);
 }
 
+/* Whether c may be closed to make room: it has not finished its hello, or it
+ * sits between requests with nothing parked (its owner reconnects). */
+static int evictable(const srv_client_t *c)
+{
+    if (!c->hello_done)
+        return 1;
+    if (c->parked != NULL || has_output(c) || c->in_len != 0 || c->have_req || c->discard != 0)
+        return 0;
+    /* A request already on its way would be answered by EOF: keep that one. */
+    char b;
+    return recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0 && (errno == EAGAIN ||
+                                                               errno == EWOULDBLOCK);
+}
+
+/* Close the oldest connection without a finished hello, else the longest
+ * idle one, to make room for a new one. 0 when one was closed. */
+static int evict_one(loom_store_server_t *srv)
+{
+    srv_client_t *victim = NULL;
+    for (srv_client_t *c = srv->clients; c != NULL; c = c->next) {
+        if (!evictable(c))
+            continue;
+        if (victim == NULL || (!c->hello_done && victim->hello_done) ||
+            (c->hello_done == victim->hello_done &&
+             (c->hello_done ? c->last_active < victim->last_active : c->since < victim->since)))
+            victim = c;
+    }
+    if (victim == NULL)
+        return -1;
+    drop(srv, victim);
+    return 0;
+}
+
+static void source_of(const struct sockaddr_storage *ss, uint8_t src[16], uint8_t *len_p)
+{
+    if (ss->ss_family == AF_INET6) {
+        memcpy(src, &((const struct sockaddr_in6 *)ss)->sin6_addr, 16);
+        *len_p = 16;
+    } else if (ss->ss_family == AF_INET) {
+        memcpy(src, &((const struct sockaddr_in *)ss)->sin_addr, 4);
+        *len_p = 4;
+    } else {
+        *len_p = 0;
+    }
+}
+
+static long clients_from(const loom_store_server_t *srv, const uint8_t *src, uint8_t len)
+{
+    long n = 0;
+    for (const srv_client_t *c = srv->clients; c != NULL; c = c->next)
+        n += c->src_len == len && memcmp(c->src, src, len) == 0;
+    return n;
+}
+
 static void accept_clients(loom_store_server_t *srv)
 {
     for (;;) {
-        int fd = accept4(srv->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        int fd = accept4(srv->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            /* Out of descriptors: a stranger's idle connections must not keep
+             * the ranks out, so one of them (or an idle client) goes. */
+            if ((errno == EMFILE || errno == ENFILE) && evict_one(srv) == 0)
                 continue;
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
                 /* The listener stays readable while the backlog is full; stop
@@ -1301,6 +1515,16 @@ static void accept_clients(loom_store_server_t *srv)
                 srv->accept_resume = loom_store_now() + 0.1;
             }
             return;
+        }
+        uint8_t src[16], src_len;
+        source_of(&ss, src, &src_len);
+        if (src_len > 0 && clients_from(srv, src, src_len) >= srv->lim.max_clients_per_host) {
+            close(fd);
+            continue;
+        }
+        if ((long)srv->n_clients >= srv->lim.max_clients && evict_one(srv) != 0) {
+            close(fd);
+            continue;
         }
         srv_client_t *c = calloc(1, sizeof(*c));
         if (c == NULL) {
@@ -1312,6 +1536,9 @@ static void accept_clients(loom_store_server_t *srv)
         c->fd = fd;
         c->need = LOOM_STORE_HELLO_LEN;
         c->events = EPOLLIN | EPOLLRDHUP;
+        c->since = c->last_active = loom_store_now();
+        memcpy(c->src, src, sizeof(src));
+        c->src_len = src_len;
         struct epoll_event ev = { .events = c->events, .data.ptr = c };
         if (epoll_ctl(srv->ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
             close(fd);
@@ -1322,6 +1549,33 @@ static void accept_clients(loom_store_server_t *srv)
         if (srv->clients != NULL)
             srv->clients->prev = c;
         srv->clients = c;
+        srv->n_clients++;
+    }
+}
+
+static int expired(const loom_store_server_t *srv, const srv_client_t *c, double now)
+{
+    if (!c->hello_done)
+        return now - c->since > srv->lim.hello_timeout_s;
+    return c->parked == NULL && !has_output(c) && now - c->last_active > srv->lim.idle_timeout_s;
+}
+
+/* Close connections past their hello deadline, and clients idle too long. */
+static void sweep(loom_store_server_t *srv, double now)
+{
+    srv_client_t *c_next;
+restart:
+    for (srv_client_t *c = srv->clients; c != NULL; c = c_next) {
+        c_next = c->next;
+        if (!expired(srv, c, now))
+            continue;
+        /* If this thread was starved, the bytes that keep c alive may wait
+         * unread: act on them first. */
+        client_event(srv, c, EPOLLIN);
+        if (!c->dead && expired(srv, c, now))
+            drop(srv, c);
+        if (c_next != NULL && c_next->dead)
+            goto restart;   /* answering c dropped others: the list changed */
     }
 }
 
@@ -1331,12 +1585,20 @@ static int expire(loom_store_server_t *srv)
 {
     double now = loom_store_now(), next = -1;
 
+    if (srv->clients != NULL) {
+        if (now >= srv->next_sweep) {
+            sweep(srv, now);
+            srv->next_sweep = now + SWEEP_S;
+        }
+        next = srv->next_sweep;
+    }
+
     if (srv->accept_resume > 0) {
         if (now >= srv->accept_resume) {
             struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &srv->lfd };
             epoll_ctl(srv->ep, EPOLL_CTL_MOD, srv->lfd, &ev);
             srv->accept_resume = 0;
-        } else {
+        } else if (next < 0 || srv->accept_resume < next) {
             next = srv->accept_resume;
         }
     }
@@ -1350,7 +1612,7 @@ static int expire(loom_store_server_t *srv)
                 srv_entry_t *e = c->parked;
                 unpark(srv, c);
                 entry_maybe_free(srv, e);
-                if (reply(c, LOOM_STORE_RC_TIMEOUT, 0, NULL, 0) != 0)
+                if (reply(srv, c, LOOM_STORE_RC_TIMEOUT, 0, NULL) != 0)
                     drop(srv, c);
                 else
                     update_interest(srv, c);
@@ -1453,12 +1715,14 @@ static int listen_on(const char *host, int port, int *sys_errno_p, loom_err_t *e
     return fd;
 }
 
-loom_status_t loom_store_server_start_key(const char *host, int port, const void *key,
-                                          size_t keylen, int *sys_errno_p, loom_err_t *err,
-                                          loom_store_server_t **srv_p)
+loom_status_t loom_store_server_start_opts(const char *host, int port, const void *key,
+                                           size_t keylen, const loom_store_limits_t *lim,
+                                           int *sys_errno_p, loom_err_t *err,
+                                           loom_store_server_t **srv_p)
 {
     loom_status_t st;
     int e = 0;
+    loom_store_limits_t env_lim;
 
     if (sys_errno_p != NULL)
         *sys_errno_p = 0;
@@ -1467,12 +1731,18 @@ loom_status_t loom_store_server_start_key(const char *host, int port, const void
                             "store server: port %d out of range or output pointer NULL", port);
     if (keylen > sizeof(((loom_store_server_t *)0)->key))
         return loom_err_set(err, LOOM_ERR_INVALID_ARG, "store server: the key is too long");
+    if (lim == NULL) {
+        if ((st = loom_store_limits_from_env(&env_lim, err)) != LOOM_SUCCESS)
+            return st;
+        lim = &env_lim;
+    }
     loom_store_server_t *srv = calloc(1, sizeof(*srv));
     if (srv == NULL)
         return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory starting the store server");
     if (keylen > 0)
         memcpy(srv->key, key, keylen);
     srv->keylen = keylen;
+    srv->lim = *lim;
     srv->tab_size = 256;
     srv->tab = calloc(srv->tab_size, sizeof(*srv->tab));
     if (srv->tab == NULL) {
@@ -1538,10 +1808,24 @@ free_server:
     return st;
 }
 
+loom_status_t loom_store_server_start_key(const char *host, int port, const void *key,
+                                          size_t keylen, int *sys_errno_p, loom_err_t *err,
+                                          loom_store_server_t **srv_p)
+{
+    return loom_store_server_start_opts(host, port, key, keylen, NULL, sys_errno_p, err, srv_p);
+}
+
+loom_status_t loom_store_server_start_limits(const char *host, int port,
+                                             const loom_store_limits_t *lim, int *sys_errno_p,
+                                             loom_err_t *err, loom_store_server_t **srv_p)
+{
+    return loom_store_server_start_opts(host, port, NULL, 0, lim, sys_errno_p, err, srv_p);
+}
+
 loom_status_t loom_store_server_start_errno(const char *host, int port, int *sys_errno_p,
                                             loom_err_t *err, loom_store_server_t **srv_p)
 {
-    return loom_store_server_start_key(host, port, NULL, 0, sys_errno_p, err, srv_p);
+    return loom_store_server_start_opts(host, port, NULL, 0, NULL, sys_errno_p, err, srv_p);
 }
 
 loom_status_t loom_store_server_start(const char *host, int port, loom_err_t *err,
@@ -1562,15 +1846,10 @@ int loom_store_server_port(const loom_store_server_t *srv)
     return srv->port;
 }
 
-void loom_store_server_stop(loom_store_server_t *srv)
+/* Everything of a server whose thread has ended (or never ran: the fuzzer,
+ * tests/fuzz/fuzz_store_server.c, drives clients by hand). */
+static void server_free(loom_store_server_t *srv)
 {
-    if (srv == NULL)
-        return;
-    uint64_t one = 1;
-    while (write(srv->wfd, &one, sizeof(one)) < 0 && errno == EINTR)
-        ;
-    pthread_join(srv->thread, NULL);
-
     while (srv->clients != NULL)
         drop(srv, srv->clients);
     while (srv->dead != NULL) {
@@ -1582,7 +1861,7 @@ void loom_store_server_stop(loom_store_server_t *srv)
         srv_entry_t *e = srv->tab[i];
         while (e != NULL) {
             srv_entry_t *next = e->next;
-            free(e->val);
+            blob_unref(srv, e->val);
             free(e->key);
             free(e);
             e = next;
@@ -1593,4 +1872,15 @@ void loom_store_server_stop(loom_store_server_t *srv)
     close(srv->ep);
     close(srv->lfd);
     free(srv);
+}
+
+void loom_store_server_stop(loom_store_server_t *srv)
+{
+    if (srv == NULL)
+        return;
+    uint64_t one = 1;
+    while (write(srv->wfd, &one, sizeof(one)) < 0 && errno == EINTR)
+        ;
+    pthread_join(srv->thread, NULL);
+    server_free(srv);
 }

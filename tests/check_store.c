@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check_store_util.h"
@@ -1274,6 +1275,114 @@ START_TEST(test_signed_values)
 }
 END_TEST
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static loom_store_server_t *limited_server(uint64_t max_bytes, long max_clients,
+                                           long per_host, double hello_s, double idle_s)
+{
+    loom_store_limits_t lim = { max_bytes, max_clients, per_host, hello_s, idle_s };
+    loom_store_server_t *srv;
+    loom_err_t err;
+    loom_err_clear(&err);
+    ck_assert_msg(loom_store_server_start_limits("127.0.0.1", 0, &lim, NULL, &err, &srv) ==
+                  LOOM_SUCCESS, "server start: %s", err.msg);
+    return srv;
+}
+
+/* The byte quota refuses a SET with a clear error and keeps the connection;
+ * freeing room lets the next one in. */
+START_TEST(test_server_quota)
+{
+    loom_store_server_t *srv = limited_server(1u << 20, 64, 64, 5, 60);
+    char uri[64];
+    snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%d", loom_store_server_port(srv));
+    loom_store_t *s = open_uri(uri);
+    size_t big = 600u << 10;
+    char *v = calloc(1, big);
+    loom_err_t err;
+    loom_err_clear(&err);
+    ck_assert_int_eq(loom_store_set(s, "a", v, big, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(loom_store_set(s, "b", v, big, &err), LOOM_ERR_NO_MEMORY);
+    ck_assert_msg(strstr(err.msg, "LOOM_STORE_MAX_BYTES") != NULL, "%s", err.msg);
+    put_str(s, "small", "ok");
+    expect_str(s, "small", "ok");
+    int existed;
+    loom_err_clear(&err);
+    ck_assert_int_eq(loom_store_delete(s, "a", &existed, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(loom_store_set(s, "b", v, big, &err), LOOM_SUCCESS);
+    free(v);
+    loom_store_close(s);
+    loom_store_server_stop(srv);
+}
+END_TEST
+
+/* A connection that never finishes its hello, or idles after it, is closed by
+ * its deadline; a library client that idled reconnects on its own. */
+START_TEST(test_server_deadlines)
+{
+    loom_store_server_t *srv = limited_server(1u << 20, 64, 64, 0.5, 1.0);
+    int port = loom_store_server_port(srv);
+    char uri[64];
+    snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%d", port);
+    loom_store_t *s = open_uri(uri);
+    put_str(s, "k", "v");
+
+    double t0 = now_s();
+    int fd = raw_connect(port);
+    send(fd, "LOOM", 4, MSG_NOSIGNAL);   /* a slowloris: part of the hello, then nothing */
+    expect_dropped(fd);
+    double took = now_s() - t0;
+    ck_assert_msg(took < 3.0, "half a hello stayed %.2f s", took);
+
+    t0 = now_s();
+    fd = raw_connect(port);
+    raw_hello(fd);
+    expect_dropped(fd);
+    took = now_s() - t0;
+    ck_assert_msg(took >= 0.9 && took < 4.0, "an idle client was dropped after %.2f s", took);
+    /* s idled longer than that connection: the server closed it too. */
+    expect_str(s, "k", "v");
+    loom_store_close(s);
+    loom_store_server_stop(srv);
+}
+END_TEST
+
+/* Caps: one source address gets at most per_host connections; past the total,
+ * a connection without its hello makes room for a newcomer. */
+START_TEST(test_server_caps)
+{
+    loom_store_server_t *srv = limited_server(1u << 20, 64, 4, 30, 60);
+    int port = loom_store_server_port(srv);
+    int fds[4];
+    for (int i = 0; i < 4; i++)
+        fds[i] = raw_connect(port);
+    int extra = raw_connect(port);
+    expect_dropped(extra);
+    for (int i = 0; i < 4; i++)
+        close(fds[i]);
+    loom_store_server_stop(srv);
+
+    srv = limited_server(1u << 20, 4, 64, 30, 60);
+    port = loom_store_server_port(srv);
+    for (int i = 0; i < 4; i++)
+        fds[i] = raw_connect(port);
+    char uri[64];
+    snprintf(uri, sizeof(uri), "tcp://127.0.0.1:%d", port);
+    loom_store_t *s = open_uri(uri);
+    put_str(s, "k", "v");
+    expect_str(s, "k", "v");
+    loom_store_close(s);
+    for (int i = 0; i < 4; i++)
+        close(fds[i]);
+    loom_store_server_stop(srv);
+}
+END_TEST
+
 Suite *loom_store_suite(void)
 {
     Suite *su = suite_create("store");
@@ -1308,6 +1417,9 @@ Suite *loom_store_suite(void)
     tcase_add_test(tc, test_malformed_requests);
     tcase_add_test(tc, test_server_gone);
     tcase_add_test(tc, test_auth_server);
+    tcase_add_test(tc, test_server_quota);
+    tcase_add_test(tc, test_server_deadlines);
+    tcase_add_test(tc, test_server_caps);
     suite_add_tcase(su, tc);
     return su;
 }

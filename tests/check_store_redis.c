@@ -531,6 +531,26 @@ START_TEST(test_binary_and_big_values)
 }
 END_TEST
 
+/* A value longer than the store's limit, written by someone else, is refused
+ * without being read into memory. */
+START_TEST(test_oversized_value_refused)
+{
+    loom_store_t *s = open_uri(srv.uri);
+    char line[256], cmd[128];
+    snprintf(cmd, sizeof(cmd), "SETRANGE loom/huge %u x", LOOM_STORE_VALUE_MAX);
+    ck_assert_int_eq(raw_command(srv.port, cmd, line, sizeof(line)), 0);
+    loom_err_t err;
+    loom_err_clear(&err);
+    void *v = NULL;
+    size_t len;
+    ck_assert_int_eq(loom_store_get(s, "huge", &v, &len, 5, &err), LOOM_ERR_TRANSPORT);
+    ck_assert_msg(strstr(err.msg, "value limit") != NULL, "%s", err.msg);
+    put_str(s, "after", "fine");
+    expect_str(s, "after", "fine");
+    loom_store_close(s);
+}
+END_TEST
+
 START_TEST(test_prefixes_keep_jobs_apart)
 {
     char ua[160], ub[160], uroot[160], uloom[160];
@@ -833,6 +853,7 @@ Suite *loom_store_redis_suite(void)
     tcase_add_test(tc, test_cas);
     tcase_add_test(tc, test_delete);
     tcase_add_test(tc, test_binary_and_big_values);
+    tcase_add_test(tc, test_oversized_value_refused);
     tcase_add_test(tc, test_prefixes_keep_jobs_apart);
     tcase_add_test(tc, test_server_comes_up_late);
     tcase_add_test(tc, test_server_killed_while_waiting);

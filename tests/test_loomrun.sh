@@ -380,6 +380,34 @@ else
 fi
 rm -f "$tmp"/ssh.args.*
 
+# Secrets never ride on a command line (ps shows those on both hosts): the
+# remote shell reads them from ssh's stdin. The ranks still get them, and a
+# keyed job meets.
+rm -f "$tmp"/ssh.args.*
+# (The ranks show checksums: the secrets themselves must not appear in the
+# program's own arguments either.)
+want=$(printf '%s' 's3cret key;$(x)' | cksum)/$(printf '%s' 'redis-pw-42' | cksum)
+LOOM_AUTH_KEY='s3cret key;$(x)' PATH="$tmp/bin:$PATH" run -H fakehost:2 \
+    -x 'LOOM_REDIS_PASSWORD=redis-pw-42' \
+    sh -c 'echo "secrets $(printf %s "$LOOM_AUTH_KEY" | cksum)/$(printf %s "$LOOM_REDIS_PASSWORD" | cksum)"
+           exec "$0"' "$top_builddir/examples/allreduce"
+nargs=$(cat "$tmp"/ssh.args.* 2>/dev/null | wc -l)
+if [ $rc -eq 0 ] && [ "$(grep -cF "secrets $want" "$tmp/out")" -eq 2 ] &&
+   [ "$(grep -c 'allreduce OK' "$tmp/out")" -eq 2 ] && [ "$nargs" -gt 10 ] &&
+   ! grep -q 's3cret\|redis-pw' "$tmp"/ssh.args.*; then
+    pass "LOOM_AUTH_KEY and LOOM_REDIS_PASSWORD reach remote ranks, on no command line"
+else
+    fail "secrets to remote ranks (rc=$rc)"; dump; echo "--- ssh args:" >&2; cat "$tmp"/ssh.args.* >&2
+fi
+rm -f "$tmp"/ssh.args.*
+LOOM_AUTH_KEY='two
+lines' PATH="$tmp/bin:$PATH" run -H fakehost:1 true
+if [ $rc -ne 0 ] && grep -q 'LOOM_AUTH_KEY_FILE' "$tmp/err" && ! ls "$tmp"/ssh.args.* >/dev/null 2>&1; then
+    pass "a secret with a newline is refused, pointing to LOOM_AUTH_KEY_FILE"
+else
+    fail "secret with a newline (rc=$rc)"; dump
+fi
+
 PATH="$tmp/bin:$PATH" run -H fakehost:3 "$top_builddir/examples/allreduce"
 if [ $rc -eq 0 ] && [ "$(grep -c 'allreduce OK' "$tmp/out")" -eq 3 ]; then
     pass "a job of 3 remote ranks meets through loomrun's store"

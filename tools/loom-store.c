@@ -23,11 +23,16 @@ static void usage(FILE *f)
             "Serve a Loom rendezvous store (LOOM_STORE=tcp://H:P) until SIGINT or SIGTERM.\n"
             "\n"
             "  --port P   TCP port to listen on; 0 picks a free one (printed)\n"
-            "  --host H   address or name to listen on (default: every interface)\n"
+            "  --host H   address or name to listen on (default: 127.0.0.1, this machine\n"
+            "             only; '*' for every interface)\n"
             "  --auth-key-file F  require the key in file F (LOOM_AUTH_KEY_FILE's format) of\n"
             "             every client before serving it; ranks need the same key\n"
             "  --quiet    do not print the \"listening\" line\n"
-            "  --help     show this text\n");
+            "  --help     show this text\n"
+            "\n"
+            "Limits (environment): LOOM_STORE_MAX_BYTES, LOOM_STORE_MAX_CLIENTS,\n"
+            "LOOM_STORE_MAX_CLIENTS_PER_HOST, LOOM_STORE_HELLO_TIMEOUT, LOOM_STORE_IDLE_TIMEOUT\n"
+            "(loom-info lists them with their defaults).\n");
 }
 
 static int parse_port(const char *s, int *port_p)
@@ -65,7 +70,9 @@ static const char *key_file_env(const char *name, void *arg)
 
 int main(int argc, char **argv)
 {
-    const char *host = NULL, *key_file = NULL;
+    /* Loopback unless asked: a store reachable from the network is open to
+     * anyone who reaches it, so serving beyond this machine is a choice. */
+    const char *host = "127.0.0.1", *key_file = NULL;
     int port = -1, quiet = 0;
 
     for (int i = 1; i < argc; i++) {
@@ -81,7 +88,7 @@ int main(int argc, char **argv)
                 return 2;
             }
         } else if ((val = opt_value(argc, argv, &i, "--host")) != NULL) {
-            host = val;
+            host = strcmp(val, "*") == 0 ? NULL : val;
         } else if ((val = opt_value(argc, argv, &i, "--auth-key-file")) != NULL) {
             key_file = val;
         } else {

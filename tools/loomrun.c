@@ -954,13 +954,49 @@ static int start_rank(int r, char *const argv[], char *const envp[], const char 
  *    so "Terminated" from bash for the program it waited for does not read
  *    as the rank's output.
  *  - MARKER tells loomrun that the host answered and the program starts. */
-static void remote_script(strbuf_t *b, const char *wdir, int store_port, const host_t *h)
+/* Settings whose values are secrets. A command line is no place for them (ps
+ * shows it to every user of both hosts): a remote rank's shell reads them from
+ * ssh's standard input before anything else, one line each. */
+static const char *const secret_vars[] = { "LOOM_AUTH_KEY", "LOOM_REDIS_PASSWORD" };
+
+/* The length of the name of secret setting kv ("NAME=value"), or 0. */
+static size_t secret_name_len(const char *kv)
+{
+    for (size_t i = 0; i < sizeof(secret_vars) / sizeof(secret_vars[0]); i++) {
+        size_t n = strlen(secret_vars[i]);
+        if (strncmp(kv, secret_vars[i], n) == 0 && kv[n] == '=')
+            return n;
+    }
+    return 0;
+}
+
+/* remote_script below, with xenv: the variables the rank gets. Secrets among
+ * them are read from stdin, whose first lines loomrun writes into *secrets. */
+static void remote_script(strbuf_t *b, const char *wdir, int store_port, const host_t *h,
+                          const envv_t *xenv, strbuf_t *secrets)
 {
     char line[160];
     sb_str(b, "cd -- ");
     sb_quote(b, wdir);
-    sb_str(b, " || exit 127\n"
-              "exec 3<&0 </dev/null\n"
+    sb_str(b, " || exit 127\n");
+    for (size_t i = 0; i < xenv->n; i++) {
+        size_t n = secret_name_len(xenv->v[i]);
+        if (n == 0)
+            continue;
+        const char *val = xenv->v[i] + n + 1;
+        if (strchr(val, '\n') != NULL)
+            fatal("%.*s holds a newline, which cannot be passed to a remote rank; put the "
+                  "secret in a file readable only by you and set %.*s_FILE instead", (int)n,
+                  xenv->v[i], (int)n, xenv->v[i]);
+        sb_str(b, "IFS= read -r ");
+        sb_add(b, xenv->v[i], n);
+        sb_str(b, " || exit 127\nexport ");
+        sb_add(b, xenv->v[i], n);
+        sb_str(b, "\n");
+        sb_str(secrets, val);
+        sb_str(secrets, "\n");
+    }
+    sb_str(b, "exec 3<&0 </dev/null\n"
               "trap : INT TERM HUP\n"
               "{ trap '' INT TERM HUP\n"
               "  while read -r s <&3; do kill -s \"$s\" 0; done\n"
@@ -982,6 +1018,22 @@ static void remote_script(strbuf_t *b, const char *wdir, int store_port, const h
         snprintf(line, sizeof(line), " \"LOOM_STORE=tcp://$a:%d\"", store_port);
         sb_str(b, line);
     }
+    for (size_t i = 0; i < xenv->n; i++) {
+        if (secret_name_len(xenv->v[i]) > 0)
+            continue;
+        sb_add(b, " ", 1);
+        sb_quote(b, xenv->v[i]);
+    }
+}
+
+/* Hand a remote rank its secrets: the first lines of its ssh's stdin. */
+static void send_secrets(rank_t *rk, const strbuf_t *secrets)
+{
+    if (secrets->len == 0)
+        return;
+    /* Far below a pipe's capacity, so the non-blocking write takes it whole. */
+    if (write(rk->ctl, secrets->p, secrets->len) != (ssize_t)secrets->len)
+        fatal("cannot pass the secrets to a remote rank: %s", strerror(errno));
 }
 
 /* ---- command line ------------------------------------------------------------ */
@@ -1613,12 +1665,8 @@ static int elastic_start(int h, const options_t *o, envv_t *env, envv_t *xenv, i
     if (rk->kind == RANK_LOCAL) {
         rc = start_rank(r, o->argv, env->v, o->wdir);
     } else {
-        strbuf_t script = { 0 };
-        remote_script(&script, remote_wdir, port, &g_hosts[h]);
-        for (size_t i = 0; i < xenv->n; i++) {
-            sb_add(&script, " ", 1);
-            sb_quote(&script, xenv->v[i]);
-        }
+        strbuf_t script = { 0 }, secrets = { 0 };
+        remote_script(&script, remote_wdir, port, &g_hosts[h], xenv, &secrets);
         for (char **p = o->argv; *p != NULL; p++) {
             sb_add(&script, " ", 1);
             sb_quote(&script, *p);
@@ -1650,8 +1698,11 @@ static int elastic_start(int h, const options_t *o, envv_t *env, envv_t *xenv, i
         sargv[k++] = script.p;
         sargv[k] = NULL;
         rc = start_rank(r, sargv, env->v, NULL);
+        if (rc == 0)
+            send_secrets(rk, &secrets);
         rk->answer_by = now_ms() + (long long)(answer_s * 1000);
         sb_free(&script);
+        sb_free(&secrets);
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (rc < 0) {
@@ -2269,8 +2320,8 @@ int main(int argc, char **argv)
     /* The environment of local ranks (and srun): ours, -x on top, loomrun's
      * own variables last so -x cannot break the rendezvous. Remote ranks get
      * only what is passed on their command line: LOOM_* settings of ours, -x,
-     * and loomrun's variables. (Values on a command line can be seen in ps
-     * there; pass secrets such as LOOM_AUTH_KEY_FILE as a file name.) */
+     * and loomrun's variables; secrets (secret_vars) travel on ssh's stdin
+     * instead, since a command line can be seen in ps on both hosts. */
     envv_t env, xenv;
     env_init(&env, 1);
     env_init(&xenv, 0);
@@ -2386,12 +2437,8 @@ int main(int argc, char **argv)
                     env_set(&xenv, "LOOM_STORE", h->store);
                 else
                     env_unset(&xenv, "LOOM_STORE");
-                strbuf_t script = { 0 };
-                remote_script(&script, remote_wdir.p, port, h);
-                for (size_t i = 0; i < xenv.n; i++) {
-                    sb_add(&script, " ", 1);
-                    sb_quote(&script, xenv.v[i]);
-                }
+                strbuf_t script = { 0 }, secrets = { 0 };
+                remote_script(&script, remote_wdir.p, port, h, &xenv, &secrets);
                 for (char **p = opt.argv; *p != NULL; p++) {
                     sb_add(&script, " ", 1);
                     sb_quote(&script, *p);
@@ -2423,8 +2470,11 @@ int main(int argc, char **argv)
                 sargv[k++] = script.p;
                 sargv[k] = NULL;
                 rc = start_rank(r, sargv, env.v, NULL);
+                if (rc == 0)
+                    send_secrets(rk, &secrets);
                 rk->answer_by = now_ms() + (long long)(answer_s * 1000);
                 sb_free(&script);
+                sb_free(&secrets);
             }
             if (rc < 0)
                 fatal("cannot start rank %d: %s", r, strerror(errno));

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -48,6 +49,14 @@
 /* After the rings: a window that node-local algorithms stage data in, which
  * every peer maps. Its pages are only touched when an algorithm uses it. */
 #define WINDOW_BYTES ((size_t)2 << 20)
+/* Messages a peer may have waiting for their receive (and the bytes they
+ * hold): far beyond what an algorithm leaves early, yet a peer gone wrong
+ * cannot grow our heap without end. */
+#define UNEXP_MAX_MSGS 65536
+#define UNEXP_MAX_BYTES ((uint64_t)16 << 30)
+/* Seals every segment carries, so that a peer that mapped it can rely on its
+ * size (a shrunk file would turn our next access into SIGBUS). */
+#define SEGMENT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
 enum { REC_PAD = 1, REC_EAGER, REC_START, REC_CONT, REC_RTS, REC_FIN, REC_BYE };
 /* segment_t.closed: a broken owner will never answer again, so its peers
@@ -87,7 +96,7 @@ typedef struct shm_unexp {
     struct shm_unexp *next;
     loom_frame_t frame;
     uint8_t *data;      /* eager or streamed payload; NULL for an RTS */
-    size_t got;
+    size_t got, cap;    /* cap: bytes data holds; grows as the stream arrives */
     int complete;
     uint64_t token, addr;   /* RTS */
 } shm_unexp_t;
@@ -109,6 +118,8 @@ typedef struct shm_peer {
     /* receive side (our ring for this peer) */
     loom_req_queue_t rq;                /* posted receives */
     shm_unexp_t *uq_head, *uq_tail;
+    size_t uq_count;                    /* entries and payload bytes in uq (UNEXP_MAX_*) */
+    uint64_t uq_bytes;
     loom_tp_req_t *cur_req;             /* a streamed message arriving */
     shm_unexp_t *cur_unexp;
     size_t cur_len, cur_off;
@@ -185,8 +196,9 @@ static loom_status_t shm_create(const loom_tp_params_t *p, char *addr, size_t ad
         tp->peers[r].rank = r;
     /* Pages of rings no local peer uses are never touched, so a large job
      * costs address space, not memory. */
-    tp->memfd = memfd_create("loom-shm", MFD_CLOEXEC);
-    if (tp->memfd < 0 || ftruncate(tp->memfd, (off_t)tp->seg_bytes) != 0) {
+    tp->memfd = memfd_create("loom-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (tp->memfd < 0 || ftruncate(tp->memfd, (off_t)tp->seg_bytes) != 0 ||
+        fcntl(tp->memfd, F_ADD_SEALS, SEGMENT_SEALS) != 0) {
         loom_status_t st = loom_err_set(p->err, LOOM_ERR_TRANSPORT,
                                         "shared memory: cannot create a %zu-byte segment: %s "
                                         "(LOOM_SHM=0 turns shared memory off)",
@@ -244,6 +256,17 @@ static loom_status_t shm_connect(loom_tp_t *tp, char *const *addrs, double timeo
                            "shared memory: cannot open rank %d's segment %s: %s (are the ranks "
                            "in one container, under one user? LOOM_SHM=0 turns shared memory "
                            "off)", r, path, strerror(errno));
+        /* Only a sealed memfd of the announced size: mapping anything shorter
+         * (or a file its owner may still shrink) would let a touch beyond its
+         * end kill us with SIGBUS. */
+        struct stat sb;
+        int seals = fcntl(pfd, F_GET_SEALS);
+        if (fstat(pfd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != bytes ||
+            seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+            close(pfd);
+            return tp_fail(tp, LOOM_ERR_TRANSPORT, "shared memory: rank %d's segment %s is not "
+                           "a sealed memfd of %zu bytes", r, path, bytes);
+        }
         void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
         close(pfd);
         if (m == MAP_FAILED)
@@ -289,6 +312,8 @@ static loom_status_t shm_connect(loom_tp_t *tp, char *const *addrs, double timeo
 
 static void unexp_append(shm_peer_t *peer, shm_unexp_t *u)
 {
+    peer->uq_count++;
+    peer->uq_bytes += u->frame.len;
     if (peer->uq_tail)
         peer->uq_tail->next = u;
     else
@@ -522,7 +547,7 @@ static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req)
         u->frame = f;
         if (req->len)
             memcpy(u->data, req->buf, req->len);
-        u->got = req->len;
+        u->got = u->cap = req->len;
         u->complete = 1;
         unexp_append(self, u);
     }
@@ -568,6 +593,8 @@ static loom_status_t shm_irecv(loom_tp_t *tp, loom_tp_req_t *req)
             peer->uq_head = u->next;
         if (peer->uq_tail == u)
             peer->uq_tail = prev;
+        peer->uq_count--;
+        peer->uq_bytes -= u->frame.len;
         loom_status_t st = LOOM_SUCCESS;
         if (!u->data) {
             st = cma_read(tp, peer, req, u->addr, u->token);
@@ -615,8 +642,43 @@ static loom_status_t take_fin(loom_tp_t *tp, shm_peer_t *peer, uint64_t token)
                    peer->rank, tp->rank);
 }
 
-/* A record that opens a message: match it or keep it for later. */
-static loom_status_t open_message(loom_tp_t *tp, shm_peer_t *peer, const rec_t *rec)
+/* Whether peer may leave one more early message of len bytes with us. */
+static loom_status_t unexp_admit(loom_tp_t *tp, shm_peer_t *peer, uint64_t len)
+{
+    if (peer->uq_count >= UNEXP_MAX_MSGS || len > UNEXP_MAX_BYTES - peer->uq_bytes)
+        return tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d sent more early messages than rank %d "
+                       "keeps (%zu messages, %llu bytes waiting for their receive)", peer->rank,
+                       tp->rank, peer->uq_count, (unsigned long long)peer->uq_bytes);
+    return LOOM_SUCCESS;
+}
+
+/* Make room for got + len bytes in u's buffer, growing as bytes arrive (not
+ * to the announced length at once, which the peer could inflate). */
+static loom_status_t unexp_reserve(loom_tp_t *tp, shm_peer_t *peer, shm_unexp_t *u, size_t len)
+{
+    size_t want = u->got + len;
+    if (want <= u->cap && u->data)
+        return LOOM_SUCCESS;
+    size_t cap = u->cap ? u->cap : CHUNK_BYTES;
+    while (cap < want)
+        cap *= 2;
+    if (cap > u->frame.len)
+        cap = u->frame.len;
+    if (cap == 0)
+        cap = 1;
+    uint8_t *d = realloc(u->data, cap);
+    if (!d)
+        return tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory holding a %llu-byte early "
+                       "message from rank %d", (unsigned long long)u->frame.len, peer->rank);
+    u->data = d;
+    u->cap = cap;
+    return LOOM_SUCCESS;
+}
+
+/* A record that opens a message: match it or keep it for later. rec is our
+ * own copy of the record; payload (rec->len bytes) still lies in the ring. */
+static loom_status_t open_message(loom_tp_t *tp, shm_peer_t *peer, const rec_t *rec,
+                                  const uint8_t *payload)
 {
     loom_frame_t f = {.kind = LOOM_FRAME_DATA,
                       .match = {.tag = rec->tag, .desc = rec->desc, .total = rec->total},
@@ -627,6 +689,8 @@ static loom_status_t open_message(loom_tp_t *tp, shm_peer_t *peer, const rec_t *
     if (rec->kind == REC_RTS) {
         if (req)
             return cma_read(tp, peer, req, rec->addr, rec->token);
+        if (unexp_admit(tp, peer, 0) != LOOM_SUCCESS)
+            return tp->failed;
         shm_unexp_t *u = calloc(1, sizeof(*u));
         if (!u)
             return tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory");
@@ -638,7 +702,7 @@ static loom_status_t open_message(loom_tp_t *tp, shm_peer_t *peer, const rec_t *
     }
     if (req) {
         if (rec->len)   /* a zero-length receive may have no buffer */
-            memcpy(req->buf, rec + 1, rec->len);
+            memcpy(req->buf, payload, rec->len);
         req->off = rec->len;
         if (rec->kind == REC_EAGER)
             loom_req_complete(req);
@@ -646,16 +710,18 @@ static loom_status_t open_message(loom_tp_t *tp, shm_peer_t *peer, const rec_t *
             peer->cur_req = req;
         return LOOM_SUCCESS;
     }
+    if (unexp_admit(tp, peer, rec->msglen) != LOOM_SUCCESS)
+        return tp->failed;
     shm_unexp_t *u = calloc(1, sizeof(*u));
-    if (u)
-        u->data = malloc(rec->msglen ? rec->msglen : 1);
-    if (!u || !u->data) {
-        free(u);
-        return tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory holding a %llu-byte early message",
-                       (unsigned long long)rec->msglen);
-    }
+    if (!u)
+        return tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory");
     u->frame = f;
-    memcpy(u->data, rec + 1, rec->len);
+    if (unexp_reserve(tp, peer, u, rec->len) != LOOM_SUCCESS) {
+        free(u);
+        return tp->failed;
+    }
+    if (rec->len)
+        memcpy(u->data, payload, rec->len);
     u->got = rec->len;
     u->complete = rec->kind == REC_EAGER;
     unexp_append(peer, u);
@@ -664,14 +730,15 @@ static loom_status_t open_message(loom_tp_t *tp, shm_peer_t *peer, const rec_t *
     return LOOM_SUCCESS;
 }
 
-static loom_status_t continue_message(loom_tp_t *tp, shm_peer_t *peer, const rec_t *rec)
+static loom_status_t continue_message(loom_tp_t *tp, shm_peer_t *peer, const rec_t *rec,
+                                      const uint8_t *payload)
 {
     if (peer->cur_req) {
         loom_tp_req_t *req = peer->cur_req;
         if (req->off + rec->len > req->len)
             return tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d streamed more than it announced",
                            peer->rank);
-        memcpy((uint8_t *)req->buf + req->off, rec + 1, rec->len);
+        memcpy((uint8_t *)req->buf + req->off, payload, rec->len);
         req->off += rec->len;
         if (req->off == req->len) {
             loom_req_complete(req);
@@ -682,7 +749,9 @@ static loom_status_t continue_message(loom_tp_t *tp, shm_peer_t *peer, const rec
         if (u->got + rec->len > u->frame.len)
             return tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d streamed more than it announced",
                            peer->rank);
-        memcpy(u->data + u->got, rec + 1, rec->len);
+        if (unexp_reserve(tp, peer, u, rec->len) != LOOM_SUCCESS)
+            return tp->failed;
+        memcpy(u->data + u->got, payload, rec->len);
         u->got += rec->len;
         if (u->got == u->frame.len) {
             u->complete = 1;
@@ -695,7 +764,30 @@ static loom_status_t continue_message(loom_tp_t *tp, shm_peer_t *peer, const rec
     return LOOM_SUCCESS;
 }
 
-/* Consume every record peer has written to us. */
+/* Whether a record of this kind, as we copied it, is well formed. */
+static int rec_valid(const rec_t *rec)
+{
+    if (rec->len > CHUNK_BYTES || rec->msglen > LOOM_FRAME_MAX_LEN)
+        return 0;
+    switch (rec->kind) {
+    case REC_EAGER:
+        return rec->len == rec->msglen;
+    case REC_START:   /* the first chunk of a longer message */
+        return rec->len < rec->msglen;
+    case REC_CONT:
+        return 1;     /* checked against the message it continues */
+    case REC_RTS:
+    case REC_FIN:
+    case REC_BYE:
+        return rec->len == 0;
+    default:
+        return 0;
+    }
+}
+
+/* Consume every record peer has written to us. Everything in the ring is the
+ * peer's to write at any time, so each record is copied before it is checked
+ * and the walk never trusts head, tail or a length beyond the ring. */
 static loom_status_t drain(loom_tp_t *tp, shm_peer_t *peer, int *moved)
 {
     ring_t *ring = &tp->seg->rings[peer->rank];
@@ -703,33 +795,52 @@ static loom_status_t drain(loom_tp_t *tp, shm_peer_t *peer, int *moved)
     uint64_t head = atomic_load_explicit(&ring->head, memory_order_acquire);
     if (tail == head)
         return LOOM_SUCCESS;
+    if (head - tail > RING_BYTES)
+        return tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d's shared-memory ring claims %llu "
+                       "unread bytes, more than the ring holds (%d)", peer->rank,
+                       (unsigned long long)(head - tail), RING_BYTES);
     while (tail != head && !tp->failed) {
         size_t off = (size_t)(tail % RING_BYTES);
-        const rec_t *rec = (const rec_t *)(ring->data + off);
-        if (RING_BYTES - off < sizeof(rec_t) || rec->kind == REC_PAD) {
-            tail += RING_BYTES - off;
-            continue;
+        size_t to_end = RING_BYTES - off;
+        rec_t rec;
+        size_t step;
+        if (to_end < sizeof(rec_t)) {
+            rec.kind = REC_PAD;
+        } else {
+            memcpy(&rec, ring->data + off, sizeof(rec));
         }
-        if (rec->len > CHUNK_BYTES || rec->msglen > LOOM_FRAME_MAX_LEN)
-            return tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d wrote a malformed shared-memory "
-                           "record", peer->rank);
-        switch (rec->kind) {
+        if (rec.kind == REC_PAD) {
+            step = to_end;
+        } else {
+            if (!rec_valid(&rec))
+                return tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d wrote a malformed shared-memory "
+                               "record (kind %u, %llu of %llu bytes)", peer->rank, rec.kind,
+                               (unsigned long long)rec.len, (unsigned long long)rec.msglen);
+            step = rec_space(rec.len);
+            if (step > to_end)
+                return tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d wrote a shared-memory record "
+                               "that runs past the ring's end", peer->rank);
+        }
+        if (step > head - tail)
+            return tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d wrote a shared-memory record that "
+                           "runs past what it published", peer->rank);
+        const uint8_t *payload = ring->data + off + sizeof(rec_t);
+        switch (rec.kind) {
+        case REC_PAD:
+            break;
         case REC_EAGER:
         case REC_START:
         case REC_RTS:
             if (peer->cur_req || peer->cur_unexp)
                 return tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d began a message inside another",
                                peer->rank);
-            if ((rec->kind == REC_EAGER) != (rec->len == rec->msglen) && rec->kind != REC_RTS)
-                return tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d wrote a malformed record",
-                               peer->rank);
-            open_message(tp, peer, rec);
+            open_message(tp, peer, &rec, payload);
             break;
         case REC_CONT:
-            continue_message(tp, peer, rec);
+            continue_message(tp, peer, &rec, payload);
             break;
         case REC_FIN:
-            take_fin(tp, peer, rec->token);
+            take_fin(tp, peer, rec.token);
             break;
         case REC_BYE:
             peer->said_bye = 1;
@@ -737,11 +848,8 @@ static loom_status_t drain(loom_tp_t *tp, shm_peer_t *peer, int *moved)
                 tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d destroyed its communicator while rank "
                         "%d still waits for a message from it", peer->rank, tp->rank);
             break;
-        default:
-            return tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d wrote an unknown shared-memory "
-                           "record (kind %u)", peer->rank, rec->kind);
         }
-        tail += rec_space(rec->len);
+        tail += step;
     }
     atomic_store(&ring->tail, tail);
     *moved = 1;

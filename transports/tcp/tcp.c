@@ -262,6 +262,11 @@ static loom_status_t choose_host(const loom_tp_params_t *p, char *host, size_t h
         return LOOM_SUCCESS;
     }
     snprintf(host, hostlen, "127.0.0.1");
+    /* Nothing says which interface the others reach (a file:// store) and
+     * the launcher says they all run here: loopback, which no other machine
+     * reaches. */
+    if (p->settings && p->settings->single_node)
+        return LOOM_SUCCESS;
     struct ifaddrs *ifs, *ifa;
     if (getifaddrs(&ifs) == 0) {
         for (ifa = ifs; ifa; ifa = ifa->ifa_next) {
