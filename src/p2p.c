@@ -1,8 +1,8 @@
 /* p2p.c - tagged point-to-point inside a running collective, and the wait loop
  * every blocking path goes through: it spins while spinning pays (the policy
- * of src/spin.c: as long as recent waits took, never on oversubscribed CPUs)
- * and sleeps in the transport otherwise (epoll, futex), failing with
- * LOOM_ERR_TIMEOUT after ctx->timeout_s without progress. */
+ * of src/spin.c: about twice what recent waits took, and on crowded CPUs only
+ * while that beats sleeping) and sleeps in the transport otherwise (epoll,
+ * futex), failing with LOOM_ERR_TIMEOUT after ctx->timeout_s without progress. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
