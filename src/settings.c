@@ -25,7 +25,7 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_SHM_CMA", "1", "1: shared memory copies large messages straight from the sender (cross-memory attach) where the kernel allows; 0: always through the rings"},
     {"LOOM_SOCKET_IFNAME", NULL, "network interface for TCP (else the one that reaches the store)"},
     {"LOOM_SOCKET_BUFSIZE", "4194304", "SO_SNDBUF/SO_RCVBUF in bytes; 0 keeps kernel autotuning"},
-    {"LOOM_SPIN_US", "auto", "microseconds a waiting call busy-polls before sleeping in the kernel (epoll, futex); auto: about twice what recent waits took (50 to 200), never on one CPU, and on crowded CPUs (more local ranks or runnable tasks than CPUs) only while waits show spinning to be faster than sleeping; 0 never spins"},
+    {"LOOM_SPIN_US", "auto", "microseconds a waiting call busy-polls before sleeping in the kernel (epoll, futex); auto: about twice what recent waits took (50 to 200), never on one CPU, and on crowded CPUs (more local ranks or runnable tasks than CPUs) unless waits show sleeping to be clearly (2x) faster; 0 never spins"},
     {"LOOM_SPIN_YIELD", "1", "1: yield the core between polls, so ranks sharing cores (or a busy machine) do not starve each other"},
     {"LOOM_SEGMENT_BYTES", "262144", "pipelining unit of ring algorithms"},
     {"LOOM_ALGO", NULL, "force algorithms, e.g. allreduce=ring,allgather=bruck"},

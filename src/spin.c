@@ -49,9 +49,13 @@ int loom_spin_decide(const loom_spin_view_t *v)
         return v->setting_us;
     if (never_spin(v))
         return 0;
-    /* A quiet machine spins: the lost CPU time is nobody's loss. */
+    /* A quiet machine spins: the lost CPU time is nobody's loss. Crowded, it
+     * sleeps only where that is clearly faster: ranks time each other's ways
+     * too (a spinner waiting for sleepers pays their wake-ups), and where our
+     * own ranks are the crowd, spinners that yield pass the core to the peer
+     * they wait for, which beats waking it. */
     if (crowded(v) && v->sleep_wait_us >= 0 && v->spin_wait_us >= 0 &&
-        v->sleep_wait_us < v->spin_wait_us)
+        v->sleep_wait_us * LOOM_SPIN_SLEEP_GAIN < v->spin_wait_us)
         return 0;
     return spin_length(v);
 }

@@ -15,7 +15,7 @@
  *  - never spin on one CPU (the peer needs our very core);
  *  - crowded (more ranks of the communicator on this node than CPUs we may
  *    use, or more runnable tasks than CPUs in /proc/loadavg) and sleeping
- *    has been faster lately: do not spin;
+ *    has been clearly faster lately (LOOM_SPIN_SLEEP_GAIN): do not spin;
  *  - else spin about twice what recent spinning waits took, within
  *    [LOOM_SPIN_AUTO_MIN_US, LOOM_SPIN_AUTO_MAX_US]. */
 #ifndef LOOM_SPIN_H
@@ -26,6 +26,10 @@
 /* Shortest, while spinning at all: a few wake-ups (a sleeping wait in a
  * communicator that mixes shared memory and TCP naps a millisecond). */
 #define LOOM_SPIN_AUTO_MIN_US 50
+
+/* Crowded, sleeping is chosen where waits that sleep took less than the
+ * spinning ones by this factor. */
+#define LOOM_SPIN_SLEEP_GAIN 2.0
 
 /* What the decision rests on. */
 typedef struct loom_spin_view {

@@ -66,6 +66,10 @@ START_TEST(test_decide_crowded)
     ck_assert_int_eq(loom_spin_decide(&v), 0);            /* sleeping is faster */
     v = view(2, 2, 9, 5, 30);
     ck_assert_int_eq(loom_spin_decide(&v), LOOM_SPIN_AUTO_MIN_US);   /* spinning is */
+    v = view(2, 2, 9, 50, 30);
+    ck_assert_int_eq(loom_spin_decide(&v), 100);          /* sleeping, but not clearly */
+    v = view(2, 2, 9, 61, 30);
+    ck_assert_int_eq(loom_spin_decide(&v), 0);            /* clearly */
     v = view(2, 2, 9, -1, 30);
     ck_assert_int_gt(loom_spin_decide(&v), 0);            /* spinning untried */
     v = view(2, 2, 9, 5, -1);
