@@ -53,6 +53,7 @@ typedef struct loom_ctx {
     uint64_t total;
     double timeout_s;        /* a wait fails after this long without progress */
     int spin_us;             /* busy-poll this long before sleeping in the transport */
+    struct loom_spin *spin;  /* the communicator's spin policy (src/spin.h); NULL: spin_us */
     int spin_yield;          /* yield the core between polls (ranks outnumber cores) */
     loom_err_t *err;
     void *scratch;           /* grown by loom_ctx_scratch, freed with the context */

@@ -431,6 +431,8 @@ static void init_ctx(loom_comm_t c)
     c->ctx.tp = c->tp;
     c->ctx.timeout_s = c->cfg.timeout_s;
     c->ctx.spin_us = c->cfg.spin_us;
+    loom_spin_init(&c->spin, c->cfg.spin_us, c->local_size);
+    c->ctx.spin = &c->spin;
     c->ctx.spin_yield = c->cfg.spin_yield;
     c->ctx.err = &c->work_err;
     c->ctx.segment_bytes = c->cfg.segment_bytes;
@@ -722,6 +724,11 @@ LOOM_API loom_status_t loom_comm_destroy(loom_comm_t c)
     loom_elastic_detach(c);   /* its watcher may still abort the transport */
     /* Queued operations finish first (or fail within LOOM_TIMEOUT). */
     loom_comm_stop_worker(c);
+    LOOM_INFO("coll", "rank %d: spin budget %d us at the end (LOOM_SPIN_US %d, %d CPUs, %d "
+              "local ranks, %d runnable; waits took %.1f us spinning, %.1f us sleeping)",
+              c->rank, loom_spin_decide(&c->spin.view), c->spin.view.setting_us,
+              c->spin.view.cpus, c->spin.view.local_ranks, c->spin.view.runnable,
+              c->spin.view.spin_wait_us, c->spin.view.sleep_wait_us);
     if (c->tp)
         c->tp_ops->destroy(c->tp, c->cfg.timeout_s);
     store_unref(c->store);

@@ -9,6 +9,7 @@
 
 #include "algorithms.h"
 #include "settings.h"
+#include "spin.h"
 #include "error.h"
 #include "store.h"
 #include "transport.h"
@@ -48,6 +49,7 @@ struct loom_comm {
     const loom_transport_ops_t *tp_ops;
     loom_tp_t *tp;
     loom_ctx_t ctx;
+    loom_spin_t spin;             /* how its waits spin (ctx.spin points here) */
 
     loom_err_t work_err;          /* written by the operation that is running */
     pthread_mutex_t err_lock;

@@ -1,7 +1,8 @@
 /* p2p.c - tagged point-to-point inside a running collective, and the wait loop
- * every blocking path goes through: it spins while bytes move (a core is
- * usually free during a collective) and sleeps in the transport otherwise,
- * failing with LOOM_ERR_TIMEOUT after ctx->timeout_s without progress. */
+ * every blocking path goes through: it spins while spinning pays (the policy
+ * of src/spin.c: about twice what recent waits took, and on crowded CPUs only
+ * while that beats sleeping) and sleeps in the transport otherwise (epoll,
+ * futex), failing with LOOM_ERR_TIMEOUT after ctx->timeout_s without progress. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -13,6 +14,7 @@
 
 #include "algorithms.h"
 #include "reduce.h"
+#include "spin.h"
 #include "timeline.h"
 
 static double monotonic_s(void)
@@ -154,8 +156,8 @@ void loom_ctx_reduce(loom_ctx_t *ctx, void *out, const void *a, const void *b, s
 static loom_status_t wait_loop(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n,
                                loom_tp_req_t *const *any_of)
 {
-    double last_moved = monotonic_s();
-    int first_pending = 0;
+    double started = 0, last_moved = 0;
+    int first_pending = 0, spin_us = -1;
     for (;;) {
         if (any_of) {
             int done = 0;
@@ -171,10 +173,15 @@ static loom_status_t wait_loop(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n,
             if (first_pending == n)
                 break;
         }
-        double idle_s = monotonic_s() - last_moved;
+        double now = monotonic_s();
+        if (spin_us < 0) {   /* something to wait for after all */
+            started = last_moved = now;
+            spin_us = ctx->spin ? loom_spin_begin(ctx->spin, now) : ctx->spin_us;
+        }
+        double idle_s = now - last_moved;
         /* Busy-poll while data was flowing recently: a sleep in epoll costs a
          * cross-core wake-up (tens of microseconds in a VM) per message. */
-        int timeout_ms = idle_s * 1e6 < (double)ctx->spin_us ? 0 : 100;
+        int timeout_ms = idle_s * 1e6 < (double)spin_us ? 0 : 100;
         int moved = 0;
         loom_status_t st = ctx->tp_ops->progress(ctx->tp, timeout_ms, &moved);
         if (st != LOOM_SUCCESS)
@@ -193,6 +200,8 @@ static loom_status_t wait_loop(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n,
                                 ctx->timeout_s, r ? r->len - r->off : 0, r ? r->peer : -1);
         }
     }
+    if (spin_us >= 0 && ctx->spin)
+        loom_spin_end(ctx->spin, (monotonic_s() - started) * 1e6);
     loom_status_t st = LOOM_SUCCESS;
     for (int i = 0; i < n; i++) {
         loom_tp_req_t *r = any_of ? any_of[i] : &reqs[i];

@@ -14,6 +14,7 @@
 #include "log.h"
 #include "settings.h"
 #include "store_proto.h"
+#include "spin.h"
 
 const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_RANK", NULL, "rank of this process (else RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK)"},
@@ -37,7 +38,7 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_SHM_CMA", "1", "1: shared memory copies large messages straight from the sender (cross-memory attach) where the kernel allows; 0: always through the rings"},
     {"LOOM_SOCKET_IFNAME", NULL, "network interface for TCP (else the one that reaches the store)"},
     {"LOOM_SOCKET_BUFSIZE", "4194304", "SO_SNDBUF/SO_RCVBUF in bytes; 0 keeps kernel autotuning"},
-    {"LOOM_SPIN_US", "200", "microseconds a waiting call busy-polls before sleeping in epoll"},
+    {"LOOM_SPIN_US", "auto", "microseconds a waiting call busy-polls before sleeping in the kernel (epoll, futex); auto: about twice what recent waits took (50 to 200), never on one CPU, and on crowded CPUs (more local ranks or runnable tasks than CPUs) unless waits show sleeping to be clearly (2x) faster; 0 never spins"},
     {"LOOM_SPIN_YIELD", "1", "1: yield the core between polls, so ranks sharing cores (or a busy machine) do not starve each other"},
     {"LOOM_SEGMENT_BYTES", "262144", "pipelining unit of ring algorithms"},
     {"LOOM_ALGO", NULL, "force algorithms, e.g. allreduce=ring,allgather=bruck"},
@@ -267,9 +268,11 @@ loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *a
     if ((st = int_setting(get, arg, "LOOM_SOCKET_BUFSIZE", 0, 1L << 30, &v, err)) != LOOM_SUCCESS)
         return st;
     s->socket_bufsize = (int)v;
-    if ((st = int_setting(get, arg, "LOOM_SPIN_US", 0, 10000000, &v, err)) != LOOM_SUCCESS)
-        return st;
-    s->spin_us = (int)v;
+    const char *spin = lookup(get, arg, "LOOM_SPIN_US");
+    if (loom_spin_parse(spin, &s->spin_us) != 0)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG,
+                            "LOOM_SPIN_US=\"%s\" is neither auto nor an integer in [0, 10000000]",
+                            spin);
     if ((st = int_setting(get, arg, "LOOM_SPIN_YIELD", 0, 1, &v, err)) != LOOM_SUCCESS)
         return st;
     s->spin_yield = (int)v;

@@ -30,7 +30,7 @@ typedef struct loom_settings {
     size_t early_max_bytes;    /* LOOM_EARLY_MAX_BYTES: early messages held per TCP peer */
     char ifname[64];           /* "" when unset */
     int socket_bufsize;        /* bytes; 0 = kernel autotuning */
-    int spin_us;
+    int spin_us;               /* LOOM_SPIN_US; -1: auto (src/spin.h) */
     int spin_yield;            /* give the core away between polls */
     size_t segment_bytes;
     char algo[512];            /* "allreduce=ring,broadcast=binomial" */

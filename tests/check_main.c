@@ -12,6 +12,7 @@ int main(void)
     srunner_add_suite(sr, loom_algorithms_suite());
     srunner_add_suite(sr, loom_ibverbs_suite());
     srunner_add_suite(sr, loom_elastic_suite());
+    srunner_add_suite(sr, loom_spin_suite());
 #ifdef LOOM_HAVE_CUDA
     srunner_add_suite(sr, loom_cuda_suite());
 #endif

@@ -11,6 +11,7 @@ Suite *loom_wire_suite(void);
 Suite *loom_algorithms_suite(void);
 Suite *loom_ibverbs_suite(void);
 Suite *loom_elastic_suite(void);
+Suite *loom_spin_suite(void);
 #ifdef LOOM_HAVE_CUDA
 Suite *loom_cuda_suite(void);
 #endif

@@ -105,6 +105,31 @@ else
     fail "stdout/stderr tags or partial line (rc=$rc)"; dump
 fi
 
+# --no-tag-output: the lines as written, still whole; --tag-output (the
+# default) restores the tags, the last of the two wins.
+run -np 2 --no-tag-output sh -c 'echo "out $LOOM_RANK"; echo "err $LOOM_RANK" >&2; printf "tail $LOOM_RANK"'
+if [ $rc -eq 0 ] && [ "$(sort "$tmp/out")" = 'out 0
+out 1
+tail 0
+tail 1' ] && [ "$(sort "$tmp/err")" = 'err 0
+err 1' ]; then
+    pass "--no-tag-output prints lines untagged, each whole"
+else
+    fail "--no-tag-output (rc=$rc)"; dump
+fi
+run -np 1 --no-tag-output --tag-output sh -c 'echo x'
+if [ $rc -eq 0 ] && [ "$(cat "$tmp/out")" = '[0]<stdout>: x' ]; then
+    pass "--tag-output after --no-tag-output tags again"
+else
+    fail "--tag-output (rc=$rc)"; dump
+fi
+run -np 1 --no-tag-output=1 true
+if [ $rc -ne 0 ] && grep -q "takes no value" "$tmp/err"; then
+    pass "--no-tag-output=1 refused"
+else
+    fail "--no-tag-output=1 accepted (rc=$rc)"; dump
+fi
+
 # A line far longer than any read buffer or pipe stays whole.
 run -np 2 sh -c 'head -c 200000 /dev/zero | tr "\0" x; echo'
 if [ $rc -eq 0 ] && [ "$(wc -l <"$tmp/out")" -eq 2 ] &&

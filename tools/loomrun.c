@@ -7,9 +7,9 @@
  * loomrun serves the rendezvous store itself (so no rank has to), starts the
  * ranks with LOOM_RANK/LOOM_SIZE/LOOM_LOCAL_RANK/LOOM_LOCAL_SIZE/LOOM_STORE/
  * LOOM_JOB_ID (and LOOM_HOST_ID when hosts are named) set, tags every line
- * they print with "[R]<stdout>: " or "[R]<stderr>: ", forwards SIGINT/SIGTERM/
- * SIGHUP, and when one rank fails ends the others and exits with the failing
- * rank's code.
+ * they print with "[R]<stdout>: " or "[R]<stderr>: " (unless --no-tag-output),
+ * forwards SIGINT/SIGTERM/SIGHUP, and when one rank fails ends the others and
+ * exits with the failing rank's code.
  *
  * A remote rank is an ssh client here running a small sh script there (see
  * remote_script): the script says when the program starts, so an ssh failure
@@ -151,6 +151,7 @@ static sigset_t g_orig_mask;
  * output for it is dropped instead of retried. */
 static int g_dest_dead[3];
 
+static int g_tag = 1;    /* --tag-output (the default) / --no-tag-output */
 static char *g_out;      /* assembly buffer for one batch of tagged lines */
 static size_t g_out_cap;
 static strbuf_t g_fbuf;  /* the same batch, untagged, for --output-filename */
@@ -874,6 +875,8 @@ static int open_stream(stream_t *s, int rank, int dest, int *write_end)
     s->rank = rank;
     snprintf(s->prefix, sizeof(s->prefix), "[%d]<%s>: ", rank,
              dest == STDOUT_FILENO ? "stdout" : "stderr");
+    if (!g_tag)
+        s->prefix[0] = '\0';
     s->prefix_len = strlen(s->prefix);
     s->line = NULL;
     s->len = s->cap = 0;
@@ -1071,6 +1074,10 @@ static void usage(FILE *f)
         "  --output-filename DIR  also write rank N's stdout and stderr to\n"
         "                    DIR/rank.N/stdout and DIR/rank.N/stderr (under srun,\n"
         "                    srun writes them instead of the console)\n"
+        "  --tag-output      prefix every line with \"[R]<stdout>: \" or \"[R]<stderr>: \"\n"
+        "                    (the default)\n"
+        "  --no-tag-output   print the ranks' lines as they wrote them, for tools that\n"
+        "                    read the output by position (nccl-tests parsers)\n"
         "Elastic jobs (ranks may die, leave and join while the job runs):\n"
         "  --elastic         membership changes rebuild the job instead of ending it:\n"
         "                    ranks get LOOM_ELASTIC=1 and LOOM_ELASTIC_ID\n"
@@ -1096,7 +1103,8 @@ static void usage(FILE *f)
         "srun numbers the ranks (SLURM_PROCID...). Outside srun and --elastic, Horovod's\n"
         "HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE and\n"
         "_HOSTNAME are set too.\n"
-        "Every output line is prefixed with \"[R]<stdout>: \" or \"[R]<stderr>: \".\n"
+        "Every output line is prefixed with \"[R]<stdout>: \" or \"[R]<stderr>: \" unless\n"
+        "--no-tag-output is given (whole lines are never mixed either way).\n"
         "SIGINT, SIGTERM and SIGHUP are forwarded to all ranks, remote ones included;\n"
         "a remote rank also ends when its ssh connection does. When a rank exits\n"
         "non-zero or is killed, the others get SIGTERM and %d s later SIGKILL, and\n"
@@ -1298,6 +1306,10 @@ static void parse_args(int argc, char **argv, options_t *o)
             o->wdir = opt_value(argc, argv, &i, "--wdir", eq);
             if (o->wdir[0] == '\0')
                 usage_error("--wdir: empty directory name");
+        } else if (IS_LONG("--tag-output") || IS_LONG("--no-tag-output")) {
+            if (eq)
+                usage_error("%.*s takes no value", (int)nlen, a);
+            g_tag = IS_LONG("--tag-output");
         } else if (IS_LONG("--output-filename")) {
             o->output_dir = opt_value(argc, argv, &i, "--output-filename", eq);
             if (o->output_dir[0] == '\0')

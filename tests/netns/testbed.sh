@@ -2,7 +2,7 @@
 # testbed.sh - act out a small cluster on one Linux machine: N network
 # namespaces joined by a bridge in the root namespace, one veth pair each.
 #
-#   eval "$(testbed.sh up N [--rate RATE])"   # sets and exports LOOMTB_*
+#   eval "$(testbed.sh up N [--rate RATE [--flow-rate RATE]])"   # sets and exports LOOMTB_*
 #   testbed.sh exec I cmd args...             # run cmd in namespace I (0-based)
 #   testbed.sh down [PREFIX]                  # remove everything; safe twice
 #
@@ -15,7 +15,14 @@
 # `exec` and `down` read them from the environment (`down` takes the prefix as
 # an argument too). With --rate (a tc rate such as 1gbit or 100mbit) both ends
 # of every veth get a token-bucket filter, so transfers meet a real bandwidth
-# limit. Needs root, iproute2 and a kernel with network namespaces; exits 77
+# limit. --flow-rate (with --rate) also caps every TCP connection a namespace
+# sends on, as clouds cap single flows below the NIC's rate: `--rate 2gbit
+# --flow-rate 500mbit` is a 2 Gbit/s link on which one flow gets 500 Mbit/s
+# and four get it all. (Where the kernel has sch_fq that is `fq maxrate` under
+# the link's limit; this one is built of what every kernel with tc has: an HTB
+# class per flow, ceiling the flow rate, under a class at the link rate,
+# chosen by a classic-BPF filter that hashes the TCP ports.)
+# Needs root, iproute2 and a kernel with network namespaces; exits 77
 # (the Automake skip code) when namespaces cannot be made here.
 set -u
 
@@ -85,15 +92,42 @@ pick_net() {
     return 1
 }
 
+# Classic BPF for tc's bpf classifier, run on the Ethernet frame: an IPv4 TCP
+# segment goes to class 1:(0x10 + ((sport ^ dport) & 63)), anything else to
+# the default class. The two ends of a connection hash alike, and the
+# connections to one peer differ in their ephemeral port.
+FLOW_BPF="14,40 0 0 12,21 0 11 2048,48 0 0 23,21 0 9 6,177 0 0 14,72 0 0 14,2 0 0 0,\
+72 0 0 16,97 0 0 0,172 0 0 0,84 0 0 63,4 0 0 65552,22 0 0 0,6 0 0 0"
+
+# eth0 of namespace $1: an HTB class at the link rate $2 holding one class
+# per flow bucket that may reach $3, and a default class for the rest.
+flow_caps() {
+    {
+        echo "qdisc add dev eth0 root handle 1: htb default 2"
+        echo "class add dev eth0 parent 1: classid 1:1 htb rate $2 ceil $2 burst 256kb cburst 256kb quantum 65536"
+        echo "class add dev eth0 parent 1:1 classid 1:2 htb rate 1mbit ceil $2 quantum 65536"
+        b=0
+        while [ $b -lt 64 ]; do
+            printf 'class add dev eth0 parent 1:1 classid 1:%x htb rate 1mbit ceil %s burst 64kb cburst 64kb quantum 65536\n' \
+                $((16 + b)) "$3"
+            b=$((b + 1))
+        done
+        echo "filter add dev eth0 parent 1: prio 1 bpf bytecode \"$FLOW_BPF\""
+    } | tc -n "$1" -batch -
+}
+
 up() {
     [ $# -ge 1 ] || die "up: how many namespaces?"
     n=$1
     shift
     rate=""
+    flow_rate=""
     while [ $# -gt 0 ]; do
         case $1 in
             --rate) [ $# -ge 2 ] || die "up: --rate needs a value"; rate=$2; shift 2 ;;
             --rate=*) rate=${1#--rate=}; shift ;;
+            --flow-rate) [ $# -ge 2 ] || die "up: --flow-rate needs a value"; flow_rate=$2; shift 2 ;;
+            --flow-rate=*) flow_rate=${1#--flow-rate=}; shift ;;
             *) die "up: unknown argument '$1'" ;;
         esac
     done
@@ -108,6 +142,7 @@ up() {
     if [ -n "$rate" ]; then
         command -v tc >/dev/null || { echo "testbed.sh: up: --rate needs tc (iproute2)" >&2; exit 77; }
     fi
+    [ -z "$flow_rate" ] || [ -n "$rate" ] || die "up: --flow-rate needs --rate (the link's limit)"
 
     # Unique per run: this script's pid, unless an earlier testbed whose
     # script had the same pid is still up.
@@ -153,7 +188,11 @@ up() {
             # burst: enough for the rate at a 1 ms timer tick, at least 64 KiB;
             # latency: how long a packet may queue before it is dropped.
             run tc qdisc add dev "lmv$id-$i" root tbf rate "$rate" burst 256kb latency 50ms
-            run tc -n "$ns" qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 50ms
+            if [ -n "$flow_rate" ]; then
+                flow_caps "$ns" "$rate" "$flow_rate" || die "up: cannot cap flows in $ns (tc htb, bpf)"
+            else
+                run tc -n "$ns" qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 50ms
+            fi
         fi
         i=$((i + 1))
     done
@@ -162,7 +201,7 @@ up() {
     echo "export LOOMTB_PREFIX LOOMTB_NET LOOMTB_N"
 }
 
-[ $# -ge 1 ] || die "usage: testbed.sh up N [--rate RATE] | exec I cmd... | down [PREFIX]"
+[ $# -ge 1 ] || die "usage: testbed.sh up N [--rate RATE [--flow-rate RATE]] | exec I cmd... | down [PREFIX]"
 cmd=$1
 shift
 case $cmd in
