@@ -9,7 +9,8 @@
 // tensors, lists of tensors), then finishes the Work and its Future: futures
 // complete without anyone calling wait(), as DDP's comm hooks and PowerSGD
 // need. Point-to-point operations complete out of collective order, so they
-// have a completion thread of their own.
+// have a completion thread of their own. Futures are completed by a pool of
+// threads (see hand_over).
 //
 // Rendezvous goes through the store torch hands the backend (TCPStore,
 // FileStore, HashStore, PrefixStore) by loom_comm_create_with_store; the
@@ -253,6 +254,8 @@ class LoomWork : public c10d::Work {
 
     std::vector<at::Tensor> result() override { return outputs_; }
     int sourceRank() const override { return src_rank_; }
+    // complete() marks the future just before finish(): done once either is.
+    bool isCompleted() override { return future_->completed() || c10d::Work::isCompleted(); }
     c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
     // Called once, by the thread that saw the Loom calls end.
@@ -268,12 +271,13 @@ class LoomWork : public c10d::Work {
         // Staging buffers and inputs are no longer needed.
         post_ = nullptr;
         keep_.clear();
-        finish(eptr);
+        // The future first: whoever wait() releases may read it at once.
         if (eptr) {
             future_->setError(eptr);
         } else {
             future_->markCompleted(c10::IValue(outputs_));
         }
+        finish(eptr);
     }
 
     std::vector<at::Tensor> outputs_;
@@ -284,6 +288,7 @@ class LoomWork : public c10d::Work {
     std::string start_error_;            // a later call of a multi-call Work that failed to start
     std::shared_ptr<void> keep_alive_;   // count arrays an alltoallv reads
     int src_rank_ = -1;
+    std::exception_ptr eptr_;            // how the Loom calls ended, for complete()
 
   private:
     c10::intrusive_ptr<at::ivalue::Future> future_;
@@ -1040,7 +1045,45 @@ class LoomBackend : public c10d::Backend {
                 err = w->start_error_;
             }
             w->keep_alive_.reset();
-            w->complete(err.empty() ? nullptr : backend_error(err));
+            w->eptr_ = err.empty() ? nullptr : backend_error(err);
+            hand_over(w);
+        }
+    }
+
+    // Completing a future runs its then() callbacks in the completing thread,
+    // and those may start another operation of this group and wait for it
+    // (PowerSGD does): the completion threads must stay free to see that one
+    // end. So futures are completed by a pool that grows a thread whenever
+    // every thread in it is busy (Gloo gets the same from its worker threads).
+    void hand_over(const c10::intrusive_ptr<LoomWork> &w)
+    {
+        std::lock_guard<std::mutex> g(pool_.mu);
+        pool_.q.push_back(w);
+        if (pool_.q.size() > (size_t)pool_.idle) {
+            pool_.threads.emplace_back([this] { pool_loop(); });
+        } else {
+            pool_.cv.notify_one();
+        }
+    }
+
+    void pool_loop()
+    {
+        std::unique_lock<std::mutex> lk(pool_.mu);
+        for (;;) {
+            while (pool_.q.empty() && !pool_.stop) {
+                pool_.idle++;
+                pool_.cv.wait(lk);
+                pool_.idle--;
+            }
+            if (pool_.q.empty()) {
+                return;
+            }
+            auto w = pool_.q.front();
+            pool_.q.pop_front();
+            lk.unlock();
+            w->complete(w->eptr_);
+            w.reset();
+            lk.lock();
         }
     }
 
@@ -1065,6 +1108,16 @@ class LoomBackend : public c10d::Backend {
         // Pending operations complete (or fail within the timeout) first.
         stop_queue(coll_q_, coll_thread_);
         stop_queue(p2p_q_, p2p_thread_);
+        std::vector<std::thread> threads;
+        {
+            std::lock_guard<std::mutex> pg(pool_.mu);
+            pool_.stop = true;
+            threads.swap(pool_.threads);
+        }
+        pool_.cv.notify_all();
+        for (auto &t : threads) {
+            t.join();
+        }
         loom_comm_destroy(comm_);
         comm_ = nullptr;
     }
@@ -1073,6 +1126,14 @@ class LoomBackend : public c10d::Backend {
     std::chrono::milliseconds timeout_;
     std::mutex submit_mu_, life_mu_;
     Queue coll_q_, p2p_q_;
+    struct Pool {
+        std::mutex mu;
+        std::condition_variable cv;
+        std::deque<c10::intrusive_ptr<LoomWork>> q;
+        std::vector<std::thread> threads;
+        int idle = 0;
+        bool stop = false;
+    } pool_;
     std::thread coll_thread_, p2p_thread_;
 };
 
