@@ -4,7 +4,7 @@ two interleaved so a busy machine slows both alike.
 
     torchrun --nproc-per-node 2 examples/python/bench_c10d.py
 
-1. dist.all_reduce of float32 tensors from 8 B to 64 MiB (x4 steps): median
+1. dist.all_reduce of float32 tensors from 8 B to 64 MiB (x4 steps, then 64 MiB): median
    time per call of each backend and loom's speed-up.
 2. A DDP step on ResNet-50-sized gradients (its 161 parameter tensors, 25.6 M
    float32; the loss's backward pass is one pass over memory, so the step is
@@ -48,8 +48,13 @@ def main():
         print("all_reduce float32, %d ranks (median us per call over %d interleaved rounds)"
               % (size, args.rounds))
         print("%10s %12s %12s %8s" % ("bytes", "gloo_us", "loom_us", "speedup"))
+    sizes = []
     nbytes = 8
-    while nbytes <= args.max_bytes:
+    while nbytes < args.max_bytes:
+        sizes.append(nbytes)
+        nbytes *= 4
+    sizes.append(args.max_bytes)
+    for nbytes in sizes:
         t = torch.ones(nbytes // 4)
         iters = max(2, min(200, (8 << 20) // max(nbytes, 1) // 4 + 2))
         res = {"loom": [], "gloo": []}
@@ -63,7 +68,6 @@ def main():
         if rank == 0:
             print("%10d %12.1f %12.1f %7.2fx" % (nbytes, med["gloo"], med["loom"],
                                                  med["gloo"] / med["loom"]), flush=True)
-        nbytes *= 4
 
     if args.skip_ddp:
         dist.destroy_process_group()
