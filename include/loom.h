@@ -93,6 +93,54 @@ typedef struct loom_config {
 LOOM_API loom_status_t loom_init(loom_comm_t *comm);
 /** Create a communicator from an explicit configuration. */
 LOOM_API loom_status_t loom_comm_create(const loom_config_t *cfg, loom_comm_t *comm);
+/* ---- A key-value store of the caller's. ------------------------------------
+ * For frameworks that already hold a rendezvous store (torch.distributed's
+ * TCPStore/FileStore/PrefixStore, a PMIx server, a job scheduler's database):
+ * Loom rendezvouses through these callbacks instead of opening LOOM_STORE, as
+ * Gloo does through its Store interface and UCC through its out-of-band calls.
+ * Every callback returns LOOM_SUCCESS or a failure status and, on failure,
+ * may write a NUL-terminated message of at most msglen bytes into msg, which
+ * Loom passes on in loom_comm_last_error. Loom calls them from the thread that
+ * creates (or splits) a communicator, one call at a time per store; they must
+ * not call back into Loom. Keys are NUL-terminated strings; values are bytes.
+ * Each communicator created on a store writes its keys under the same names,
+ * so give each one a key space of its own (torch's PrefixStore does that). */
+typedef struct loom_store_callbacks {
+    size_t struct_size;   /**< sizeof(loom_store_callbacks_t) of the caller */
+    void  *ctx;           /**< passed as the first argument of every callback */
+    /** Store val (len bytes) under key, replacing any earlier value. Required. */
+    loom_status_t (*set)(void *ctx, const char *key, const void *val, size_t len,
+                         char *msg, size_t msglen);
+    /** Wait until key exists, at most timeout_s seconds (0: look once, do not
+     *  wait), then return a copy of its value in *val_p, allocated with malloc
+     *  (Loom frees it), and its length in *len_p. A key still absent:
+     *  LOOM_ERR_TIMEOUT. Required. */
+    loom_status_t (*get)(void *ctx, const char *key, double timeout_s, void **val_p,
+                         size_t *len_p, char *msg, size_t msglen);
+    /** Atomically add delta to the decimal integer at key (absent counts as 0),
+     *  store the result as decimal text and return it in *value_p. Required. */
+    loom_status_t (*add)(void *ctx, const char *key, int64_t delta, int64_t *value_p,
+                         char *msg, size_t msglen);
+    /** Delete key; *existed_p tells whether it was there. NULL: Loom never
+     *  deletes (the keys stay until the store goes). */
+    loom_status_t (*del)(void *ctx, const char *key, int *existed_p, char *msg, size_t msglen);
+    /** Like get without the value, for a store that can wait more cheaply than
+     *  it can read. NULL: Loom uses get. */
+    loom_status_t (*wait)(void *ctx, const char *key, double timeout_s, char *msg, size_t msglen);
+    /** Called once, when the last communicator that uses the store (the one
+     *  created and those split from it) is destroyed, or when the creation
+     *  fails. NULL: nothing to release. */
+    void (*release)(void *ctx);
+} loom_store_callbacks_t;
+
+/** Create a communicator of cfg->size ranks (cfg->rank is this one's) that
+ *  rendezvouses through the caller's store (cfg->store is ignored). The
+ *  callbacks are copied; ctx must stay valid until release is called (always
+ *  called, on success or failure, when it is not NULL). */
+LOOM_API loom_status_t loom_comm_create_with_store(const loom_config_t *cfg,
+                                                   const loom_store_callbacks_t *store,
+                                                   loom_comm_t *comm);
+
 /** Collective over c: ranks with the same color form a new communicator ordered by
  *  (key, rank in c). color LOOM_UNDEFINED yields *out == NULL. */
 LOOM_API loom_status_t loom_comm_split(loom_comm_t c, int color, int key, loom_comm_t *out);

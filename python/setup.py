@@ -53,11 +53,47 @@ ext = Extension(
                         "-Wno-cast-function-type"] + extra_compile,
 )
 
+ext_modules, cmdclass = [ext], {}
+
+
+def torch_c10d_extension():
+    """loom.torch._c10d, the torch.distributed backend, where the interpreter
+    running this has a torch whose C++ API has c10d::Backend (2.1 and later;
+    Debian's 1.13 has not: the Horovod API alone is built for it)."""
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except ImportError:
+        return None
+    try:
+        major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    except ValueError:
+        return None
+    if (major, minor) < (2, 1) or not torch.distributed.is_available():
+        return None
+    return cpp_extension.CppExtension(
+        "loom.torch._c10d",
+        sources=["loom/torch/_c10d.cpp"],
+        include_dirs=include_dirs,
+        library_dirs=library_dirs,
+        runtime_library_dirs=library_dirs,
+        libraries=["loom"],
+        extra_compile_args=["-O2", "-Wall", "-Wno-unused-parameter"] + extra_compile,
+    ), cpp_extension.BuildExtension.with_options(use_ninja=False)   # ninja would compile _loom.c as C++
+
+
+if os.environ.get("LOOM_TORCH_C10D", "auto") != "0":
+    found = torch_c10d_extension()
+    if found is not None:
+        ext_modules.append(found[0])
+        cmdclass["build_ext"] = found[1]
+
 setup(
     name="loom",
     version="0.1.0",
     description="Loom collectives for NumPy, PyTorch, TensorFlow and Keras with Horovod's API",
     packages=["loom", "loom.torch", "loom.tensorflow", "loom.keras"],
-    ext_modules=[ext],
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
     python_requires=">=3.8",
 )

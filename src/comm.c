@@ -456,8 +456,10 @@ static loom_status_t comm_finish(loom_comm_t c)
     return LOOM_SUCCESS;
 }
 
+/* store_uri is opened, unless cb (the caller's store) is given. */
 static loom_status_t create_from(const loom_settings_t *cfg, int rank, int size,
-                                 const char *store_uri, loom_comm_t *out)
+                                 const char *store_uri, const loom_store_callbacks_t *cb,
+                                 loom_comm_t *out)
 {
     loom_comm_t c = comm_alloc();
     if (!c)
@@ -469,10 +471,30 @@ static loom_status_t create_from(const loom_settings_t *cfg, int rank, int size,
     /* Every rank creates its communicators in the same order, so the count tells
      * apart the keys of a second world communicator from those of the first. */
     static _Atomic int ncreated;
-    snprintf(c->prefix, sizeof(c->prefix), "loom/%s/world%d", cfg->job_id,
-             atomic_fetch_add(&ncreated, 1));
+    /* The caller's store gives each communicator a key space of its own (and
+     * ranks outside a torch sub-group create nothing, so a count would differ). */
+    if (cb)
+        snprintf(c->prefix, sizeof(c->prefix), "loom/%s/ext", cfg->job_id);
+    else
+        snprintf(c->prefix, sizeof(c->prefix), "loom/%s/world%d", cfg->job_id,
+                 atomic_fetch_add(&ncreated, 1));
     loom_status_t st = LOOM_SUCCESS;
-    if (size > 1) {
+    if (cb) {
+        c->store = calloc(1, sizeof(*c->store));
+        if (!c->store) {
+            st = loom_err_set(&c->work_err, LOOM_ERR_NO_MEMORY, "out of memory");
+            if (cb->release)
+                cb->release(cb->ctx);
+            goto err_free;
+        }
+        atomic_init(&c->store->refs, 1);
+        st = loom_store_open_callbacks(cb, &c->work_err, &c->store->store);
+        if (st != LOOM_SUCCESS) {
+            free(c->store);
+            c->store = NULL;
+            goto err_free;
+        }
+    } else if (size > 1) {
         c->store = calloc(1, sizeof(*c->store));
         if (!c->store) {
             st = loom_err_set(&c->work_err, LOOM_ERR_NO_MEMORY, "out of memory");
@@ -544,7 +566,7 @@ LOOM_API loom_status_t loom_init(loom_comm_t *comm)
             return loom_global_fail(st, "loom_init: %s", err.msg);
         return LOOM_SUCCESS;
     }
-    return create_from(&cfg, b.rank, b.size, b.store, comm);
+    return create_from(&cfg, b.rank, b.size, b.store, NULL, comm);
 }
 
 LOOM_API loom_status_t loom_comm_create(const loom_config_t *ucfg, loom_comm_t *comm)
@@ -574,7 +596,47 @@ LOOM_API loom_status_t loom_comm_create(const loom_config_t *ucfg, loom_comm_t *
     if (in.size > 1 && (!store || !*store))
         return loom_global_fail(LOOM_ERR_INVALID_ARG,
                                 "loom_comm_create: no store: set cfg.store or LOOM_STORE");
-    return create_from(&cfg, in.rank, in.size, store ? store : "", comm);
+    return create_from(&cfg, in.rank, in.size, store ? store : "", NULL, comm);
+}
+
+LOOM_API loom_status_t loom_comm_create_with_store(const loom_config_t *ucfg,
+                                                   const loom_store_callbacks_t *cb,
+                                                   loom_comm_t *comm)
+{
+    loom_status_t st = LOOM_ERR_INVALID_ARG;
+    loom_err_t err = {0};
+    if (!ucfg || !cb || !comm) {
+        loom_global_fail(st, "loom_comm_create_with_store: NULL argument");
+        goto release;
+    }
+    loom_config_t in = LOOM_CONFIG_INIT;
+    size_t n = ucfg->struct_size < sizeof(in) ? ucfg->struct_size : sizeof(in);
+    if (n < offsetof(loom_config_t, timeout_s) + sizeof(double)) {
+        loom_global_fail(st, "loom_comm_create_with_store: struct_size %zu is too small: start "
+                         "from LOOM_CONFIG_INIT", ucfg->struct_size);
+        goto release;
+    }
+    memcpy(&in, ucfg, n);
+    if (in.size < 1 || in.rank < 0 || in.rank >= in.size) {
+        loom_global_fail(st, "loom_comm_create_with_store: rank %d / size %d is not a valid "
+                         "rank", in.rank, in.size);
+        goto release;
+    }
+    loom_settings_t cfg;
+    if ((st = loom_settings_load(&cfg, loom_getenv_process, NULL, &err)) != LOOM_SUCCESS) {
+        loom_global_fail(st, "loom_comm_create_with_store: %s", err.msg);
+        goto release;
+    }
+    if (in.timeout_s > 0)
+        cfg.timeout_s = in.timeout_s;
+    /* From here on the store owns cb->ctx and releases it. */
+    return create_from(&cfg, in.rank, in.size, "", cb, comm);
+
+release:
+    if (cb && cb->struct_size >= offsetof(loom_store_callbacks_t, release) + sizeof(cb->release) &&
+        cb->release)
+        cb->release(cb->ctx);
+    return st;
 }
 
 typedef struct split_entry {

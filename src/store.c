@@ -269,6 +269,39 @@ free_store:
     return st;
 }
 
+loom_status_t loom_store_wrap(const loom_store_ops_t *ops, void *impl, const char *name,
+                              loom_err_t *err, loom_store_t **store_p)
+{
+    loom_status_t st;
+    loom_store_t *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory opening %s", name);
+        goto close_impl;
+    }
+    s->uri = strdup(name);
+    if (s->uri == NULL) {
+        st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory opening %s", name);
+        goto free_store;
+    }
+    int rc = pthread_mutex_init(&s->mu, NULL);
+    if (rc != 0) {
+        st = loom_err_set(err, LOOM_ERR_INTERNAL, "pthread_mutex_init: %s", strerror(rc));
+        goto free_uri;
+    }
+    s->ops = ops;
+    s->impl = impl;
+    *store_p = s;
+    return LOOM_SUCCESS;
+
+free_uri:
+    free(s->uri);
+free_store:
+    free(s);
+close_impl:
+    ops->close(impl);
+    return st;
+}
+
 void loom_store_close(loom_store_t *s)
 {
     if (s == NULL)

@@ -6,6 +6,7 @@ int main(void)
 {
     SRunner *sr = srunner_create(loom_reduce_suite());
     srunner_add_suite(sr, loom_store_suite());
+    srunner_add_suite(sr, loom_store_cb_suite());
     srunner_add_suite(sr, loom_store_redis_suite());
     srunner_add_suite(sr, loom_env_suite());
     srunner_add_suite(sr, loom_wire_suite());

@@ -5,6 +5,7 @@
 
 Suite *loom_reduce_suite(void);
 Suite *loom_store_suite(void);
+Suite *loom_store_cb_suite(void);
 Suite *loom_store_redis_suite(void);
 Suite *loom_env_suite(void);
 Suite *loom_wire_suite(void);

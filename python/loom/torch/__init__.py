@@ -971,3 +971,13 @@ from . import elastic  # noqa: E402,F401  (uses the functions above)
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
     "contextlib", "io", "itertools", "pickle", "torch", "Entry")]
+
+
+# torch.distributed's "loom" backend, where its extension was built (torch 2.1+).
+def _register_c10d():
+    import importlib.util
+    if importlib.util.find_spec(__name__ + "._c10d") is not None:
+        from . import distributed  # noqa: F401
+
+
+_register_c10d()

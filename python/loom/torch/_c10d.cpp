@@ -1,0 +1,1156 @@
+// _c10d.cpp - Loom as a torch.distributed backend: a c10d::Backend over
+// libloom, registered as "loom" by loom/torch/distributed.py.
+//
+// Every operation is a Loom non-blocking call (or, for torch's asyncOp=False,
+// the blocking one, which saves two thread hand-offs on the small messages
+// that dominate latency-bound jobs). Loom runs a communicator's collectives in
+// submission order on its worker, so one completion thread per backend waits
+// for them in that order, copies results out of staging buffers (non-contiguous
+// tensors, lists of tensors), then finishes the Work and its Future: futures
+// complete without anyone calling wait(), as DDP's comm hooks and PowerSGD
+// need. Point-to-point operations complete out of collective order, so they
+// have a completion thread of their own. Futures are completed by a pool of
+// threads (see hand_over).
+//
+// Rendezvous goes through the store torch hands the backend (TCPStore,
+// FileStore, HashStore, PrefixStore) by loom_comm_create_with_store; the
+// process group's timeout becomes the communicator's.
+#include <torch/extension.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom.h"
+
+namespace loom_c10d {
+
+using c10d::OpType;
+using c10d::ReduceOp;
+
+std::exception_ptr backend_error(const std::string &msg)
+{
+    try {
+        C10_THROW_ERROR(DistBackendError, msg);
+    } catch (...) {
+        return std::current_exception();
+    }
+}
+
+[[noreturn]] void throw_backend_error(const std::string &msg)
+{
+    std::rethrow_exception(backend_error(msg));
+}
+
+// ---- The store torch hands us, as Loom's store callbacks. -----------------
+
+struct StoreCtx {
+    c10::intrusive_ptr<c10d::Store> store;
+};
+
+void put_msg(char *msg, size_t msglen, const std::string &s)
+{
+    if (msg && msglen) {
+        std::snprintf(msg, msglen, "%s", s.c_str());
+    }
+}
+
+loom_status_t store_set(void *ctx, const char *key, const void *val, size_t len, char *msg,
+                        size_t msglen)
+{
+    auto *s = static_cast<StoreCtx *>(ctx);
+    try {
+        const uint8_t *p = static_cast<const uint8_t *>(val);
+        s->store->set(key, std::vector<uint8_t>(p, p + len));
+        return LOOM_SUCCESS;
+    } catch (const std::exception &e) {
+        put_msg(msg, msglen, std::string("torch store set '") + key + "': " + e.what());
+        return LOOM_ERR_TRANSPORT;
+    }
+}
+
+// Wait for key (no wait with timeout 0). LOOM_ERR_TIMEOUT when it is absent.
+loom_status_t store_wait_key(StoreCtx *s, const char *key, double timeout_s, char *msg,
+                             size_t msglen)
+{
+    try {
+        if (timeout_s <= 0) {
+            return s->store->check({key}) ? LOOM_SUCCESS : LOOM_ERR_TIMEOUT;
+        }
+        auto ms = std::chrono::milliseconds((int64_t)(timeout_s * 1000.0) + 1);
+        s->store->wait({key}, ms);
+        return LOOM_SUCCESS;
+    } catch (const c10::DistStoreError &e) {
+        // torch's stores report a wait that ran out of time this way.
+        if (s->store->check({key})) {
+            return LOOM_SUCCESS;
+        }
+        put_msg(msg, msglen, std::string("torch store wait '") + key + "': " + e.what());
+        return LOOM_ERR_TIMEOUT;
+    } catch (const std::exception &e) {
+        put_msg(msg, msglen, std::string("torch store wait '") + key + "': " + e.what());
+        return LOOM_ERR_TRANSPORT;
+    }
+}
+
+loom_status_t store_wait(void *ctx, const char *key, double timeout_s, char *msg, size_t msglen)
+{
+    return store_wait_key(static_cast<StoreCtx *>(ctx), key, timeout_s, msg, msglen);
+}
+
+loom_status_t store_get(void *ctx, const char *key, double timeout_s, void **val_p,
+                        size_t *len_p, char *msg, size_t msglen)
+{
+    auto *s = static_cast<StoreCtx *>(ctx);
+    loom_status_t st = store_wait_key(s, key, timeout_s, msg, msglen);
+    if (st != LOOM_SUCCESS) {
+        return st;
+    }
+    try {
+        std::vector<uint8_t> v = s->store->get(key);
+        void *p = std::malloc(v.size() ? v.size() : 1);
+        if (!p) {
+            return LOOM_ERR_NO_MEMORY;
+        }
+        if (!v.empty()) {
+            std::memcpy(p, v.data(), v.size());
+        }
+        *val_p = p;
+        *len_p = v.size();
+        return LOOM_SUCCESS;
+    } catch (const std::exception &e) {
+        put_msg(msg, msglen, std::string("torch store get '") + key + "': " + e.what());
+        return LOOM_ERR_TRANSPORT;
+    }
+}
+
+loom_status_t store_add(void *ctx, const char *key, int64_t delta, int64_t *value_p, char *msg,
+                        size_t msglen)
+{
+    auto *s = static_cast<StoreCtx *>(ctx);
+    try {
+        *value_p = s->store->add(key, delta);
+        return LOOM_SUCCESS;
+    } catch (const std::exception &e) {
+        put_msg(msg, msglen, std::string("torch store add '") + key + "': " + e.what());
+        return LOOM_ERR_TRANSPORT;
+    }
+}
+
+loom_status_t store_del(void *ctx, const char *key, int *existed_p, char *msg, size_t msglen)
+{
+    auto *s = static_cast<StoreCtx *>(ctx);
+    try {
+        *existed_p = s->store->deleteKey(key) ? 1 : 0;
+        return LOOM_SUCCESS;
+    } catch (const std::exception &e) {
+        put_msg(msg, msglen, std::string("torch store delete '") + key + "': " + e.what());
+        return LOOM_ERR_TRANSPORT;
+    }
+}
+
+void store_release(void *ctx)
+{
+    delete static_cast<StoreCtx *>(ctx);
+}
+
+// ---- Types and operators. ---------------------------------------------------
+
+loom_dtype_t to_loom_dtype(const at::Tensor &t)
+{
+    switch (t.scalar_type()) {
+    case at::kFloat: return LOOM_FLOAT32;
+    case at::kDouble: return LOOM_FLOAT64;
+    case at::kHalf: return LOOM_FLOAT16;
+    case at::kBFloat16: return LOOM_BFLOAT16;
+    case at::kChar: return LOOM_INT8;
+    case at::kByte: return LOOM_UINT8;
+    case at::kBool: return LOOM_UINT8;
+    case at::kInt: return LOOM_INT32;
+    case at::kLong: return LOOM_INT64;
+    default:
+        throw_backend_error(std::string("loom: tensors of type ") +
+                            std::string(c10::toString(t.scalar_type())) +
+                            " are not supported (float32/64, float16, bfloat16, int8, uint8, "
+                            "int32, int64 and bool are)");
+    }
+}
+
+// The Loom operator for op on t. PREMUL_SUM's factor is applied by the caller.
+// bool follows C++ (and Gloo): a sum is a logical or, a product a logical and.
+loom_op_t to_loom_op(const ReduceOp &op, const at::Tensor &t)
+{
+    bool is_bool = t.scalar_type() == at::kBool;
+    switch (op.op_) {
+    case ReduceOp::SUM: return is_bool ? LOOM_MAX : LOOM_SUM;
+    case ReduceOp::PREMUL_SUM: return LOOM_SUM;
+    case ReduceOp::AVG:
+        if (is_bool) {
+            throw_backend_error("loom: ReduceOp.AVG is not defined on bool tensors");
+        }
+        return LOOM_AVG;
+    case ReduceOp::PRODUCT: return is_bool ? LOOM_MIN : LOOM_PROD;
+    case ReduceOp::MIN: return LOOM_MIN;
+    case ReduceOp::MAX: return LOOM_MAX;
+    default:
+        throw_backend_error("loom: ReduceOp BAND, BOR and BXOR are not supported");
+    }
+}
+
+// Multiply t by PREMUL_SUM's factor before the sum.
+void premul(const ReduceOp &op, at::Tensor &t)
+{
+    if (op.op_ != ReduceOp::PREMUL_SUM) {
+        return;
+    }
+    auto *sup = dynamic_cast<c10d::PreMulSumSupplement *>(op.supplement_.get());
+    TORCH_CHECK(sup != nullptr, "loom: PREMUL_SUM without its factor");
+    if (sup->tensor_factor.defined()) {
+        t.mul_(sup->tensor_factor.to(t.device()));
+    } else {
+        t.mul_(sup->double_factor);
+    }
+}
+
+void check_cpu(const at::Tensor &t, const char *what)
+{
+    if (!t.device().is_cpu()) {
+        throw_backend_error(std::string("loom: ") + what +
+                            ": only CPU tensors are supported (got " + t.device().str() + ")");
+    }
+    if (t.is_sparse()) {
+        throw_backend_error(std::string("loom: ") + what + ": sparse tensors are not supported");
+    }
+}
+
+// ---- Work. -----------------------------------------------------------------
+
+// A call into Loom: given a request pointer it starts a non-blocking
+// operation, given nullptr it runs the blocking one.
+using LoomCall = std::function<loom_status_t(loom_request_t *)>;
+
+class LoomWork : public c10d::Work {
+  public:
+    LoomWork(int rank, OpType type, std::vector<at::Tensor> outputs, std::string what)
+        : c10d::Work(rank, type), outputs_(std::move(outputs)), what_(std::move(what)),
+          future_(c10::make_intrusive<at::ivalue::Future>(
+              c10::ListType::create(c10::TensorType::get())))
+    {
+    }
+
+    std::vector<at::Tensor> result() override { return outputs_; }
+    int sourceRank() const override { return src_rank_; }
+    // complete() marks the future just before finish(): done once either is.
+    bool isCompleted() override { return future_->completed() || c10d::Work::isCompleted(); }
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+    // Called once, by the thread that saw the Loom calls end.
+    void complete(std::exception_ptr eptr)
+    {
+        if (!eptr && post_) {
+            try {
+                post_();
+            } catch (...) {
+                eptr = std::current_exception();
+            }
+        }
+        // Staging buffers and inputs are no longer needed.
+        post_ = nullptr;
+        keep_.clear();
+        // The future first: whoever wait() releases may read it at once.
+        if (eptr) {
+            future_->setError(eptr);
+        } else {
+            future_->markCompleted(c10::IValue(outputs_));
+        }
+        finish(eptr);
+    }
+
+    std::vector<at::Tensor> outputs_;
+    std::vector<at::Tensor> keep_;       // buffers Loom reads or writes until done
+    std::function<void()> post_;         // copies results out, after success
+    std::vector<loom_request_t> reqs_;
+    std::string what_;
+    std::string start_error_;            // a later call of a multi-call Work that failed to start
+    std::shared_ptr<void> keep_alive_;   // count arrays an alltoallv reads
+    int src_rank_ = -1;
+    std::exception_ptr eptr_;            // how the Loom calls ended, for complete()
+
+  private:
+    c10::intrusive_ptr<at::ivalue::Future> future_;
+};
+
+// ---- The backend. -------------------------------------------------------------
+
+class LoomBackend : public c10d::Backend {
+  public:
+    LoomBackend(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
+                std::chrono::milliseconds timeout)
+        : c10d::Backend(rank, size), timeout_(timeout)
+    {
+        loom_config_t cfg = LOOM_CONFIG_INIT;
+        cfg.rank = rank;
+        cfg.size = size;
+        cfg.timeout_s = timeout.count() > 0 ? (double)timeout.count() / 1000.0 : 0.0;
+        loom_store_callbacks_t cb;
+        std::memset(&cb, 0, sizeof(cb));
+        cb.struct_size = sizeof(cb);
+        cb.ctx = new StoreCtx{store};
+        cb.set = store_set;
+        cb.get = store_get;
+        cb.add = store_add;
+        cb.del = store_del;
+        cb.wait = store_wait;
+        cb.release = store_release;
+        loom_status_t st = loom_comm_create_with_store(&cfg, &cb, &comm_);
+        if (st != LOOM_SUCCESS) {
+            throw_backend_error(std::string("loom: rank ") + std::to_string(rank) + " of " +
+                                std::to_string(size) + ": creating the communicator failed: " +
+                                loom_comm_last_error(nullptr));
+        }
+        coll_thread_ = std::thread([this] { completion_loop(coll_q_); });
+        p2p_thread_ = std::thread([this] { completion_loop(p2p_q_); });
+    }
+
+    ~LoomBackend() override { release(); }
+
+    const std::string getBackendName() const override { return "loom"; }
+
+    void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+
+    void abort() override
+    {
+        std::lock_guard<std::mutex> g(life_mu_);
+        if (comm_) {
+            loom_comm_abort(comm_);
+        }
+    }
+
+    void shutdown() override { release(); }
+
+    // ---- Collectives. ----
+
+    c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor> &tensors,
+                                             const c10d::BroadcastOptions &opts) override
+    {
+        at::Tensor t = single(tensors, "broadcast");
+        auto w = make_work(OpType::BROADCAST, {t}, "broadcast");
+        at::Tensor buf = staged(w, t, getRank() == opts.rootRank);
+        int root = (int)opts.rootRank;
+        loom_dtype_t dt = to_loom_dtype(buf);
+        size_t n = (size_t)buf.numel();
+        void *p = buf.data_ptr();
+        return run(w, {[=, this](loom_request_t *r) {
+                       return r ? loom_ibroadcast(p, n, dt, root, comm_, r)
+                                : loom_broadcast(p, n, dt, root, comm_);
+                   }},
+                   opts.asyncOp);
+    }
+
+    c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor> &tensors,
+                                             const c10d::AllreduceOptions &opts) override
+    {
+        at::Tensor t = single(tensors, "allreduce");
+        auto w = make_work(OpType::ALLREDUCE, {t}, "allreduce");
+        loom_op_t op = to_loom_op(opts.reduceOp, t);
+        at::Tensor buf = staged(w, t, true);
+        premul(opts.reduceOp, buf);
+        loom_dtype_t dt = to_loom_dtype(buf);
+        size_t n = (size_t)buf.numel();
+        void *p = buf.data_ptr();
+        return run(w, {[=, this](loom_request_t *r) {
+                       return r ? loom_iallreduce(LOOM_IN_PLACE, p, n, dt, op, comm_, r)
+                                : loom_allreduce(LOOM_IN_PLACE, p, n, dt, op, comm_);
+                   }},
+                   opts.asyncOp);
+    }
+
+    c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+        std::vector<at::Tensor> &tensors, const c10d::AllreduceCoalescedOptions &opts) override
+    {
+        TORCH_CHECK(!tensors.empty(), "loom: allreduce_coalesced of no tensors");
+        for (auto &t : tensors) {
+            check_cpu(t, "allreduce_coalesced");
+            TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(),
+                        "loom: allreduce_coalesced: tensors must have one type");
+        }
+        auto w = make_work(OpType::ALLREDUCE_COALESCED, tensors, "allreduce_coalesced");
+        loom_op_t op = to_loom_op(opts.reduceOp, tensors[0]);
+        // One allreduce over the tensors laid end to end.
+        std::vector<at::Tensor> flat_in;
+        for (auto &t : tensors) {
+            flat_in.push_back(t.reshape({-1}));
+        }
+        at::Tensor flat = at::cat(flat_in);
+        premul(opts.reduceOp, flat);
+        w->keep_.push_back(flat);
+        std::vector<at::Tensor> outs = tensors;
+        w->post_ = [flat, outs]() mutable {
+            int64_t off = 0;
+            for (auto &o : outs) {
+                o.copy_(flat.narrow(0, off, o.numel()).view(o.sizes()));
+                off += o.numel();
+            }
+        };
+        loom_dtype_t dt = to_loom_dtype(flat);
+        size_t n = (size_t)flat.numel();
+        void *p = flat.data_ptr();
+        return run(w, {[=, this](loom_request_t *r) {
+                       return r ? loom_iallreduce(LOOM_IN_PLACE, p, n, dt, op, comm_, r)
+                                : loom_allreduce(LOOM_IN_PLACE, p, n, dt, op, comm_);
+                   }},
+                   opts.asyncOp);
+    }
+
+    c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor> &tensors,
+                                          const c10d::ReduceOptions &opts) override
+    {
+        at::Tensor t = single(tensors, "reduce");
+        auto w = make_work(OpType::REDUCE, {t}, "reduce");
+        loom_op_t op = to_loom_op(opts.reduceOp, t);
+        bool at_root = getRank() == opts.rootRank;
+        // The root's tensor gets the result; the others' are left as they were.
+        at::Tensor buf = at_root ? staged(w, t, true) : t.contiguous().clone();
+        if (!at_root) {
+            w->keep_.push_back(buf);
+        }
+        premul(opts.reduceOp, buf);
+        loom_dtype_t dt = to_loom_dtype(buf);
+        size_t n = (size_t)buf.numel();
+        void *p = buf.data_ptr();
+        int root = (int)opts.rootRank;
+        return run(w, {[=, this](loom_request_t *r) {
+                       return r ? loom_ireduce(LOOM_IN_PLACE, p, n, dt, op, root, comm_, r)
+                                : loom_reduce(LOOM_IN_PLACE, p, n, dt, op, root, comm_);
+                   }},
+                   opts.asyncOp);
+    }
+
+    c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>> &outputs,
+                                             std::vector<at::Tensor> &inputs,
+                                             const c10d::AllgatherOptions &opts) override
+    {
+        at::Tensor in = single(inputs, "allgather");
+        TORCH_CHECK(outputs.size() == 1, "loom: allgather takes one list of outputs");
+        auto &outs = outputs[0];
+        check_list(outs, in, "allgather");
+        auto w = make_work(OpType::ALLGATHER, outs, "allgather");
+        at::Tensor src = in.contiguous();
+        at::Tensor flat = at::empty({(int64_t)getSize() * in.numel()}, in.options());
+        w->keep_ = {src, flat};
+        w->post_ = [flat, outs]() mutable { unflatten(flat, outs); };
+        return run(w, {gather_call(src, flat, /*root=*/-1)}, opts.asyncOp);
+    }
+
+    c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor &output, at::Tensor &input,
+                                                   const c10d::AllgatherOptions &opts) override
+    {
+        check_cpu(input, "allgather_into_tensor");
+        check_cpu(output, "allgather_into_tensor");
+        TORCH_CHECK(output.numel() == input.numel() * getSize(),
+                    "loom: allgather_into_tensor: the output must hold world size times the "
+                    "input's elements");
+        TORCH_CHECK(output.scalar_type() == input.scalar_type(),
+                    "loom: allgather_into_tensor: input and output types differ");
+        auto w = make_work(OpType::_ALLGATHER_BASE, {output}, "allgather_into_tensor");
+        at::Tensor src = input.contiguous();
+        at::Tensor dst = staged(w, output, false);
+        w->keep_.push_back(src);
+        return run(w, {gather_call(src, dst, -1)}, opts.asyncOp);
+    }
+
+    c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+        std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
+        const c10d::AllgatherOptions &opts) override
+    {
+        TORCH_CHECK(outputs.size() == inputs.size(),
+                    "loom: allgather_into_tensor_coalesced: as many outputs as inputs");
+        auto w = make_work(OpType::ALLGATHER_INTO_TENSOR_COALESCED, outputs,
+                           "allgather_into_tensor_coalesced");
+        std::vector<LoomCall> calls;
+        std::vector<std::function<void()>> posts;
+        for (size_t i = 0; i < inputs.size(); i++) {
+            check_cpu(inputs[i], "allgather_into_tensor_coalesced");
+            TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * getSize() &&
+                            outputs[i].scalar_type() == inputs[i].scalar_type(),
+                        "loom: allgather_into_tensor_coalesced: output ", i,
+                        " must hold world size times input ", i);
+            at::Tensor src = inputs[i].contiguous();
+            at::Tensor dst = outputs[i].is_contiguous() ? outputs[i]
+                                                          : at::empty_like(outputs[i],
+                                                                at::MemoryFormat::Contiguous);
+            w->keep_.push_back(src);
+            w->keep_.push_back(dst);
+            if (!dst.is_same(outputs[i])) {
+                at::Tensor o = outputs[i];
+                posts.push_back([o, dst]() mutable { o.copy_(dst); });
+            }
+            calls.push_back(gather_call(src, dst, -1));
+        }
+        w->post_ = [posts]() {
+            for (auto &p : posts) {
+                p();
+            }
+        };
+        return run(w, std::move(calls), opts.asyncOp);
+    }
+
+    c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+        std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
+        const c10d::AllgatherOptions &opts) override
+    {
+        TORCH_CHECK(outputs.size() == (size_t)getSize(),
+                    "loom: allgather_coalesced: one output list per rank");
+        // Each rank's inputs laid end to end; one allgather of those.
+        std::vector<at::Tensor> flat_in;
+        for (auto &t : inputs) {
+            check_cpu(t, "allgather_coalesced");
+            TORCH_CHECK(t.scalar_type() == inputs[0].scalar_type(),
+                        "loom: allgather_coalesced: tensors must have one type");
+            flat_in.push_back(t.reshape({-1}));
+        }
+        TORCH_CHECK(!inputs.empty(), "loom: allgather_coalesced of no tensors");
+        at::Tensor src = at::cat(flat_in);
+        at::Tensor flat = at::empty({(int64_t)getSize() * src.numel()}, src.options());
+        std::vector<at::Tensor> all_outs;
+        for (auto &l : outputs) {
+            TORCH_CHECK(l.size() == inputs.size(),
+                        "loom: allgather_coalesced: each output list matches the inputs");
+            for (auto &o : l) {
+                all_outs.push_back(o);
+            }
+        }
+        auto w = make_work(OpType::ALLGATHER_COALESCED, all_outs, "allgather_coalesced");
+        w->keep_ = {src, flat};
+        w->post_ = [flat, all_outs]() mutable { unflatten(flat, all_outs); };
+        return run(w, {gather_call(src, flat, -1)}, opts.asyncOp);
+    }
+
+    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &outputs,
+                                          std::vector<at::Tensor> &inputs,
+                                          const c10d::GatherOptions &opts) override
+    {
+        at::Tensor in = single(inputs, "gather");
+        int root = (int)opts.rootRank;
+        bool at_root = getRank() == root;
+        std::vector<at::Tensor> outs;
+        if (at_root) {
+            TORCH_CHECK(outputs.size() == 1, "loom: gather takes one list of outputs at the root");
+            outs = outputs[0];
+            check_list(outs, in, "gather");
+        } else {
+            TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                        "loom: gather: outputs are given at the root only");
+        }
+        auto w = make_work(OpType::GATHER, outs, "gather");
+        at::Tensor src = in.contiguous();
+        at::Tensor flat = at_root ? at::empty({(int64_t)getSize() * in.numel()}, in.options())
+                                  : at::empty({0}, in.options());
+        w->keep_ = {src, flat};
+        if (at_root) {
+            w->post_ = [flat, outs]() mutable { unflatten(flat, outs); };
+        }
+        return run(w, {gather_call(src, flat, root)}, opts.asyncOp);
+    }
+
+    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor> &outputs,
+                                           std::vector<std::vector<at::Tensor>> &inputs,
+                                           const c10d::ScatterOptions &opts) override
+    {
+        at::Tensor out = single(outputs, "scatter");
+        int root = (int)opts.rootRank;
+        bool at_root = getRank() == root;
+        at::Tensor flat;
+        if (at_root) {
+            TORCH_CHECK(inputs.size() == 1, "loom: scatter takes one list of inputs at the root");
+            check_list(inputs[0], out, "scatter");
+            flat = flatten(inputs[0]);
+        } else {
+            TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                        "loom: scatter: inputs are given at the root only");
+            flat = at::empty({0}, out.options());
+        }
+        auto w = make_work(OpType::SCATTER, {out}, "scatter");
+        at::Tensor dst = staged(w, out, false);
+        w->keep_.push_back(flat);
+        loom_dtype_t dt = to_loom_dtype(dst);
+        size_t n = (size_t)dst.numel();
+        const void *s = flat.data_ptr();
+        void *d = dst.data_ptr();
+        return run(w, {[=, this](loom_request_t *r) {
+                       return r ? loom_iscatter(s, d, n, dt, root, comm_, r)
+                                : loom_scatter(s, d, n, dt, root, comm_);
+                   }},
+                   opts.asyncOp);
+    }
+
+    c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor> &outputs,
+                                                  std::vector<std::vector<at::Tensor>> &inputs,
+                                                  const c10d::ReduceScatterOptions &opts) override
+    {
+        at::Tensor out = single(outputs, "reduce_scatter");
+        TORCH_CHECK(inputs.size() == 1, "loom: reduce_scatter takes one list of inputs");
+        auto &ins = inputs[0];
+        TORCH_CHECK(ins.size() == (size_t)getSize(),
+                    "loom: reduce_scatter: one input per rank");
+        bool even = true;
+        for (auto &t : ins) {
+            check_cpu(t, "reduce_scatter");
+            TORCH_CHECK(t.scalar_type() == out.scalar_type(),
+                        "loom: reduce_scatter: input and output types differ");
+            even = even && t.numel() == ins[0].numel();
+        }
+        TORCH_CHECK(ins[getRank()].numel() == out.numel(),
+                    "loom: reduce_scatter: the output must match this rank's input");
+        auto w = make_work(OpType::REDUCE_SCATTER, {out}, "reduce_scatter");
+        loom_op_t op = to_loom_op(opts.reduceOp, out);
+        at::Tensor flat = flatten(ins);
+        premul(opts.reduceOp, flat);
+        w->keep_.push_back(flat);
+        loom_dtype_t dt = to_loom_dtype(flat);
+        void *p = flat.data_ptr();
+        if (even) {
+            at::Tensor dst = staged(w, out, false);
+            size_t n = (size_t)dst.numel();
+            void *d = dst.data_ptr();
+            return run(w, {[=, this](loom_request_t *r) {
+                           return r ? loom_ireduce_scatter(p, d, n, dt, op, comm_, r)
+                                    : loom_reduce_scatter(p, d, n, dt, op, comm_);
+                       }},
+                       opts.asyncOp);
+        }
+        // Blocks of different sizes: reduce them all, keep this rank's.
+        int64_t off = 0;
+        for (int r = 0; r < getRank(); r++) {
+            off += ins[r].numel();
+        }
+        size_t n = (size_t)flat.numel();
+        w->post_ = [flat, out, off]() mutable {
+            out.copy_(flat.narrow(0, off, out.numel()).view(out.sizes()));
+        };
+        return run(w, {[=, this](loom_request_t *r) {
+                       return r ? loom_iallreduce(LOOM_IN_PLACE, p, n, dt, op, comm_, r)
+                                : loom_allreduce(LOOM_IN_PLACE, p, n, dt, op, comm_);
+                   }},
+                   opts.asyncOp);
+    }
+
+    c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+        at::Tensor &output, at::Tensor &input, const c10d::ReduceScatterOptions &opts) override
+    {
+        std::vector<at::Tensor> outs{output}, ins{input};
+        return reduce_scatter_tensor_coalesced(outs, ins, opts);
+    }
+
+    c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+        std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
+        const c10d::ReduceScatterOptions &opts) override
+    {
+        TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(),
+                    "loom: reduce_scatter_tensor: as many outputs as inputs");
+        auto w = make_work(outputs.size() == 1 ? OpType::_REDUCE_SCATTER_BASE
+                                               : OpType::REDUCE_SCATTER_TENSOR_COALESCED,
+                           outputs, "reduce_scatter_tensor");
+        std::vector<LoomCall> calls;
+        std::vector<std::function<void()>> posts;
+        for (size_t i = 0; i < inputs.size(); i++) {
+            check_cpu(inputs[i], "reduce_scatter_tensor");
+            check_cpu(outputs[i], "reduce_scatter_tensor");
+            TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * getSize() &&
+                            inputs[i].scalar_type() == outputs[i].scalar_type(),
+                        "loom: reduce_scatter_tensor: input ", i,
+                        " must hold world size times output ", i, " of the same type");
+            loom_op_t op = to_loom_op(opts.reduceOp, outputs[i]);
+            at::Tensor src = inputs[i].contiguous();
+            if (opts.reduceOp.op_ == ReduceOp::PREMUL_SUM) {
+                src = src.clone();
+                premul(opts.reduceOp, src);
+            }
+            at::Tensor dst = outputs[i].is_contiguous() ? outputs[i]
+                                                        : at::empty_like(outputs[i],
+                                                              at::MemoryFormat::Contiguous);
+            w->keep_.push_back(src);
+            w->keep_.push_back(dst);
+            if (!dst.is_same(outputs[i])) {
+                at::Tensor o = outputs[i];
+                posts.push_back([o, dst]() mutable { o.copy_(dst); });
+            }
+            loom_dtype_t dt = to_loom_dtype(dst);
+            size_t n = (size_t)dst.numel();
+            const void *s = src.data_ptr();
+            void *d = dst.data_ptr();
+            calls.push_back([=, this](loom_request_t *r) {
+                return r ? loom_ireduce_scatter(s, d, n, dt, op, comm_, r)
+                         : loom_reduce_scatter(s, d, n, dt, op, comm_);
+            });
+        }
+        w->post_ = [posts]() {
+            for (auto &p : posts) {
+                p();
+            }
+        };
+        return run(w, std::move(calls), opts.asyncOp);
+    }
+
+    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input,
+                                                 std::vector<int64_t> &outSplits,
+                                                 std::vector<int64_t> &inSplits,
+                                                 const c10d::AllToAllOptions &opts) override
+    {
+        check_cpu(input, "all_to_all_single");
+        check_cpu(output, "all_to_all_single");
+        TORCH_CHECK(input.scalar_type() == output.scalar_type(),
+                    "loom: all_to_all_single: input and output types differ");
+        int size = getSize();
+        auto w = make_work(OpType::ALLTOALL_BASE, {output}, "all_to_all_single");
+        at::Tensor src = input.contiguous();
+        at::Tensor dst = staged(w, output, false);
+        w->keep_.push_back(src);
+        loom_dtype_t dt = to_loom_dtype(dst);
+        const void *s = src.data_ptr();
+        void *d = dst.data_ptr();
+        if (outSplits.empty() && inSplits.empty()) {
+            TORCH_CHECK(input.numel() == output.numel() && input.numel() % size == 0,
+                        "loom: all_to_all_single: input and output must have the same size, "
+                        "a multiple of the world size");
+            size_t n = (size_t)(input.numel() / size);
+            return run(w, {[=, this](loom_request_t *r) {
+                           return r ? loom_ialltoall(s, d, n, dt, comm_, r)
+                                    : loom_alltoall(s, d, n, dt, comm_);
+                       }},
+                       opts.asyncOp);
+        }
+        auto counts = std::make_shared<std::vector<size_t>>(4 * (size_t)size);
+        size_t *sc = counts->data(), *sd = sc + size, *rc = sd + size, *rd = rc + size;
+        split_counts(input, inSplits, sc, sd, "input");
+        split_counts(output, outSplits, rc, rd, "output");
+        return run(w, {[=, this](loom_request_t *r) {
+                       (void)counts;   // keeps the arrays alive as long as the call
+                       return r ? loom_ialltoallv(s, sc, sd, d, rc, rd, dt, comm_, r)
+                                : loom_alltoallv(s, sc, sd, d, rc, rd, dt, comm_);
+                   }},
+                   opts.asyncOp, counts);
+    }
+
+    c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor> &outputs,
+                                            std::vector<at::Tensor> &inputs,
+                                            const c10d::AllToAllOptions &opts) override
+    {
+        int size = getSize();
+        TORCH_CHECK(outputs.size() == (size_t)size && inputs.size() == (size_t)size,
+                    "loom: all_to_all: one input and one output tensor per rank");
+        for (int i = 0; i < size; i++) {
+            check_cpu(inputs[i], "all_to_all");
+            check_cpu(outputs[i], "all_to_all");
+            TORCH_CHECK(inputs[i].scalar_type() == inputs[0].scalar_type() &&
+                            outputs[i].scalar_type() == inputs[0].scalar_type(),
+                        "loom: all_to_all: tensors must have one type");
+        }
+        auto w = make_work(OpType::ALLTOALL, outputs, "all_to_all");
+        at::Tensor src = flatten(inputs);
+        int64_t total = 0;
+        for (auto &o : outputs) {
+            total += o.numel();
+        }
+        at::Tensor flat = at::empty({total}, inputs[0].options());
+        w->keep_ = {src, flat};
+        auto counts = std::make_shared<std::vector<size_t>>(4 * (size_t)size);
+        size_t *sc = counts->data(), *sd = sc + size, *rc = sd + size, *rd = rc + size;
+        size_t so = 0, ro = 0;
+        for (int i = 0; i < size; i++) {
+            sc[i] = (size_t)inputs[i].numel();
+            sd[i] = so;
+            so += sc[i];
+            rc[i] = (size_t)outputs[i].numel();
+            rd[i] = ro;
+            ro += rc[i];
+        }
+        std::vector<at::Tensor> outs = outputs;
+        w->post_ = [flat, outs]() mutable { unflatten(flat, outs); };
+        loom_dtype_t dt = to_loom_dtype(src);
+        const void *s = src.data_ptr();
+        void *d = flat.data_ptr();
+        return run(w, {[=, this](loom_request_t *r) {
+                       (void)counts;
+                       return r ? loom_ialltoallv(s, sc, sd, d, rc, rd, dt, comm_, r)
+                                : loom_alltoallv(s, sc, sd, d, rc, rd, dt, comm_);
+                   }},
+                   opts.asyncOp, counts);
+    }
+
+    c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override
+    {
+        auto w = make_work(OpType::BARRIER, {}, "barrier");
+        return run(w, {[this](loom_request_t *r) {
+                       return r ? loom_ibarrier(comm_, r) : loom_barrier(comm_);
+                   }},
+                   opts.asyncOp);
+    }
+
+    // ---- Point to point. ----
+
+    c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor> &tensors, int dst,
+                                        int tag) override
+    {
+        at::Tensor t = single(tensors, "send");
+        check_peer(dst, "send");
+        auto w = make_work(OpType::SEND, {t}, "send");
+        at::Tensor src = t.contiguous();
+        w->keep_.push_back(src);
+        loom_dtype_t dt = to_loom_dtype(src);
+        size_t n = (size_t)src.numel();
+        const void *p = src.data_ptr();
+        int tg = tag < 0 ? 0 : tag;
+        return run(w, {[=, this](loom_request_t *r) {
+                       return loom_isend(p, n, dt, dst, tg, comm_, r);
+                   }},
+                   true, nullptr, /*p2p=*/true);
+    }
+
+    c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &tensors, int src,
+                                        int tag) override
+    {
+        at::Tensor t = single(tensors, "recv");
+        check_peer(src, "recv");
+        auto w = make_work(OpType::RECV, {t}, "recv");
+        at::Tensor dst = staged(w, t, false);
+        loom_dtype_t dt = to_loom_dtype(dst);
+        size_t n = (size_t)dst.numel();
+        void *p = dst.data_ptr();
+        int tg = tag < 0 ? 0 : tag;
+        w->src_rank_ = src;
+        return run(w, {[=, this](loom_request_t *r) {
+                       return loom_irecv(p, n, dt, src, tg, comm_, r);
+                   }},
+                   true, nullptr, /*p2p=*/true);
+    }
+
+  private:
+    struct Queue {
+        std::mutex mu;
+        std::condition_variable cv;
+        std::deque<c10::intrusive_ptr<LoomWork>> q;
+        bool stop = false;
+    };
+
+    static at::Tensor single(std::vector<at::Tensor> &tensors, const char *what)
+    {
+        TORCH_CHECK(tensors.size() == 1, "loom: ", what,
+                    " takes one tensor per process (got ", tensors.size(), ")");
+        check_cpu(tensors[0], what);
+        return tensors[0];
+    }
+
+    void check_peer(int peer, const char *what)
+    {
+        TORCH_CHECK(peer >= 0 && peer < getSize(), "loom: ", what, ": rank ", peer,
+                    " is not in this group of ", getSize());
+    }
+
+    void check_list(const std::vector<at::Tensor> &list, const at::Tensor &like,
+                    const char *what)
+    {
+        TORCH_CHECK(list.size() == (size_t)getSize(), "loom: ", what,
+                    ": the list must hold one tensor per rank (", getSize(), "), got ",
+                    list.size());
+        for (auto &t : list) {
+            check_cpu(t, what);
+            TORCH_CHECK(t.numel() == like.numel() && t.scalar_type() == like.scalar_type(),
+                        "loom: ", what, ": every tensor of the list must match the input's "
+                        "size and type");
+        }
+    }
+
+    static at::Tensor flatten(const std::vector<at::Tensor> &ts)
+    {
+        std::vector<at::Tensor> flat;
+        for (auto &t : ts) {
+            flat.push_back(t.reshape({-1}));
+        }
+        return at::cat(flat);
+    }
+
+    static void unflatten(const at::Tensor &flat, std::vector<at::Tensor> &outs)
+    {
+        int64_t off = 0;
+        for (auto &o : outs) {
+            o.copy_(flat.narrow(0, off, o.numel()).view(o.sizes()));
+            off += o.numel();
+        }
+    }
+
+    void split_counts(const at::Tensor &t, const std::vector<int64_t> &splits, size_t *counts,
+                      size_t *displs, const char *what)
+    {
+        int size = getSize();
+        int64_t rows = t.dim() > 0 ? t.size(0) : t.numel();
+        int64_t per_row = rows > 0 ? t.numel() / rows : 0;
+        size_t off = 0;
+        if (splits.empty()) {
+            TORCH_CHECK(rows % size == 0, "loom: all_to_all_single: the ", what,
+                        "'s first dimension ", rows, " is not a multiple of the world size");
+        } else {
+            TORCH_CHECK(splits.size() == (size_t)size, "loom: all_to_all_single: ", what,
+                        " splits must have one entry per rank");
+        }
+        int64_t sum = 0;
+        for (int i = 0; i < size; i++) {
+            int64_t rows_i = splits.empty() ? rows / size : splits[i];
+            TORCH_CHECK(rows_i >= 0, "loom: all_to_all_single: negative split");
+            sum += rows_i;
+            counts[i] = (size_t)(rows_i * per_row);
+            displs[i] = off;
+            off += counts[i];
+        }
+        TORCH_CHECK(sum == rows, "loom: all_to_all_single: the ", what, " splits add up to ",
+                    sum, ", not to the first dimension ", rows);
+    }
+
+    // The buffer Loom works on for t: t itself when contiguous, else a
+    // contiguous copy (holding t's values when load) copied back into t after
+    // success.
+    at::Tensor staged(const c10::intrusive_ptr<LoomWork> &w, const at::Tensor &t, bool load)
+    {
+        if (t.is_contiguous()) {
+            return t;
+        }
+        at::Tensor buf = load ? t.contiguous() : at::empty_like(t, at::MemoryFormat::Contiguous);
+        w->keep_.push_back(buf);
+        auto prev = w->post_;
+        at::Tensor out = t;
+        w->post_ = [prev, out, buf]() mutable {
+            if (prev) {
+                prev();
+            }
+            out.copy_(buf);
+        };
+        return buf;
+    }
+
+    // Allgather (root -1) or gather of src's elements into dst.
+    LoomCall gather_call(const at::Tensor &src, const at::Tensor &dst, int root)
+    {
+        loom_dtype_t dt = to_loom_dtype(src);
+        size_t n = (size_t)src.numel();
+        const void *s = src.data_ptr();
+        void *d = dst.numel() ? dst.data_ptr() : nullptr;
+        if (root < 0) {
+            return [=, this](loom_request_t *r) {
+                return r ? loom_iallgather(s, d, n, dt, comm_, r)
+                         : loom_allgather(s, d, n, dt, comm_);
+            };
+        }
+        return [=, this](loom_request_t *r) {
+            return r ? loom_igather(s, d, n, dt, root, comm_, r)
+                     : loom_gather(s, d, n, dt, root, comm_);
+        };
+    }
+
+    c10::intrusive_ptr<LoomWork> make_work(OpType type, std::vector<at::Tensor> outputs,
+                                           const char *what)
+    {
+        if (!comm_) {
+            throw_backend_error(std::string("loom: rank ") + std::to_string(getRank()) + ": " +
+                                what + " on a process group that was shut down");
+        }
+        return c10::make_intrusive<LoomWork>(getRank(), type, std::move(outputs), what);
+    }
+
+    std::string failure(const std::string &what, loom_status_t st, const char *msg)
+    {
+        return "loom: rank " + std::to_string(getRank()) + " of " + std::to_string(getSize()) +
+               ": " + what + " failed (" + loom_strerror(st) + "): " + (msg && *msg ? msg : "");
+    }
+
+    // Start (or, when !async, run) w's calls. Their requests go to the
+    // completion thread in the order Loom got them.
+    c10::intrusive_ptr<c10d::Work> run(const c10::intrusive_ptr<LoomWork> &w,
+                                       std::vector<LoomCall> calls, bool async,
+                                       std::shared_ptr<void> keep = nullptr, bool p2p = false)
+    {
+        (void)keep;
+        if (!async) {
+            for (auto &call : calls) {
+                loom_status_t st = call(nullptr);
+                if (st != LOOM_SUCCESS) {
+                    w->complete(backend_error(failure(w->what_, st, loom_comm_last_error(comm_))));
+                    std::rethrow_exception(w->exception());
+                }
+            }
+            w->complete(nullptr);
+            return w;
+        }
+        Queue &q = p2p ? p2p_q_ : coll_q_;
+        std::lock_guard<std::mutex> g(submit_mu_);
+        for (auto &call : calls) {
+            loom_request_t r = nullptr;
+            loom_status_t st = call(&r);
+            if (st != LOOM_SUCCESS) {
+                std::string m = failure(w->what_, st, loom_comm_last_error(comm_));
+                // Those already started still complete (their buffers are kept by w).
+                if (w->reqs_.empty()) {
+                    w->complete(backend_error(m));
+                    std::rethrow_exception(w->exception());
+                }
+                w->start_error_ = m;
+                break;
+            }
+            w->reqs_.push_back(r);
+        }
+        w->keep_alive_ = keep;
+        {
+            std::lock_guard<std::mutex> qg(q.mu);
+            q.q.push_back(w);
+        }
+        q.cv.notify_one();
+        return w;
+    }
+
+    void completion_loop(Queue &q)
+    {
+        for (;;) {
+            c10::intrusive_ptr<LoomWork> w;
+            {
+                std::unique_lock<std::mutex> lk(q.mu);
+                q.cv.wait(lk, [&] { return q.stop || !q.q.empty(); });
+                if (q.q.empty()) {
+                    return;   // stop, with everything drained
+                }
+                w = q.q.front();
+                q.q.pop_front();
+            }
+            std::string err;
+            for (loom_request_t r : w->reqs_) {
+                loom_status_t st = loom_wait(r);
+                if (st != LOOM_SUCCESS && err.empty()) {
+                    err = failure(w->what_, st, loom_comm_last_error(comm_));
+                }
+            }
+            w->reqs_.clear();
+            if (err.empty()) {
+                err = w->start_error_;
+            }
+            w->keep_alive_.reset();
+            w->eptr_ = err.empty() ? nullptr : backend_error(err);
+            hand_over(w);
+        }
+    }
+
+    // Completing a future runs its then() callbacks in the completing thread,
+    // and those may start another operation of this group and wait for it
+    // (PowerSGD does): the completion threads must stay free to see that one
+    // end. So futures are completed by a pool that grows a thread whenever
+    // every thread in it is busy (Gloo gets the same from its worker threads).
+    void hand_over(const c10::intrusive_ptr<LoomWork> &w)
+    {
+        std::lock_guard<std::mutex> g(pool_.mu);
+        pool_.q.push_back(w);
+        if (pool_.q.size() > (size_t)pool_.idle) {
+            pool_.threads.emplace_back([this] { pool_loop(); });
+        } else {
+            pool_.cv.notify_one();
+        }
+    }
+
+    void pool_loop()
+    {
+        std::unique_lock<std::mutex> lk(pool_.mu);
+        for (;;) {
+            while (pool_.q.empty() && !pool_.stop) {
+                pool_.idle++;
+                pool_.cv.wait(lk);
+                pool_.idle--;
+            }
+            if (pool_.q.empty()) {
+                return;
+            }
+            auto w = pool_.q.front();
+            pool_.q.pop_front();
+            lk.unlock();
+            w->complete(w->eptr_);
+            w.reset();
+            lk.lock();
+        }
+    }
+
+    void stop_queue(Queue &q, std::thread &th)
+    {
+        {
+            std::lock_guard<std::mutex> g(q.mu);
+            q.stop = true;
+        }
+        q.cv.notify_all();
+        if (th.joinable()) {
+            th.join();
+        }
+    }
+
+    void release()
+    {
+        std::lock_guard<std::mutex> g(life_mu_);
+        if (!comm_) {
+            return;
+        }
+        // Pending operations complete (or fail within the timeout) first.
+        stop_queue(coll_q_, coll_thread_);
+        stop_queue(p2p_q_, p2p_thread_);
+        std::vector<std::thread> threads;
+        {
+            std::lock_guard<std::mutex> pg(pool_.mu);
+            pool_.stop = true;
+            threads.swap(pool_.threads);
+        }
+        pool_.cv.notify_all();
+        for (auto &t : threads) {
+            t.join();
+        }
+        loom_comm_destroy(comm_);
+        comm_ = nullptr;
+    }
+
+    loom_comm_t comm_ = nullptr;
+    std::chrono::milliseconds timeout_;
+    std::mutex submit_mu_, life_mu_;
+    Queue coll_q_, p2p_q_;
+    struct Pool {
+        std::mutex mu;
+        std::condition_variable cv;
+        std::deque<c10::intrusive_ptr<LoomWork>> q;
+        std::vector<std::thread> threads;
+        int idle = 0;
+        bool stop = false;
+    } pool_;
+    std::thread coll_thread_, p2p_thread_;
+};
+
+c10::intrusive_ptr<c10d::Backend> create(const c10::intrusive_ptr<c10d::Store> &store, int rank,
+                                         int size, double timeout_s)
+{
+    auto ms = std::chrono::milliseconds((int64_t)(timeout_s * 1000.0));
+    return c10::make_intrusive<LoomBackend>(store, rank, size, ms);
+}
+
+} // namespace loom_c10d
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
+{
+    m.doc() = "Loom's torch.distributed backend (c10d::Backend over libloom)";
+    m.def("create_backend", &loom_c10d::create, py::arg("store"), py::arg("rank"),
+          py::arg("size"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+          "A Loom backend for a process group of size ranks (this one rank) that "
+          "rendezvouses through store");
+}

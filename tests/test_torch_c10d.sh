@@ -1,0 +1,90 @@
+#!/bin/sh
+# test_torch_c10d.sh - the torch.distributed backend "loom" (python/loom/torch/
+# _c10d.cpp) with PyPI's torch in /opt/loom-torch (python/torch_env.sh installs
+# it; LOOM_TORCH_VENV points elsewhere): builds the package against this tree's
+# libloom with that interpreter, then runs tests/python/test_c10d*.py on 1, 2
+# and 3 ranks under torchrun (env:// and its TCPStore) and under loomrun (a
+# FileStore): every operation and dtype, uneven all_to_all, sub-groups, async
+# work and futures; wrong usage (mismatched sizes, a dead rank) ending in an
+# error within the group's timeout; DDP (no_sync, find_unused_parameters, fp16
+# and PowerSGD hooks), FSDP2 and ZeroRedundancyOptimizer ending with the
+# weights of one process on the whole batch and of the same run over gloo.
+# Automake TESTS protocol: 0 pass, 1 fail, 77 skip.
+name=test_torch_c10d
+top_builddir=${top_builddir:-.}
+top_srcdir=${top_srcdir:-$(dirname "$0")/..}
+srcdir=$(cd "$top_srcdir" && pwd)
+builddir=$(cd "$top_builddir" && pwd)
+LOOMRUN="$builddir/tools/loomrun"
+venv=${LOOM_TORCH_VENV:-/opt/loom-torch}
+py="$venv/bin/python"
+
+if [ ! -x "$py" ] || ! "$py" -c 'import torch, torch.distributed as d; assert d.is_available()' >/dev/null 2>&1; then
+    echo "$name: SKIP: no PyPI torch in $venv (python/torch_env.sh installs it)"
+    exit 77
+fi
+if [ ! -e "$builddir/.libs/libloom.so" ]; then
+    echo "$name: SKIP: no shared libloom in $builddir/.libs (configured with --disable-shared)"
+    exit 77
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/$name.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+# Built next to the tree, not in $tmp: compiling against torch's headers takes
+# minutes, and setup.py rebuilds only what changed.
+lib="$builddir/python/lib-torch"
+if ! (cd "$srcdir/python" && LOOM_BUILD_DIR="$builddir/.libs" LOOM_INCLUDE_DIR="$srcdir/include" \
+        "$py" setup.py -q build --build-base "$builddir/python/build-torch" --build-lib "$lib") \
+        > "$tmp/build.log" 2>&1; then
+    cat "$tmp/build.log"
+    echo "$name: FAIL: the extension did not build"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+export PYTHONPATH="$lib:$srcdir/tests/python"
+export PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
+unset SLURM_JOB_ID LOOM_STORE
+
+passes=0
+failures=0
+report() {  # report STATUS WHAT
+    if [ "$1" -eq 0 ]; then
+        echo "ok: $2"
+        passes=$((passes + 1))
+    else
+        echo "FAIL: $2 (exit $1)"
+        tail -n 60 "$tmp/out"
+        failures=$((failures + 1))
+    fi
+    grep -h "passed, .* failed" "$tmp/out" | sed 's/^/    /'
+}
+with_torchrun() {  # with_torchrun NP SCRIPT [ARGS]
+    np=$1
+    shift
+    timeout 600 "$venv/bin/torchrun" --standalone --nproc-per-node "$np" "$srcdir/$@" \
+        > "$tmp/out" 2>&1
+    report $? "torchrun -np $np $*"
+}
+with_loomrun() {  # with_loomrun NP SCRIPT [ARGS]
+    np=$1
+    shift
+    rm -f "$tmp/filestore"
+    C10D_FILESTORE="$tmp/filestore" timeout 600 "$LOOMRUN" -np "$np" "$py" "$srcdir/$@" \
+        > "$tmp/out" 2>&1
+    report $? "loomrun -np $np $*"
+}
+
+for np in 1 2 3; do
+    with_torchrun $np tests/python/test_c10d.py
+    with_loomrun $np tests/python/test_c10d.py
+done
+with_torchrun 2 tests/python/test_c10d_errors.py mismatch
+with_loomrun 3 tests/python/test_c10d_errors.py mismatch
+with_torchrun 3 tests/python/test_c10d_errors.py dead
+with_loomrun 2 tests/python/test_c10d_errors.py dead
+with_torchrun 2 tests/python/test_c10d_equiv.py
+with_torchrun 3 tests/python/test_c10d_equiv.py
+with_loomrun 2 tests/python/test_c10d_equiv.py
+
+echo "$name: $passes passed, $failures failed"
+[ "$failures" -eq 0 ]
