@@ -292,6 +292,12 @@ int main(void)
             continue;
         }
         if (nexpect > 0 && step >= hold_step && !sizes_reached() && polls < max_polls) {
+            if (polls == 0 && loom_comm_rank(comm) == 0) {
+                printf("[mpe] holding at step %lld for the sizes of MPE_SIZES; so far:", (long long)step);
+                for (int i = 0; i < nsizes; i++)
+                    printf(" %lld", (long long)sizes[i]);
+                printf("\n");
+            }
             if (++polls == max_polls && loom_comm_rank(comm) == 0)
                 printf("[mpe] held %d polls at step %lld for the sizes of MPE_SIZES: going on\n",
                        polls, (long long)step);

@@ -61,7 +61,9 @@ class HoldForSizes(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         while (EXPECT_SIZES and state.epoch >= HOLD_EPOCH and state.sizes != EXPECT_SIZES and
                HoldForSizes.polls < HOLD_POLLS):
-            state.check_host_updates()   # collective; raises HostsUpdatedInterrupt when one waits to join
+            # Collective; raises HostsUpdatedInterrupt when one waits to join. A
+            # commit, not only the check: state.epoch moved on after the last one.
+            state.commit()
             HoldForSizes.polls += 1
             time.sleep(0.02)
 
