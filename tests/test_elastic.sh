@@ -154,7 +154,7 @@ if want grow; then
     [ "$(sizes grow)" = "3 2 3" ] || fail "grow: sizes $(sizes grow), expected 3 2 3"
     check_model grow
     grep -q "blacklisted" "$tmp/grow/out" || fail "grow: the failed host was not blacklisted"
-    [ "$failures" -eq 0 ] && echo "ok: 3 -> 2 -> 3 (kill mid-allreduce, host added): $(grep resumed "$tmp/grow/out" | sed 's/.*resumed/resumed/')"
+    [ "$failures" -eq 0 ] && echo "ok: 3 -> 2 -> 3 (kill mid-allreduce, host added): $(grep resumed "$tmp/grow/out" | sed 's/.*resumed/resumed/')$(grep -q '\[mpe\] holding' "$tmp/grow/out" && echo ", held for the new rank")"
 fi
 
 # shrink: 4 -> 3

@@ -136,6 +136,9 @@ def train(state):
     while state.step < STEPS:
         n, r = hvd.size(), hvd.rank()
         if EXPECT_SIZES and state.step >= HOLD_STEP and state.sizes != EXPECT_SIZES and polls < HOLD_POLLS:
+            if polls == 0 and r == 0:
+                print("[mpe] holding at step %d for the sizes of MPE_SIZES; so far: %s" %
+                      (state.step, " ".join(map(str, state.sizes))), flush=True)
             state.check_host_updates()   # collective; raises HostsUpdatedInterrupt when one waits to join
             polls += 1
             if polls == HOLD_POLLS and r == 0:
