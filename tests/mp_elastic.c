@@ -21,11 +21,21 @@
  *   MPE_REBUILD_DIE_ID=i            process i SIGKILLs itself a few ms into
  *                                   its first rebuild
  *   MPE_STALE_ID=i MPE_STALE_STEP=s process i revokes the communicator at
- *                                   step s, sleeps MPE_STALE_SLEEP (6) seconds,
- *                                   then rebuilds: it must be refused as stale
- *                                   (it exits 6 when it is)
+ *                                   step s, waits until the others have
+ *                                   committed a later step without it (rank 0's
+ *                                   MPE_DIR/progress; at most MPE_STALE_SLEEP,
+ *                                   60, seconds), then rebuilds: it must be
+ *                                   refused as stale (it exits 6 when it is)
  *   MPE_SPLIT=1                     the steps' allreduces run on a split of the
  *                                   world (which must be revoked with it)
+ * Membership changes the test makes from outside (a host added or removed)
+ * take a while to arrive, longer on a busy machine: with MPE_SIZES="3 2 3"
+ * the ranks hold before step MPE_HOLD_STEP (3/4 of the steps) until the
+ * communicator sizes of the job so far are that sequence, asking whether
+ * someone waits to join every 20 ms, at most MPE_HOLD_POLLS (3000) times.
+ * The sizes travel with the state rank 0 broadcasts, and the polls are
+ * collective (loom_comm_join_pending) and counted from each epoch's start,
+ * so every rank holds and stops holding at the same point.
  * MPE_DIR: where rank 0 writes "progress" (the committed step) and the victims
  * "death" (their time of death, for the recovery time rank 0 reports).
  * Exit codes: 0 the model matches, 3 loom_init failed, 4 a rebuild failed,
@@ -49,6 +59,13 @@
 static int steps = 40, dim = 65536, batch = 12, sleep_ms = 30;
 static long long my_id = -1;
 static const char *dir;
+
+/* The communicator sizes of the job so far, rank 0's account of it (the
+ * sizes it printed), broadcast with the state; and MPE_SIZES. */
+#define MAX_SIZES 16
+static int64_t sizes[MAX_SIZES];
+static int nsizes, nexpect;
+static int64_t expect[MAX_SIZES];
 
 static int env_int(const char *name, int dflt)
 {
@@ -115,13 +132,54 @@ static void *die_later(void *arg)
     return NULL;
 }
 
+static int64_t read_progress(void)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/progress", dir);
+    FILE *f = fopen(path, "r");
+    long long v = -1;
+    if (f) {
+        if (fscanf(f, "%lld", &v) != 1)
+            v = -1;
+        fclose(f);
+    }
+    return v;
+}
+
+static void parse_sizes(const char *v)
+{
+    char *end;
+    while (v && nexpect < MAX_SIZES) {
+        long n = strtol(v, &end, 10);
+        if (end == v)
+            break;
+        expect[nexpect++] = n;
+        v = end;
+    }
+}
+
+static int sizes_reached(void)
+{
+    return nsizes == nexpect && memcmp(sizes, expect, sizeof(*sizes) * (size_t)nexpect) == 0;
+}
+
 /* Broadcast the committed state from rank 0: newcomers get it, everyone
- * agrees on the step to continue from. */
+ * agrees on the step to continue from and on the sizes seen so far, to which
+ * this epoch's is added. */
 static loom_status_t sync_state(loom_comm_t c, int64_t *step, int64_t *w)
 {
-    loom_status_t st = loom_broadcast(step, 1, LOOM_INT64, 0, c);
+    int64_t head[2 + MAX_SIZES] = {*step, nsizes};
+    memcpy(head + 2, sizes, sizeof(sizes));
+    loom_status_t st = loom_broadcast(head, 2 + MAX_SIZES, LOOM_INT64, 0, c);
     if (st == LOOM_SUCCESS)
         st = loom_broadcast(w, (size_t)dim, LOOM_INT64, 0, c);
+    if (st != LOOM_SUCCESS)
+        return st;
+    *step = head[0];
+    nsizes = (int)head[1];
+    memcpy(sizes, head + 2, sizeof(sizes));
+    if (nsizes < MAX_SIZES)
+        sizes[nsizes++] = loom_comm_size(c);
     return st;
 }
 
@@ -138,6 +196,9 @@ int main(void)
     long long rebuild_die_id = env_int("MPE_REBUILD_DIE_ID", -1);
     long long stale_id = env_int("MPE_STALE_ID", -1), stale_step = env_int("MPE_STALE_STEP", -1);
     int use_split = env_int("MPE_SPLIT", 0);
+    parse_sizes(getenv("MPE_SIZES"));
+    int hold_step = env_int("MPE_HOLD_STEP", steps * 3 / 4), max_polls = env_int("MPE_HOLD_POLLS", 3000);
+    int polls = 0;
     loom_comm_t work = NULL;   /* the split the steps run on, with MPE_SPLIT */
     setvbuf(stdout, NULL, _IOLBF, 0);
 
@@ -212,6 +273,7 @@ int main(void)
             }
             need_sync = 0;
             failed = 0;
+            polls = 0;
         }
         if (step >= steps)
             break;
@@ -229,12 +291,30 @@ int main(void)
             need_sync = 2;
             continue;
         }
+        if (nexpect > 0 && step >= hold_step && !sizes_reached() && polls < max_polls) {
+            if (polls == 0 && loom_comm_rank(comm) == 0) {
+                printf("[mpe] holding at step %lld for the sizes of MPE_SIZES; so far:", (long long)step);
+                for (int i = 0; i < nsizes; i++)
+                    printf(" %lld", (long long)sizes[i]);
+                printf("\n");
+            }
+            if (++polls == max_polls && loom_comm_rank(comm) == 0)
+                printf("[mpe] held %d polls at step %lld for the sizes of MPE_SIZES: going on\n",
+                       polls, (long long)step);
+            usleep(20000);
+            continue;
+        }
         int rank = loom_comm_rank(comm), size = loom_comm_size(comm);
         local_grad((int)step, rank, size, w, g);
         if (my_id == stale_id && step == stale_step) {
             /* Leave on purpose without dying, come back too late. */
             loom_comm_revoke(comm);
-            sleep((unsigned)env_int("MPE_STALE_SLEEP", 6));
+            /* Come back only once the others went on without this rank. */
+            double until = real_ms() + 1e3 * env_int("MPE_STALE_SLEEP", 60);
+            while (dir && read_progress() <= stale_step && real_ms() < until)
+                usleep(20000);
+            if (!dir)
+                sleep((unsigned)env_int("MPE_STALE_SLEEP", 6));
             loom_comm_t next;
             st = loom_comm_rebuild(comm, &next);
             if (st == LOOM_ERR_ABORTED && strstr(loom_comm_last_error(comm), "stale")) {

@@ -5,6 +5,9 @@
 # tests/python/elastic_worker.py, a Horovod-style script (hvd.elastic.run,
 # TorchState, DistributedOptimizer, commit), under loomrun --elastic. Each must
 # end with the model of a fault-free run, bit for bit, with no process left.
+# Where a host is added, the workers hold late in the training until its rank
+# has joined (MPE_SIZES, bounded): starting Python and PyTorch or TensorFlow
+# on a busy machine takes as long as it takes.
 # Automake TESTS protocol: 0 pass, 1 fail, 77 skip.
 name=test_elastic_python
 . "${top_srcdir:-$(dirname "$0")/..}/tests/python_build.sh"
@@ -42,7 +45,7 @@ wait_for() {
 }
 ex=$tmp/example
 job_dir "$ex" "$srcdir/examples/python/elastic_torch.py"
-timeout 150 "$builddir/tools/loomrun" --elastic --host-discovery-script "$ex/discover" \
+timeout 400 "$builddir/tools/loomrun" --elastic --host-discovery-script "$ex/discover" \
     --discovery-interval 0.3 --elastic-timeout 20 -np 3 \
     "$py" "$ex/elastic_torch.py" --epochs 12 --samples 16384 > "$ex/out" 2>&1 &
 job=$!
@@ -79,7 +82,7 @@ done
 if [ -n "$tfpy" ]; then
     kd=$tmp/keras
     job_dir "$kd" "$srcdir/tests/python/elastic_keras.py"
-    MPE_KILL_ID=1 KERAS_EPOCHS=40 TF_CPP_MIN_LOG_LEVEL=3 timeout 200 "$builddir/tools/loomrun" --elastic \
+    MPE_KILL_ID=1 MPE_SIZES="3 2 3" KERAS_EPOCHS=16 TF_CPP_MIN_LOG_LEVEL=3 timeout 400 "$builddir/tools/loomrun" --elastic \
         --host-discovery-script "$kd/discover" --discovery-interval 0.3 --elastic-timeout 30 -np 3 \
         "$tfpy" "$kd/elastic_keras.py" > "$kd/out" 2>&1 &
     job=$!
@@ -88,7 +91,7 @@ if [ -n "$tfpy" ]; then
     wait $job
     k_rc=$?
     sleep 0.2
-    if [ $k_rc = 0 ] && grep -q "final: epoch 40, 3 ranks, resets \[2, 3\], weights the same everywhere.*ok" "$kd/out" &&
+    if [ $k_rc = 0 ] && grep -q "final: epoch 16, 3 ranks, resets \[2, 3\], weights the same everywhere.*ok" "$kd/out" &&
             ! pgrep -f "$kd/elastic_keras.py" > /dev/null; then
         echo "ok: Keras model.fit under hvd.elastic.run: 3 -> 2 -> 3, $(sed -n 's/.*final: //p' "$kd/out")"
     else
@@ -98,6 +101,6 @@ if [ -n "$tfpy" ]; then
         rc=1
     fi
 else
-    echo "(no interpreter with TensorFlow and Keras: the Keras scenario is left out)"
+    echo "$name: SKIP: the Keras scenario: no interpreter with TensorFlow and Keras (tests/install-deps.sh makes /opt/loom-tf)"
 fi
 exit $rc

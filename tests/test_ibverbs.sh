@@ -14,7 +14,7 @@ set -u
 top_builddir=${top_builddir:-.}
 provider="$top_builddir/tests/verbs-provider/.libs"
 [ -e "$provider/libibverbs.so.1" ] || [ -e "$provider/libibverbs.so" ] || {
-    echo "SKIP: the libibverbs test double was not built (no infiniband/verbs.h, or --disable-shared)"
+    echo "SKIP: the libibverbs test double was not built (no infiniband/verbs.h: apt-get install libibverbs-dev and run configure again; or --disable-shared)"
     exit 77
 }
 info="$top_builddir/tools/loom-info"

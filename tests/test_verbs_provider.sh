@@ -9,7 +9,7 @@ dir="$top_builddir/tests/verbs-provider"
 lib="$dir/.libs/libibverbs.so.1"
 prog="$dir/test_provider"
 if [ ! -e "$lib" ] || [ ! -x "$prog" ]; then
-    echo "SKIP: the verbs test double was not built (it needs infiniband/verbs.h and a shared build)"
+    echo "SKIP: the verbs test double was not built (it needs infiniband/verbs.h, from apt-get install libibverbs-dev before configure, and a shared build)"
     exit 77
 fi
 reg="loomfake-provtest-$$"

@@ -15,8 +15,12 @@ twice and the optimizer's momentum was restored and broadcast right.
 Faults and outputs as tests/mp_elastic.c: MPE_KILL_ID/MPE_KILL_STEP (SIGKILL
 right after the backward pass started the step's allreduce),
 MPE_REBUILD_DIE_ID (SIGKILL a few ms into the first reset), MPE_DIR/progress
-and MPE_DIR/death, "[mpe] ..." lines from rank 0. Exit codes: 0 the model
-matches, 5 it differs."""
+and MPE_DIR/death, "[mpe] ..." lines from rank 0; MPE_SIZES="3 2 3" holds
+the ranks before step MPE_HOLD_STEP (3/4 of the steps) until the job's sizes
+so far are that sequence (at most MPE_HOLD_POLLS collective polls, 20 ms
+apart): a rank the test adds may take long to start Python. The sizes are
+part of the state rank 0 broadcasts, so every rank holds alike. Exit codes:
+0 the model matches, 5 it differs."""
 import faulthandler
 import hashlib
 import os
@@ -38,6 +42,9 @@ MY_ID = int(os.environ.get("LOOM_ELASTIC_ID", "-1"))
 KILL_ID = int(os.environ.get("MPE_KILL_ID", "-1"))
 KILL_STEP = int(os.environ.get("MPE_KILL_STEP", "-1"))
 REBUILD_DIE_ID = int(os.environ.get("MPE_REBUILD_DIE_ID", "-1"))
+EXPECT_SIZES = [int(n) for n in os.environ.get("MPE_SIZES", "").split()]
+HOLD_STEP = int(os.environ.get("MPE_HOLD_STEP", str(STEPS * 3 // 4)))
+HOLD_POLLS = int(os.environ.get("MPE_HOLD_POLLS", "3000"))
 LR, MOMENTUM = 2.0 ** -4, 0.5
 if os.environ.get("MPE_DUMP_AFTER"):   # for hunting a hang: every thread's stack, to stderr
     faulthandler.dump_traceback_later(float(os.environ["MPE_DUMP_AFTER"]))
@@ -100,7 +107,7 @@ hvd.init()
 model = make_model()
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
                                      named_parameters=model.named_parameters(), op=hvd.Sum)
-state = State(model, optimizer, step=0)
+state = State(model, optimizer, step=0, sizes=[])
 
 
 def report_epoch():
@@ -120,9 +127,25 @@ def report_epoch():
 
 @hvd.elastic.run
 def train(state):
+    # Rank 0's list, just broadcast by the sync; saved at once, so that an
+    # epoch that ends before its first commit still counts.
+    state.sizes = state.sizes + [hvd.size()]
+    state.save()
     report_epoch()
+    polls = 0
     while state.step < STEPS:
         n, r = hvd.size(), hvd.rank()
+        if EXPECT_SIZES and state.step >= HOLD_STEP and state.sizes != EXPECT_SIZES and polls < HOLD_POLLS:
+            if polls == 0 and r == 0:
+                print("[mpe] holding at step %d for the sizes of MPE_SIZES; so far: %s" %
+                      (state.step, " ".join(map(str, state.sizes))), flush=True)
+            state.check_host_updates()   # collective; raises HostsUpdatedInterrupt when one waits to join
+            polls += 1
+            if polls == HOLD_POLLS and r == 0:
+                print("[mpe] held %d polls at step %d for the sizes of MPE_SIZES: going on" %
+                      (polls, state.step), flush=True)
+            time.sleep(0.02)
+            continue
         optimizer.zero_grad()
         mine = [sample(state.step, j) for j in range(r, BATCH, n)]
         if mine:
