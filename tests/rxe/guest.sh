@@ -38,6 +38,7 @@ hostname "rxe-vm$RXE_VM"
 } > $o/setup.log 2>&1
 setup=$?
 cut -d' ' -f1 /proc/uptime > $o/boot_s
+date +%s > $o/ready_at
 if [ $setup != 0 ]; then
     echo "guest: setting up eth0 or rxe0 failed" >> $o/setup.log
     echo 1 > $o/rc

@@ -92,7 +92,8 @@ out=$(cd "$out" && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/loom-rxe.XXXXXX") || exit 1
 pids=""
 cleanup() {
-    for p in $pids; do kill -9 "$p" 2>/dev/null; done
+    # $pids are timeout's: TERM reaches qemu through it (KILL would orphan qemu).
+    for p in $pids; do kill "$p" 2>/dev/null; done
     for p in $pids; do wait "$p" 2>/dev/null; done
     rm -rf "$work"
 }
@@ -230,8 +231,8 @@ status=0
 i=0
 while [ $i -lt "$nvms" ]; do
     d=$out/vm$i
-    if [ -f "$d/boot_s" ]; then
-        echo "vm$i: booted in $(cat "$d/boot_s") s"
+    if [ -f "$d/boot_s" ] && [ -f "$d/ready_at" ]; then
+        echo "vm$i: rxe0 up $(( $(cat "$d/ready_at") - t_start )) s after qemu started (kernel uptime $(cat "$d/boot_s") s)"
     fi
     if [ -s "$d/rc" ]; then
         rc=$(cat "$d/rc")
