@@ -240,7 +240,7 @@ class Engine:
         self.stop_req = False
         self.broken = None       # the LoomError that ended the engine
         self.thread = None
-        self.counter = 0
+        self.counters = {}       # kind -> unnamed calls so far
         # State every rank keeps identical: it is computed from the round's messages only.
         self.table = {}          # name -> [meta or None] per rank, in the order names appeared
         self.join_round = {}     # rank -> round its join arrived
@@ -253,8 +253,10 @@ class Engine:
     # ---- the program's side ------------------------------------------------
 
     def auto_name(self, kind):
-        self.counter += 1
-        return "%s.noname.%d" % (kind, self.counter)
+        # Counted per kind: ranks that skip an unnamed call of one kind (an
+        # allgather refused while they had joined) keep the others in step.
+        n = self.counters[kind] = self.counters.get(kind, 0) + 1
+        return "%s.noname.%d" % (kind, n)
 
     def submit(self, entry):
         return self.submit_many([entry])[0]
@@ -463,6 +465,13 @@ class Engine:
         joined = set(self.join_round)
         ready, failed = [], []
         for name, slot in self.table.items():
+            kind = next(m for m in slot if m is not None)[0]
+            if joined and name != JOIN and kind != "allreduce":
+                # As Horovod: with a rank joined only allreduce runs; fail the
+                # others at once rather than wait for every rank's name.
+                failed.append((name, "loom: tensor '%s' (%s) cannot run while ranks %s have joined: "
+                               "only allreduce can" % (name, kind, sorted(joined))))
+                continue
             missing = [r for r in range(self.n) if slot[r] is None]
             if name != JOIN:
                 missing = [r for r in missing if r not in joined]
@@ -576,6 +585,8 @@ class Engine:
         return getattr(exc, "status", None) not in (_loom.ERR_INVALID_ARG, _loom.ERR_UNSUPPORTED)
 
     def _remember(self, name, metas):
+        if ".noname." in name:
+            return   # counted names never come again: they would only fill the cache
         c = self.cache.get(name)
         if c is not None:
             self.cache[name] = (c[0], tuple(metas))

@@ -84,6 +84,22 @@ def test_failures_then_good_calls():
     except RuntimeError:
         pass
     good_call("mixed")
+    # While a rank has joined, anything but allreduce fails at once, whatever
+    # the unnamed counts of the ranks (which then differ); then join completes.
+    for first in range(N):
+        if R == first:
+            last = hvd.join()
+        else:
+            try:
+                hvd.allgather(torch.ones(2))
+                T.check(False, "allgather ran while rank %d had joined" % first)
+            except RuntimeError as e:
+                T.check("joined" in str(e), "join message: %s" % e)
+            last = hvd.join()
+        T.check(last != first, "join returned the first rank to join (%d)" % first)
+        T.check(hvd.allgather_object(last, name="join.last") == [last] * N, "join's value differs by rank")
+    hvd.barrier()
+    good_call("join")
 
 
 def test_int16_and_scaling():

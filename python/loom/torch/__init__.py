@@ -589,7 +589,9 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 
 def barrier(process_set=global_process_set):
     eng = _engine_for(process_set)
-    synchronize(_enqueue(eng, Entry("barrier", eng.auto_name("barrier"))))
+    # One name: a rank has one barrier at a time, and a fixed name cannot
+    # drift between ranks that made different numbers of unnamed calls.
+    synchronize(_enqueue(eng, Entry("barrier", "__loom_barrier__")))
 
 
 def join(device=-1):
