@@ -17,7 +17,11 @@
 #include "loom.h"
 #include "store.h"
 
-#define ELASTIC_TIMEOUT_S 3.0
+/* Long enough that no thread of a loaded machine misses a round it is part of
+ * (a newcomer's loom_init is bounded by it too, and members reach their
+ * rebuild only after a few join_pending rounds), short enough for the case
+ * that waits it out on purpose. */
+#define ELASTIC_TIMEOUT_S 10.0
 
 typedef struct member {
     loom_comm_t comm, next;
@@ -186,7 +190,7 @@ START_TEST(test_elastic_lifecycle)
     run_all(m, rest, 2, OP_REBUILD);
     double waited = now_s() - t0;
     adopt(m, rest, 2);
-    ck_assert_msg(waited > ELASTIC_TIMEOUT_S - 0.5 && waited < ELASTIC_TIMEOUT_S + 5,
+    ck_assert_msg(waited > ELASTIC_TIMEOUT_S - 0.5 && waited < ELASTIC_TIMEOUT_S + 60,
                   "waited %.1f s for the missing member", waited);
     ck_assert_int_eq(loom_comm_size(m[r0].comm), 2);
     ck_assert_int_eq(loom_comm_rank(m[r0].comm), 0);
