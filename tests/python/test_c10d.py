@@ -16,7 +16,9 @@ T = Tally(rank)
 R = dist.ReduceOp
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
-          torch.int32, torch.int64, torch.bool]
+          torch.int16, torch.int32, torch.int64, torch.bool]
+if hasattr(torch, "uint16"):   # torch >= 2.3
+    DTYPES.append(torch.uint16)
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 

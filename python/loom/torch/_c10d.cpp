@@ -16,6 +16,7 @@
 // FileStore, HashStore, PrefixStore) by loom_comm_create_with_store; the
 // process group's timeout becomes the communicator's.
 #include <torch/extension.h>
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -182,11 +183,15 @@ loom_dtype_t to_loom_dtype(const at::Tensor &t)
     case at::kBool: return LOOM_UINT8;
     case at::kInt: return LOOM_INT32;
     case at::kLong: return LOOM_INT64;
+    case at::kShort: return LOOM_INT16;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+    case at::kUInt16: return LOOM_UINT16;
+#endif
     default:
         throw_backend_error(std::string("loom: tensors of type ") +
                             std::string(c10::toString(t.scalar_type())) +
                             " are not supported (float32/64, float16, bfloat16, int8, uint8, "
-                            "int32, int64 and bool are)");
+                            "int16, uint16, int32, int64 and bool are)");
     }
 }
 
