@@ -7,7 +7,8 @@
  *   (LOOM_MP_FULL=1: every dtype and op at 2^22 too; LOOM_MP_QUICK=1: fewer
  *   rank counts, for sanitizer builds), and allreduce once more with the
  *   automatic choice.
- * LOOM_MP_SIZES="4 6" runs those rank counts instead; LOOM_MP_NODES=k acts out
+ * LOOM_MP_SIZES="4 6" runs those rank counts instead; LOOM_MP_DTYPES="int32
+ * float32" only those dtypes (for slow links: tests/rxe); LOOM_MP_NODES=k acts out
  * nodes of k ranks each (LOOM_HOST_ID, see mp_common.h), which the topology
  * check expects and the hierarchical algorithms use.
  * Inputs are small integers, so every reduction is exact in every type and a
@@ -30,6 +31,7 @@
 #define LARGE_COUNT (1u << 22)
 static const size_t small_counts[] = {0, 1, 7, 1031, 100003};
 static int full_matrix, quick, launched, per_node;
+static unsigned dtype_mask = ~0u;   /* LOOM_MP_DTYPES */
 
 /* ---- values ------------------------------------------------------------- */
 
@@ -458,6 +460,8 @@ static int rank_main(loom_comm_t c, void *arg)
                     if (ci == 5 && colls[which].blocks)
                         count = LARGE_COUNT / (size_t)n + 1;
                     for (int d = 0; d < ndt && failures == 0; d++) {
+                        if (ndt > 1 && !(dtype_mask & (1u << d)))
+                            continue;
                         for (int o = 0; o < nops && failures == 0; o++) {
                             /* The large count for a few pairs, all of them with LOOM_MP_FULL. */
                             if (ci == 5 && !full_matrix &&
@@ -582,6 +586,25 @@ static int run_launched(void)
 
 int main(int argc, char **argv)
 {
+    const char *dtypes_env = getenv("LOOM_MP_DTYPES");
+    if (dtypes_env) {
+        char list[256];
+        snprintf(list, sizeof(list), "%s", dtypes_env);
+        dtype_mask = 0;
+        for (char *save = NULL, *tok = strtok_r(list, " ,", &save); tok;
+             tok = strtok_r(NULL, " ,", &save)) {
+            int d = loom_dtype_parse(tok);
+            if (d < 0) {
+                fprintf(stderr, "LOOM_MP_DTYPES: %s is not a dtype\n", tok);
+                return 2;
+            }
+            dtype_mask |= 1u << d;
+        }
+        if (dtype_mask == 0) {
+            fprintf(stderr, "LOOM_MP_DTYPES='%s' holds no dtype\n", dtypes_env);
+            return 2;
+        }
+    }
     if (argc > 1 && strcmp(argv[1], "--launched") == 0)
         return run_launched();
     full_matrix = getenv("LOOM_MP_FULL") != NULL;

@@ -44,8 +44,8 @@ if [ $setup != 0 ]; then
     echo 1 > $o/rc
     off
 fi
-ulimit -l unlimited 2>/dev/null
-ulimit -c 0
+# shellcheck disable=SC3045  # dash, the guest's /bin/sh, has both
+{ ulimit -l unlimited; ulimit -c 0; } 2>/dev/null
 
 # rxe_barrier NAME: both VMs reach NAME before either goes on (at most 300 s).
 rxe_barrier() {
@@ -110,7 +110,7 @@ rxe_ranks() {
     else
         echo "FAIL $_n ($_bad $(( $(date +%s) - _t0 )) s)"
         _k=$_first
-        while [ $_k -lt $((_first + _count)) ]; do
+        while [ "$_k" -lt $((_first + _count)) ]; do
             grep -v '^PASS' "$RXE_OUT/$_n.rank$_k.log" | tail -n 15 | sed "s/^/    [$_k] /"
             _k=$((_k + 1))
         done

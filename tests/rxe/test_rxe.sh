@@ -6,10 +6,10 @@
 # wire retries and timeouts, GID routing, a slow link.
 #
 # The short form (the default; CI): one VM, perftest's ib_write_lat as a
-# control, the quick collective matrix on 2 ranks over ibverbs (LOOM_SHM=0),
-# and tests/mp_remap (buffers freed and remapped between calls) where built.
-# --full (make check-rxe): in one VM the matrix on 2 and 3 ranks with the
-# large counts, 2 emulated nodes x 2 ranks (shm inside, verbs across),
+# control, the quick collective matrix on 2 ranks over ibverbs (LOOM_SHM=0) for
+# int32 and float64, and tests/mp_remap (buffers freed and remapped between
+# calls) where built. --full (make check-rxe): in one VM the quick matrix for
+# four dtypes on 2 and 3 ranks, 2 emulated nodes x 2 ranks (shm inside, verbs across),
 # tests/mp_failures and mp_remap; across two VMs (a socket netdev pair over
 # host loopback, the store served by rank 0 on the first VM) perftest's
 # ib_write_lat/ib_write_bw and the matrix on 1+1, 2+1 and 2+2 ranks (shm
@@ -89,27 +89,32 @@ run_vms() {
 }
 
 # One VM.
-if q; then sizes=2 quick=LOOM_MP_QUICK=1 sfx=_quick; else sizes="2 3" quick="" sfx=""; fi
+# The emulated link moves a few MB/s with milliseconds per message, so the
+# matrix runs its quick counts (0 to 100003: eager slots and RDMA writes) for a
+# few dtypes (LOOM_MP_DTYPES), every collective, algorithm, op and placement.
+if q; then dtypes="int32 float64" sizes=2; else dtypes="int8 int32 bfloat16 float64" sizes="2 3"; fi
 cat > "$out/one.sh" <<EOF
-export LOOM_TIMEOUT=120
+export LOOM_TIMEOUT=120 LOOM_MP_QUICK=1 LOOM_MP_DTYPES="$dtypes"
 rxe_perftest perftest_write_lat ib_write_lat -n 100
-rxe_step matrix_${sizes% *}$([ "$sizes" = 2 ] || echo "_${sizes#* }")ranks$sfx 1500 env LOOM_TRANSPORT=ibverbs LOOM_SHM=0 \\
-    LOOM_MP_SIZES="$sizes" $quick tests/mp_collectives
+rxe_step matrix_$(echo "$sizes" | tr ' ' _)ranks 1500 env LOOM_TRANSPORT=ibverbs LOOM_SHM=0 \\
+    LOOM_MP_SIZES="$sizes" tests/mp_collectives
 EOF
 q || cat >> "$out/one.sh" <<'EOF'
 rxe_perftest perftest_write_bw ib_write_bw -n 200 -s 65536
 rxe_step matrix_2nodes_x2 1500 env LOOM_TRANSPORT=ibverbs LOOM_SHM=1 LOOM_MP_NODES=2 \
-    LOOM_MP_SIZES=4 LOOM_MP_QUICK=1 tests/mp_collectives
+    LOOM_MP_SIZES=4 tests/mp_collectives
 rxe_step mp_failures 900 env LOOM_TRANSPORT=ibverbs LOOM_SHM=0 tests/mp_failures
 EOF
 [ -n "$remap" ] && echo "rxe_step mp_remap 600 env LOOM_TRANSPORT=ibverbs LOOM_SHM=0 $remap" >> "$out/one.sh"
-if q; then limit=540; else limit=3000; fi
+if q; then limit=900; else limit=3000; fi
 run_vms one_vm 1 "$limit" "$out/one.sh"
 
 # Two VMs: ranks A+B, A on the first VM, B on the second.
 if ! q; then
-    cat > "$out/two.sh" <<'EOF'
-export LOOM_TIMEOUT=120 LOOM_TRANSPORT=ibverbs
+    cat > "$out/two.sh" <<EOF
+export LOOM_TIMEOUT=120 LOOM_TRANSPORT=ibverbs LOOM_MP_DTYPES="$dtypes"
+EOF
+    cat >> "$out/two.sh" <<'EOF'
 rxe_perftest perftest_write_lat_2vm ib_write_lat -n 100
 rxe_perftest perftest_write_bw_2vm ib_write_bw -n 200 -s 65536
 for split in 1+1 2+1 2+2; do

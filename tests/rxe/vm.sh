@@ -41,7 +41,10 @@ while [ $# -gt 0 ]; do
         *) break ;;
     esac
 done
-[ $# = 1 ] && [ -n "$out" ] || { echo "usage: vm.sh [--vms 1|2] [--timeout S] [--mem MB] --out DIR CMDS" >&2; exit 2; }
+if [ $# != 1 ] || [ -z "$out" ]; then
+    echo "usage: vm.sh [--vms 1|2] [--timeout S] [--mem MB] --out DIR CMDS" >&2
+    exit 2
+fi
 cmds=$1
 [ -r "$cmds" ] || { echo "vm.sh: cannot read $cmds" >&2; exit 2; }
 case $nvms in 1|2) ;; *) echo "vm.sh: --vms takes 1 or 2" >&2; exit 2 ;; esac
@@ -60,7 +63,7 @@ kver=""
 if [ -r "/boot/vmlinuz-$(uname -r)" ] && [ -d "/lib/modules/$(uname -r)" ]; then
     kver=$(uname -r)
 else
-    for k in $(ls /boot/vmlinuz-* 2>/dev/null | sed 's|^/boot/vmlinuz-||' | sort -V); do
+    for k in $(find /boot -maxdepth 1 -name 'vmlinuz-*' | sed 's|^/boot/vmlinuz-||' | sort -V); do
         [ -r "/boot/vmlinuz-$k" ] && [ -f "/lib/modules/$k/modules.dep" ] && kver=$k
     done
 fi
@@ -91,6 +94,7 @@ mkdir -p "$out" || exit 1
 out=$(cd "$out" && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/loom-rxe.XXXXXX") || exit 1
 pids=""
+# shellcheck disable=SC2317  # called from the trap
 cleanup() {
     # $pids are timeout's: TERM reaches qemu through it (KILL would orphan qemu).
     for p in $pids; do kill "$p" 2>/dev/null; done
@@ -204,7 +208,7 @@ EOF
         n=0
         until port_listens "$port"; do
             n=$((n + 1))
-            if [ $n -gt 300 ] || ! kill -0 $pids 2>/dev/null; then
+            if [ $n -gt 300 ] || ! kill -0 "$pid0" 2>/dev/null; then
                 echo "vm.sh: the first VM does not listen on port $port" >&2
                 exit 1
             fi
@@ -222,6 +226,7 @@ EOF
         -virtfs "local,path=$out/shared,mount_tag=shared,security_model=none" \
         < /dev/null > "$d/console.log" 2>&1 &
     pids="$pids $!"
+    [ $i = 0 ] && pid0=$!
     i=$((i + 1))
 done
 for p in $pids; do wait "$p"; done
