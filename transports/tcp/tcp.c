@@ -69,6 +69,9 @@
 #define HS_STRANGER_S 3.0
 
 enum { MAC_NONE = 0, MAC_HEADERS = 1, MAC_FULL = 2 };
+/* Payloads up to this size are hashed before they are sent (their tag goes
+ * out with them); larger ones as they are sent, while still in cache. */
+#define TAG_FIRST_BYTES (64 * 1024)
 
 typedef struct tcp_unexp {
     struct tcp_unexp *next;
@@ -955,6 +958,16 @@ static loom_status_t flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
             if (sealed) {
                 loom_frame_tag_payload_start(&peer->tx_mac, &peer->tx_key, peer->shdr_seq);
                 peer->tx_hashed = req->off;   /* 0: a send starts at its beginning */
+                if (req->len <= TAG_FIRST_BYTES) {
+                    /* Small: hashed now, so the tag leaves in the same segment as the
+                     * payload instead of costing the receiver another wake-up. */
+                    uint8_t full[LOOM_SHA256_BYTES];
+                    loom_hmac_update(&peer->tx_mac, req->buf, req->len);
+                    loom_hmac_final(&peer->tx_mac, full);
+                    memcpy(peer->stag, full, LOOM_MAC_BYTES);
+                    peer->stag_ready = 1;
+                    peer->tx_hashed = req->len;
+                }
             }
         }
         if (sealed && req->off == req->len && !peer->stag_ready) {
