@@ -6,9 +6,10 @@
 # and 3 ranks under torchrun (env:// and its TCPStore) and under loomrun (a
 # FileStore): every operation and dtype, uneven all_to_all, sub-groups, async
 # work and futures; wrong usage (mismatched sizes, a dead rank) ending in an
-# error within the group's timeout; DDP (no_sync, find_unused_parameters, fp16
+# error within the group's timeout, and an abort ends pending work; DDP (no_sync, find_unused_parameters, fp16
 # and PowerSGD hooks), FSDP2 and ZeroRedundancyOptimizer ending with the
-# weights of one process on the whole batch and of the same run over gloo.
+# weights of one process on the whole batch and of the same run over gloo;
+# examples/python/ddp_train.py and fsdp_train.py lower their loss.
 # Automake TESTS protocol: 0 pass, 1 fail, 77 skip.
 name=test_torch_c10d
 top_builddir=${top_builddir:-.}
@@ -82,9 +83,28 @@ with_torchrun 2 tests/python/test_c10d_errors.py mismatch
 with_loomrun 3 tests/python/test_c10d_errors.py mismatch
 with_torchrun 3 tests/python/test_c10d_errors.py dead
 with_loomrun 2 tests/python/test_c10d_errors.py dead
+with_torchrun 2 tests/python/test_c10d_errors.py abort
 with_torchrun 2 tests/python/test_c10d_equiv.py
 with_torchrun 3 tests/python/test_c10d_equiv.py
 with_loomrun 2 tests/python/test_c10d_equiv.py
+
+# The examples: the loss must fall.
+example() {  # example NP SCRIPT ARGS
+    np=$1
+    shift
+    timeout 600 "$venv/bin/torchrun" --standalone --nproc-per-node "$np" "$srcdir/$@" \
+        > "$tmp/out" 2>&1
+    st=$?
+    first=$(grep -m1 'loss' "$tmp/out" | sed 's/.*loss //')
+    last=$(grep 'loss' "$tmp/out" | tail -n 1 | sed 's/.*loss //')
+    if [ $st -eq 0 ] && [ -n "$first" ] && awk "BEGIN { exit !($last < $first) }"; then
+        report 0 "$* (loss $first -> $last)"
+    else
+        report 1 "$* (loss '$first' -> '$last')"
+    fi
+}
+example 2 examples/python/ddp_train.py --backend loom --steps 60
+example 3 examples/python/fsdp_train.py --steps 30
 
 echo "$name: $passes passed, $failures failed"
 [ "$failures" -eq 0 ]

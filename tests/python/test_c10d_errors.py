@@ -1,10 +1,12 @@
 """Wrong usage of the "loom" backend ends in an error, not a hang, on every rank
 that is left: `mismatch` (ranks allreduce different sizes) and `dead` (the last
-rank exits without a word while the others run a collective). The process
+rank exits without a word while the others run a collective), `abort`
+(another thread aborts the group while a recv waits). The process
 group's timeout (10 s here) bounds each; the error is torch's DistBackendError
 (a RuntimeError) with Loom's message naming this rank."""
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -51,6 +53,15 @@ elif mode == "dead":
             dist.all_reduce(big, async_op=True).wait()
     msg = expect_error(run, "a collective with a dead rank")
     print("rank %d: %s" % (rank, msg), flush=True)
+elif mode == "abort":
+    buf = torch.empty(3)
+    w = dist.irecv(buf, src=(rank + 1) % size, tag=7)   # never sent
+    threading.Timer(1.0, dist.distributed_c10d._abort_process_group).start()
+    t0 = time.monotonic()
+    msg = expect_error(lambda: w.wait(), "a pending recv when the group is aborted")
+    T.check("abort" in msg and time.monotonic() - t0 < 8, "abort ends the recv at once: " + msg)
+    print("rank %d: %s" % (rank, msg), flush=True)
+    T.finish()   # the group is gone: nothing to destroy
 else:
     raise SystemExit("unknown mode " + mode)
 
