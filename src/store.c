@@ -196,6 +196,34 @@ loom_status_t loom_store_open(const char *uri, int rank, double timeout_s, loom_
     return loom_store_open_key(uri, rank, timeout_s, NULL, 0, err, store_p);
 }
 
+/* A handle for backend ops named name (its URI), without its backend state yet. */
+static loom_status_t handle_new(const loom_store_ops_t *ops, const char *name, loom_err_t *err,
+                                loom_store_t **s_p)
+{
+    loom_store_t *s = calloc(1, sizeof(*s));
+    if (s == NULL || (s->uri = strdup(name)) == NULL) {
+        free(s);
+        return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory opening store %s", name);
+    }
+    int rc = pthread_mutex_init(&s->mu, NULL);
+    if (rc != 0) {
+        free(s->uri);
+        free(s);
+        return loom_err_set(err, LOOM_ERR_INTERNAL, "pthread_mutex_init: %s", strerror(rc));
+    }
+    s->ops = ops;
+    *s_p = s;
+    return LOOM_SUCCESS;
+}
+
+static void handle_free(loom_store_t *s)
+{
+    pthread_mutex_destroy(&s->mu);
+    free(s->uri);
+    explicit_bzero(s->key, sizeof(s->key));
+    free(s);
+}
+
 loom_status_t loom_store_open_key(const char *uri, int rank, double timeout_s, const void *key,
                                   size_t keylen, loom_err_t *err, loom_store_t **store_p)
 {
@@ -231,75 +259,37 @@ loom_status_t loom_store_open_key(const char *uri, int rank, double timeout_s, c
     if (keylen > sizeof(((loom_store_t *)0)->key))
         return loom_err_set(err, LOOM_ERR_INVALID_ARG, "LOOM_AUTH_KEY is too long");
 
-    loom_store_t *s = calloc(1, sizeof(*s));
-    if (s == NULL)
-        return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory opening store %s", uri);
+    loom_store_t *s;
+    if ((st = handle_new(ops, uri, err, &s)) != LOOM_SUCCESS)
+        return st;
     if (keylen > 0)
         memcpy(s->key, key, keylen);
     s->keylen = keylen;
-    s->uri = strdup(uri);
-    if (s->uri == NULL) {
-        st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory opening store %s", uri);
-        goto free_store;
-    }
-    int rc = pthread_mutex_init(&s->mu, NULL);
-    if (rc != 0) {
-        st = loom_err_set(err, LOOM_ERR_INTERNAL, "pthread_mutex_init: %s", strerror(rc));
-        goto free_uri;
-    }
-    s->ops = ops;
     loom_err_clear(&inner);
     if (keylen > 0 && ops->open_key != NULL)
         st = ops->open_key(sep + 3, rank, timeout_s, key, keylen, &inner, &s->impl);
     else
         st = ops->open(sep + 3, rank, timeout_s, &inner, &s->impl);
     if (st != LOOM_SUCCESS) {
-        st = forward(err, &inner, st);
-        goto destroy_mutex;
+        handle_free(s);
+        return forward(err, &inner, st);
     }
     *store_p = s;
     return LOOM_SUCCESS;
-
-destroy_mutex:
-    pthread_mutex_destroy(&s->mu);
-free_uri:
-    free(s->uri);
-free_store:
-    free(s);
-    return st;
 }
 
 loom_status_t loom_store_wrap(const loom_store_ops_t *ops, void *impl, const char *name,
                               loom_err_t *err, loom_store_t **store_p)
 {
-    loom_status_t st;
-    loom_store_t *s = calloc(1, sizeof(*s));
-    if (s == NULL) {
-        st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory opening %s", name);
-        goto close_impl;
+    loom_store_t *s;
+    loom_status_t st = handle_new(ops, name, err, &s);
+    if (st != LOOM_SUCCESS) {
+        ops->close(impl);
+        return st;
     }
-    s->uri = strdup(name);
-    if (s->uri == NULL) {
-        st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory opening %s", name);
-        goto free_store;
-    }
-    int rc = pthread_mutex_init(&s->mu, NULL);
-    if (rc != 0) {
-        st = loom_err_set(err, LOOM_ERR_INTERNAL, "pthread_mutex_init: %s", strerror(rc));
-        goto free_uri;
-    }
-    s->ops = ops;
     s->impl = impl;
     *store_p = s;
     return LOOM_SUCCESS;
-
-free_uri:
-    free(s->uri);
-free_store:
-    free(s);
-close_impl:
-    ops->close(impl);
-    return st;
 }
 
 void loom_store_close(loom_store_t *s)
@@ -307,10 +297,7 @@ void loom_store_close(loom_store_t *s)
     if (s == NULL)
         return;
     s->ops->close(s->impl);
-    pthread_mutex_destroy(&s->mu);
-    free(s->uri);
-    explicit_bzero(s->key, sizeof(s->key));
-    free(s);
+    handle_free(s);
 }
 
 /* ---- Signed values. ------------------------------------------------------- */

@@ -70,6 +70,40 @@ static void page_range(const loom_rcache_t *rc, const void *addr, size_t len, ui
     *end = (b + rc->page - 1) & ~(uintptr_t)(rc->page - 1);
 }
 
+/* Register [start, end) as a new entry in use once. When that fails (out of
+ * pinnable memory: RLIMIT_MEMLOCK, HCA tables; or a merged range that reaches
+ * memory unmapped since), give back what is idle and try once more with the
+ * request's own pages [own_start, own_end). */
+static int insert_new(loom_rcache_t *rc, uintptr_t start, uintptr_t end, uintptr_t own_start,
+                      uintptr_t own_end, loom_rc_entry_t **e_p)
+{
+    loom_rc_entry_t *e = calloc(1, sizeof(*e));
+    if (!e) {
+        errno = ENOMEM;
+        return -1;
+    }
+    e->start = start;
+    e->end = end;
+    if (rc->reg(rc->arg, (void *)start, end - start, &e->mr, &e->lkey, &e->rkey) != 0) {
+        shrink(rc, 1);
+        e->start = start = own_start;
+        e->end = end = own_end;
+        if (rc->reg(rc->arg, (void *)start, end - start, &e->mr, &e->lkey, &e->rkey) != 0) {
+            int saved = errno;
+            free(e);
+            errno = saved;
+            return -1;
+        }
+    }
+    e->refs = 1;
+    push_front(rc, e);
+    rc->bytes += end - start;
+    rc->entries++;
+    shrink(rc, 0);
+    *e_p = e;
+    return 0;
+}
+
 int loom_rcache_get_new(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_entry_t **e_p)
 {
     uintptr_t start, end;
@@ -83,29 +117,9 @@ int loom_rcache_get_new(loom_rcache_t *rc, const void *addr, size_t len, loom_rc
             rc->evictions++;
         }
     }
-    loom_rc_entry_t *e = calloc(1, sizeof(*e));
-    if (!e) {
-        errno = ENOMEM;
+    if (insert_new(rc, start, end, start, end, e_p) != 0)
         return -1;
-    }
-    e->start = start;
-    e->end = end;
-    if (rc->reg(rc->arg, (void *)start, end - start, &e->mr, &e->lkey, &e->rkey) != 0) {
-        shrink(rc, 1);
-        if (rc->reg(rc->arg, (void *)start, end - start, &e->mr, &e->lkey, &e->rkey) != 0) {
-            int saved = errno;
-            free(e);
-            errno = saved;
-            return -1;
-        }
-    }
     rc->misses++;
-    e->refs = 1;
-    push_front(rc, e);
-    rc->bytes += end - start;
-    rc->entries++;
-    shrink(rc, 0);
-    *e_p = e;
     return 0;
 }
 
@@ -137,34 +151,7 @@ int loom_rcache_get(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_ent
             drop(rc, e);
         }
     }
-    loom_rc_entry_t *e = calloc(1, sizeof(*e));
-    if (!e) {
-        errno = ENOMEM;
-        return -1;
-    }
-    e->start = start;
-    e->end = end;
-    if (rc->reg(rc->arg, (void *)start, end - start, &e->mr, &e->lkey, &e->rkey) != 0) {
-        /* Out of pinnable memory (RLIMIT_MEMLOCK, HCA tables), or a merged
-         * range that reaches memory unmapped since: give back what is idle
-         * and try once more with the request's own pages. */
-        shrink(rc, 1);
-        e->start = start = own_start;
-        e->end = end = own_end;
-        if (rc->reg(rc->arg, (void *)start, end - start, &e->mr, &e->lkey, &e->rkey) != 0) {
-            int saved = errno;
-            free(e);
-            errno = saved;
-            return -1;
-        }
-    }
-    e->refs = 1;
-    push_front(rc, e);
-    rc->bytes += end - start;
-    rc->entries++;
-    shrink(rc, 0);
-    *e_p = e;
-    return 0;
+    return insert_new(rc, start, end, own_start, own_end, e_p);
 }
 
 void loom_rcache_put(loom_rcache_t *rc, loom_rc_entry_t *e)
