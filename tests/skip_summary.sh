@@ -4,8 +4,8 @@
 # test exited 77) and which parts of the tests that ran were left out, each
 # with the reason the test printed, so that a run that tested less than CI
 # does says so. A test states a reason with a line holding "SKIP" (the whole
-# test, or a part of it: "SKIP: no ::1 on this machine"), "skipping", "not
-# run" or "left out". --not-built names a test configure left out.
+# test, or a part of it: "SKIP: no ::1 on this machine"), "skipping" or "not
+# run". --not-built names a test configure left out.
 # Always exits 0: it reports, the tests decide.
 not_built=""
 while [ "${1:-}" = --not-built ]; do
@@ -27,12 +27,12 @@ for log; do
     [ -f "$log" ] || continue
     t=${log%.log}
     if grep -q '^:test-result: SKIP' "$t.trs" 2>/dev/null; then
-        w=$(why "$log" 'SKIP|[Ss]kipp|not run|left out')
+        w=$(why "$log" 'SKIP|[Ss]kipp|not run')
         [ -n "$w" ] || w=$(tail -n 1 "$log")
         skipped="$skipped; $t ($w)"
         nskip=$((nskip + 1))
     elif grep -q '^:test-result: PASS' "$t.trs" 2>/dev/null; then
-        grep -E '(^|: )SKIP|[Ss]kipping|not run|left out' "$log" >"$log.skips" 2>/dev/null
+        grep -E '(^|: )SKIP|[Ss]kipping|not run' "$log" >"$log.skips" 2>/dev/null
         while IFS= read -r line; do
             w=$(printf '%s\n' "$line" > "$log.line" && why "$log.line" '.')
             parts="$parts; $t: $w"
