@@ -207,7 +207,7 @@ fi
 "$LOOMRUN" -np 3 sh -c 'echo $$; exec sleep 30' >"$tmp/out" 2>"$tmp/err" </dev/null &
 lr=$!
 i=0
-while [ $i -lt 50 ]; do
+while [ $i -lt 600 ]; do
     i=$((i + 1))
     [ "$(wc -l <"$tmp/out")" -ge 3 ] && break
     sleep 0.1
@@ -456,7 +456,7 @@ PATH="$tmp/bin:$PATH" "$LOOMRUN" -H fakehost:2 \
     >"$tmp/out" 2>"$tmp/err" </dev/null &
 lr=$!
 i=0
-while [ $i -lt 50 ] && [ "$(grep -c ready "$tmp/out")" -lt 2 ]; do
+while [ $i -lt 600 ] && [ "$(grep -c ready "$tmp/out")" -lt 2 ]; do
     i=$((i + 1))
     sleep 0.1
 done

@@ -144,8 +144,8 @@ start_waiting_job() {
     "$LOOMRUN" --ssh-identity-file "$tmp/id" "$@" sh -c 'echo $$; exec sleep 120' \
         >"$tmp/out" 2>"$tmp/err" </dev/null &
     lr=$!
-    i=0
-    while [ $i -lt 100 ] && [ "$(wc -l <"$tmp/out")" -lt "$n" ]; do
+    i=0   # up to 60 s: ssh and the ranks start slowly on a busy machine
+    while [ $i -lt 600 ] && [ "$(wc -l <"$tmp/out")" -lt "$n" ]; do
         sleep 0.1
         i=$((i + 1))
     done
