@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define LOOM_SHA_NI 1
 #endif
@@ -102,9 +103,10 @@ static void compress(uint32_t h[8], const uint8_t block[64])
     if (which == 0) {
         which = 1;
 #ifdef LOOM_SHA_NI
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1") &&
-            __builtin_cpu_supports("ssse3"))
+        /* CPUID itself: clang knows no "sha" for __builtin_cpu_supports. */
+        unsigned a, b, c, d;
+        if (__get_cpuid(1, &a, &b, &c, &d) && (c & bit_SSSE3) && (c & bit_SSE4_1) &&
+            __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & bit_SHA))
             which = 2;
 #endif
         atomic_store(&impl, which);
