@@ -213,17 +213,31 @@ LOOM_API uint64_t loom_comm_epoch(loom_comm_t c);
  *  rebuild when it is > 0. 0 for a communicator that is not elastic. */
 LOOM_API loom_status_t loom_comm_join_pending(loom_comm_t c, int *pending);
 
+/** This process's rank in c, and the number of ranks. Not collective; any thread. */
 LOOM_API int loom_comm_rank(loom_comm_t c);
 LOOM_API int loom_comm_size(loom_comm_t c);
+/** Rank among the ranks of c on this node, and how many those are ("node": the
+ *  same host identity, LOOM_HOST_ID or hostname and boot id). */
 LOOM_API int loom_comm_local_rank(loom_comm_t c);
 LOOM_API int loom_comm_local_size(loom_comm_t c);
+/** Index of this node among the nodes c spans, and how many nodes it spans. */
 LOOM_API int loom_comm_node_rank(loom_comm_t c);
 LOOM_API int loom_comm_node_count(loom_comm_t c);
 
-/* ---- Collectives (blocking). ---------------------------------------------- */
+/* ---- Collectives (blocking). ----------------------------------------------
+ * Every call here is collective over c: every rank calls it, in the same order
+ * as its other collectives, with the same count, dtype, op and root (a rank
+ * that disagrees makes every rank fail with LOOM_ERR_MISMATCH instead of
+ * reading garbage). The calls on one communicator come from one thread at a
+ * time, as in MPI and NCCL (loom_comm_abort and loom_comm_revoke excepted);
+ * different communicators may be used from different threads at once. A call
+ * that fails leaves c unusable (destroy it; elastic jobs rebuild it). */
 
+/** recvbuf gets the element-wise op of every rank's count elements of sendbuf.
+ *  In place: sendbuf == LOOM_IN_PLACE (or recvbuf), input in recvbuf. */
 LOOM_API loom_status_t loom_allreduce(const void *sendbuf, void *recvbuf, size_t count,
                                       loom_dtype_t dt, loom_op_t op, loom_comm_t c);
+/** buf of root is copied into buf of every other rank. */
 LOOM_API loom_status_t loom_broadcast(void *buf, size_t count, loom_dtype_t dt, int root,
                                       loom_comm_t c);
 /** recvbuf is significant at root only. */
@@ -233,6 +247,8 @@ LOOM_API loom_status_t loom_reduce(const void *sendbuf, void *recvbuf, size_t co
  *  In place: sendbuf == LOOM_IN_PLACE and the block is already at its place. */
 LOOM_API loom_status_t loom_allgather(const void *sendbuf, void *recvbuf, size_t sendcount,
                                       loom_dtype_t dt, loom_comm_t c);
+/** Rank r contributes sendcount elements (recvcounts[r] on every rank), placed
+ *  at displs[r] of recvbuf. In place as loom_allgather, at displs[rank]. */
 LOOM_API loom_status_t loom_allgatherv(const void *sendbuf, size_t sendcount, void *recvbuf,
                                        const size_t *recvcounts, const size_t *displs,
                                        loom_dtype_t dt, loom_comm_t c);
@@ -244,6 +260,11 @@ LOOM_API loom_status_t loom_reduce_scatter(const void *sendbuf, void *recvbuf, s
 /** count elements go from every rank to every rank. */
 LOOM_API loom_status_t loom_alltoall(const void *sendbuf, void *recvbuf, size_t count,
                                      loom_dtype_t dt, loom_comm_t c);
+/** Rank r sends sendcounts[j] elements at sdispls[j] to rank j and receives
+ *  recvcounts[j] elements from rank j at rdispls[j]; j's sendcounts[r] must
+ *  equal r's recvcounts[j]. In place: sendbuf == LOOM_IN_PLACE; sendcounts
+ *  and sdispls are then ignored and recvcounts, rdispls serve both sides, as
+ *  with MPI_IN_PLACE. */
 LOOM_API loom_status_t loom_alltoallv(const void *sendbuf, const size_t *sendcounts,
                                       const size_t *sdispls, void *recvbuf,
                                       const size_t *recvcounts, const size_t *rdispls,
@@ -254,11 +275,14 @@ LOOM_API loom_status_t loom_gather(const void *sendbuf, void *recvbuf, size_t se
 /** sendbuf significant at root only (size*recvcount elements). */
 LOOM_API loom_status_t loom_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                     loom_dtype_t dt, int root, loom_comm_t c);
+/** Returns once every rank of c has called it. */
 LOOM_API loom_status_t loom_barrier(loom_comm_t c);
 /** Tagged point-to-point; tag must be >= 0. Messages between a pair with the same
  *  tag arrive in order. The received count must equal the sent one. */
 LOOM_API loom_status_t loom_send(const void *buf, size_t count, loom_dtype_t dt, int peer,
                                  int tag, loom_comm_t c);
+/** Receive from peer the message sent with tag (not collective; peer must
+ *  call loom_send with the same tag, count and dtype). */
 LOOM_API loom_status_t loom_recv(void *buf, size_t count, loom_dtype_t dt, int peer, int tag,
                                  loom_comm_t c);
 
