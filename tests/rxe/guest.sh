@@ -22,6 +22,11 @@ mount -t tmpfs -o mode=0755 tmpfs /run
 # shellcheck disable=SC1091
 . $o/env
 export RXE_VM RXE_NVMS RXE_IP RXE_PEER_IP RXE_TOP
+# The tree the commands run in, shared on its own: under /tmp (a CI clone, say)
+# the host root's copy is hidden by the tmpfs just mounted there, and a tree on
+# another file system than / would not show through the root share at all.
+mkdir -p "$RXE_TOP" &&
+    mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=262144 top "$RXE_TOP"
 RXE_OUT=$o
 RXE_SHARED=/rxe-shared
 export RXE_OUT RXE_SHARED

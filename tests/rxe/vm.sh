@@ -222,6 +222,7 @@ EOF
         -append "console=ttyS0 panic=-1 loglevel=4 rdinit=/init" \
         $net -device virtio-net-pci,netdev=n0,mac=52:54:00:11:00:0$((i + 1)) \
         -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+        -virtfs "local,path=$(pwd),mount_tag=top,security_model=none,readonly=on,multidevs=remap" \
         -virtfs "local,path=$d,mount_tag=out,security_model=none" \
         -virtfs "local,path=$out/shared,mount_tag=shared,security_model=none" \
         < /dev/null > "$d/console.log" 2>&1 &
