@@ -245,6 +245,39 @@ START_TEST(test_rcache_get_new)
 }
 END_TEST
 
+/* After a failure every registration goes at once, those still held too;
+ * each is deregistered once, never handed out again, and freed by its
+ * last put or by fini. */
+START_TEST(test_rcache_revoke)
+{
+    fake_reg_t f = {0};
+    loom_rcache_t rc;
+    size_t pg = page();
+    loom_rcache_init(&rc, 1 << 30, 64, fake_reg_fn, fake_dereg_fn, &f);
+    uint8_t *b = region(16);
+    loom_rc_entry_t *held, *idle, *handle, *again;
+    ck_assert_int_eq(loom_rcache_get(&rc, b, pg, &held), 0);
+    ck_assert_int_eq(loom_rcache_get(&rc, b + 4 * pg, pg, &idle), 0);
+    loom_rcache_put(&rc, idle);
+    ck_assert_int_eq(loom_rcache_get_new(&rc, b + 8 * pg, pg, &handle), 0);
+    ck_assert_int_eq(f.live, 3);
+    loom_rcache_revoke(&rc);
+    ck_assert_int_eq(f.live, 0);
+    ck_assert_int_eq(f.deregs, 3);
+    ck_assert_uint_eq(held->rkey, 0);
+    loom_rcache_revoke(&rc);             /* twice: nothing more */
+    ck_assert_int_eq(f.deregs, 3);
+    ck_assert_int_eq(loom_rcache_get(&rc, b, pg, &again), 0);
+    ck_assert_ptr_ne(again, held);       /* a fresh registration, not the revoked one */
+    ck_assert_int_eq(f.live, 1);
+    loom_rcache_put(&rc, handle);        /* the user's deregistration, later */
+    loom_rcache_put(&rc, again);
+    loom_rcache_fini(&rc);               /* held was never put back */
+    ck_assert_int_eq(f.live, 0);
+    ck_assert_int_eq(f.deregs, 4);
+}
+END_TEST
+
 START_TEST(test_rcache_failure_evicts_and_retries)
 {
     fake_reg_t f = {0};
@@ -491,6 +524,7 @@ Suite *loom_ibverbs_suite(void)
     tcase_add_test(tc, test_rcache_entry_bound_and_nocache);
     tcase_add_test(tc, test_rcache_failure_evicts_and_retries);
     tcase_add_test(tc, test_rcache_get_new);
+    tcase_add_test(tc, test_rcache_revoke);
     suite_add_tcase(s, tc);
     tc = tcase_create("config");
     tcase_add_test(tc, test_hca_parse);

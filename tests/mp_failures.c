@@ -11,6 +11,7 @@
 #endif
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -297,6 +298,57 @@ static int abort_rank(loom_comm_t c, void *arg)
     return st == LOOM_ERR_ABORTED && took < 2.0 && again == LOOM_ERR_ABORTED ? 0 : 1;
 }
 
+/* A receive abandoned by a failed communicator: its buffer is the user's
+ * again when the call returns, even though the peer was told where to write
+ * (over ibverbs a rendezvous CTS went out and the peer's RDMA WRITE may be
+ * on its way: without deregistration at the failure it landed afterwards). */
+#define ABANDONED_BYTES ((size_t)4 << 20)
+static int abandoned_fds[2] = {-1, -1};
+
+static int abandoned_recv_rank(loom_comm_t c, void *arg)
+{
+    (void)arg;
+    unsigned char *buf = malloc(ABANDONED_BYTES);
+    loom_request_t req;
+    int bad = 0;
+    if (!buf)
+        return 1;
+    memset(buf, 0x5a, ABANDONED_BYTES);
+    if (loom_comm_rank(c) == 1) {
+        loom_status_t st = loom_isend(buf, ABANDONED_BYTES, LOOM_UINT8, 0, 3, c, &req);
+        if (st == LOOM_SUCCESS)
+            loom_barrier(c);
+        if (st == LOOM_SUCCESS)
+            loom_wait(req);   /* fails one way or another once rank 0 gave up */
+        bad = write(abandoned_fds[1], "d", 1) != 1;
+        free(buf);
+        return bad;
+    }
+    memset(buf, 0, ABANDONED_BYTES);
+    loom_status_t st = loom_irecv(buf, ABANDONED_BYTES, LOOM_UINT8, 1, 3, c, &req);
+    /* Rank 1's announcement comes before its barrier message: once the
+     * barrier is through, the receive has matched it and said where to write. */
+    if (st == LOOM_SUCCESS)
+        st = loom_barrier(c);
+    loom_comm_abort(c);
+    loom_status_t wst = loom_wait(req);
+    /* As a program would after the failed call: the memory is reused. */
+    memset(buf, 0, ABANDONED_BYTES);
+    struct pollfd pfd = {.fd = abandoned_fds[0], .events = POLLIN};
+    char ch;
+    if (poll(&pfd, 1, 30000) != 1 || read(abandoned_fds[0], &ch, 1) != 1) {
+        fprintf(stderr, "abandoned receive: rank 1 did not finish its send\n");
+        bad = 1;
+    }
+    size_t changed = 0;
+    for (size_t i = 0; i < ABANDONED_BYTES; i++)
+        changed += buf[i] != 0;
+    fprintf(stderr, "abandoned receive: barrier %s, wait %s, %zu bytes written after the "
+            "failed call returned\n", loom_strerror(st), loom_strerror(wst), changed);
+    free(buf);
+    return st == LOOM_SUCCESS && changed == 0 && !bad ? 0 : 1;
+}
+
 static int silent_peer_rank(loom_comm_t unused, void *arg)
 {
     (void)unused;
@@ -327,6 +379,13 @@ static void test_abort_and_timeout(void)
               mp_run(2, abort_rank, NULL, 30) == 0);
     mp_result("a peer that never sends: LOOM_ERR_TIMEOUT after LOOM_TIMEOUT",
               mp_run_raw(2, silent_peer_rank, NULL, 30) == 0);
+    int ok = pipe(abandoned_fds) == 0;
+    mp_result("a receive abandoned by abort: no byte lands in its buffer after the call returns",
+              ok && mp_run(2, abandoned_recv_rank, NULL, 60) == 0);
+    if (ok) {
+        close(abandoned_fds[0]);
+        close(abandoned_fds[1]);
+    }
 }
 
 static int destroyed_peer_rank(loom_comm_t c, void *arg)

@@ -8,7 +8,9 @@
  * the target's doorbell, and the target's thread moves that completion into its CQ.
  *
  * Locks: a context's mutex, then the registry's (robust, process-shared) mutex, never the other
- * way round. No lock is held while data is copied.
+ * way round. No lock is held while data is copied; the MRs written into count their writers
+ * meanwhile, and ibv_dereg_mr waits for them (an HCA's dereg returns after its DMA), so the
+ * owner never frees memory that a late write then lands in.
  */
 #include <infiniband/verbs.h>
 
@@ -44,7 +46,7 @@
 #define FV_MAX_DEVS 8
 #define FV_MAX_PORTS 4
 #define FV_MAX_GIDS 2
-#define FV_MAGIC 0x66616b6576657202ull /* bump when the registry layout changes */
+#define FV_MAGIC 0x66616b6576657203ull /* bump when the registry layout changes */
 #define FV_ROCE_V2_GID_INDEX 1
 
 /* ---- the registry (shared memory) -------------------------------------------------------- */
@@ -87,6 +89,11 @@ struct fv_rmr {
     /* Pinned pages: the page frames behind [addr, addr + len) at registration, an array of
      * uint64_t in the owner's memory (0: not modelled, see mr_pin). */
     uint64_t pfn_addr;
+    /* Senders copying into this MR now (outside the registry lock). ibv_dereg_mr waits for
+     * them, as an HCA finishes its DMA before dereg returns: else the owner could free and
+     * reuse the memory under a late write. writer_pid: the last one, to tell a dead one. */
+    uint32_t writers;
+    int32_t writer_pid;
 };
 
 struct fv_registry {
@@ -760,7 +767,8 @@ static int exec_wr(struct fv_ctx *c, struct fv_qp *qp, struct fv_swqe *w, struct
     const int is_write = w->opcode == IBV_WR_RDMA_WRITE || w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
     const int needs_recv = w->opcode != IBV_WR_RDMA_WRITE;
     struct iovec liov[FV_MAX_SGE], riov[FV_MAX_SGE];
-    int nl = 0, nr = 0, lstale = 0, rstale = 0;
+    int nl = 0, nr = 0, lstale = 0, rstale = 0, nw = 0;
+    struct fv_rmr *wmr[FV_MAX_SGE + 1]; /* the MRs written into, held across the copy */
     uint64_t len = 0;
     int32_t tpid;
     uint32_t tproc, dqpn = qp->attr.dest_qp_num, ridx = 0;
@@ -829,6 +837,7 @@ static int exec_wr(struct fv_ctx *c, struct fv_qp *qp, struct fv_swqe *w, struct
         if (len) {
             rstale |= mr_stale(m, w->raddr, len);
             riov[nr++] = (struct iovec){mr_translate(m, w->raddr), len};
+            wmr[nw++] = m;
         }
     }
     if (needs_recv) {
@@ -847,8 +856,10 @@ static int exec_wr(struct fv_ctx *c, struct fv_qp *qp, struct fv_swqe *w, struct
                     break;
                 }
                 rstale |= mr_stale(m, s->addr, s->length);
-                if (s->length)
+                if (s->length) {
                     riov[nr++] = (struct iovec){mr_translate(m, s->addr), s->length};
+                    wmr[nw++] = m;
+                }
                 room += s->length;
             }
         }
@@ -864,6 +875,10 @@ static int exec_wr(struct fv_ctx *c, struct fv_qp *qp, struct fv_swqe *w, struct
             res->status = bad ? IBV_WC_REM_OP_ERR : IBV_WC_REM_INV_REQ_ERR;
             return FV_DONE;
         }
+    }
+    for (int i = 0; i < nw; i++) {
+        wmr[i]->writers++;
+        wmr[i]->writer_pid = getpid();
     }
     reg_unlock();
 
@@ -894,6 +909,13 @@ static int exec_wr(struct fv_ctx *c, struct fv_qp *qp, struct fv_swqe *w, struct
             li++, loff = 0;
         if (roff == riov[ri].iov_len)
             ri++, roff = 0;
+    }
+    if (nw) {
+        reg_lock();
+        for (int i = 0; i < nw; i++)
+            if (wmr[i]->writers)
+                wmr[i]->writers--;
+        reg_unlock();
     }
     pthread_mutex_lock(&c->lock);
     c->busy = NULL;
@@ -1376,7 +1398,8 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *ibpd, void *addr, size_t length, 
     reg_lock();
     int slot = -1;
     for (int i = 1; i < FV_MAX_MRS && slot < 0; i++)
-        if (!reg->mrs[i].key || pid_gone(reg->mrs[i].pid))
+        if ((!reg->mrs[i].key || pid_gone(reg->mrs[i].pid)) &&
+            (!reg->mrs[i].writers || pid_gone(reg->mrs[i].writer_pid)))
             slot = i;
     if (slot >= 0) {
         struct fv_rmr *m = &reg->mrs[slot];
@@ -1388,6 +1411,8 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *ibpd, void *addr, size_t length, 
         m->addr = (uintptr_t)addr;
         m->len = length;
         m->pfn_addr = (uintptr_t)mr->pfns;
+        m->writers = 0;
+        m->writer_pid = 0;
         mr->ibv.lkey = mr->ibv.rkey = m->key;
     }
     reg_unlock();
@@ -1427,8 +1452,17 @@ int ibv_dereg_mr(struct ibv_mr *ibmr)
     struct fv_pd *pd = (struct fv_pd *)ibmr->pd;
     struct fv_ctx *c = (struct fv_ctx *)ibmr->context;
 
+    struct fv_rmr *m = &reg->mrs[mr->slot];
     reg_lock();
-    memset(&reg->mrs[mr->slot], 0, sizeof(reg->mrs[mr->slot]));
+    m->key = 0; /* no new access from here on */
+    /* Writes in flight finish first (bounded: a writer may have died in its copy). */
+    for (uint64_t deadline = now_ns() + UINT64_C(10000000000);
+         m->writers && !pid_gone(m->writer_pid) && now_ns() < deadline;) {
+        reg_unlock();
+        usleep(20);
+        reg_lock();
+    }
+    memset(m, 0, sizeof(*m));
     reg_unlock();
     pthread_mutex_lock(&c->lock);
     pd->refs--;

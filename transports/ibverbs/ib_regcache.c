@@ -42,7 +42,8 @@ static void push_front(loom_rcache_t *rc, loom_rc_entry_t *e)
 static void drop(loom_rcache_t *rc, loom_rc_entry_t *e)
 {
     unlink_entry(rc, e);
-    rc->dereg(rc->arg, e->mr);
+    if (e->mr)
+        rc->dereg(rc->arg, e->mr);
     rc->bytes -= e->end - e->start;
     rc->entries--;
     free(e);
@@ -128,7 +129,7 @@ int loom_rcache_get(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_ent
     uintptr_t start, end;
     page_range(rc, addr, len, &start, &end);
     for (loom_rc_entry_t *e = rc->head; e; e = e->next) {
-        if (e->start <= start && e->end >= end) {
+        if (e->mr && e->start <= start && e->end >= end) {
             rc->hits++;
             e->refs++;
             unlink_entry(rc, e);
@@ -158,6 +159,16 @@ void loom_rcache_put(loom_rcache_t *rc, loom_rc_entry_t *e)
 {
     if (--e->refs == 0)
         shrink(rc, 0);
+}
+
+void loom_rcache_revoke(loom_rcache_t *rc)
+{
+    for (loom_rc_entry_t *e = rc->head; e; e = e->next)
+        if (e->mr) {
+            rc->dereg(rc->arg, e->mr);
+            e->mr = NULL;
+            e->lkey = e->rkey = 0;
+        }
 }
 
 void loom_rcache_fini(loom_rcache_t *rc)

@@ -23,7 +23,7 @@
 
 typedef struct loom_rc_entry {
     uintptr_t start, end;       /* page-aligned, end exclusive */
-    void *mr;                   /* what reg returned */
+    void *mr;                   /* what reg returned; NULL once revoked */
     uint32_t lkey, rkey;
     int refs;
     struct loom_rc_entry *prev, *next;   /* most recently used first */
@@ -57,6 +57,11 @@ int loom_rcache_get(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_ent
 int loom_rcache_get_new(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_entry_t **e_p);
 /* Drop one reference; idle entries beyond the bounds are deregistered. */
 void loom_rcache_put(loom_rcache_t *rc, loom_rc_entry_t *e);
+/* Deregister every entry now, referenced ones too, keeping the entries (their
+ * holders still put them; they are never handed out again): after a failure
+ * no peer may write into memory the user gets back (a receive abandoned
+ * after its address went out). */
+void loom_rcache_revoke(loom_rcache_t *rc);
 /* Deregister everything (referenced entries too: the owner is going away). */
 void loom_rcache_fini(loom_rcache_t *rc);
 

@@ -2135,12 +2135,17 @@ static loom_status_t progress_owned(loom_tp_t *tp, int timeout_ms, int *moved_p)
 }
 
 /* A failed instance tells its peers at once, on the side channels, so that
- * none waits for it until LOOM_TIMEOUT while this process lives on. */
+ * none waits for it until LOOM_TIMEOUT while this process lives on. And it
+ * deregisters user memory before the failed call returns: a peer that got a
+ * receive's address (CTS) may still write there, into memory the user frees
+ * and reuses from then on; after ibv_dereg_mr the HCA writes no more (the
+ * peer's write fails with a remote access error: it learns of the failure). */
 static void announce_failure(loom_tp_t *tp)
 {
     if (tp->announced)
         return;
     tp->announced = 1;
+    loom_rcache_revoke(&tp->rcache);
     for (int i = 0; i < tp->nactive; i++) {
         ib_peer_t *p = &tp->peers[tp->active[i]];
         if (p->fd >= 0 && send(p->fd, "G", 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
