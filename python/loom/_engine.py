@@ -307,6 +307,8 @@ class Engine:
             finally:
                 with self.cond:
                     self.waiting -= 1
+                    if not self.waiting:
+                        self.cond.notify_all()   # the engine thread's turn again
         if handle.error is not None:
             raise handle.error
         return handle.result
@@ -324,8 +326,12 @@ class Engine:
     def _run(self):
         while True:
             with self.cond:
-                while not (self.queue or self.fresh or self.hits or self.local or self.stop_req or
-                           self.broken is not None or self.done):
+                # While a thread waits in wait() it runs the rounds itself:
+                # rounds from this thread too would only contend with it for
+                # the round lock (and the GIL), once a cycle.
+                while (not (self.queue or self.fresh or self.hits or self.local or self.stop_req or
+                            self.broken is not None or self.done) or
+                       (self.waiting and not self.stop_req and self.broken is None and not self.done)):
                     self.cond.wait()
                 if self.broken is not None or self.done:
                     return
