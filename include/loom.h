@@ -285,6 +285,15 @@ LOOM_API loom_status_t loom_send(const void *buf, size_t count, loom_dtype_t dt,
  *  call loom_send with the same tag, count and dtype). */
 LOOM_API loom_status_t loom_recv(void *buf, size_t count, loom_dtype_t dt, int peer, int tag,
                                  loom_comm_t c);
+/** Receive the message sent with tag by whichever rank (this one included)
+ *  sends first; *source is set to that rank. Messages of one sender still
+ *  arrive in its order. A receive for that rank posted meanwhile with the same
+ *  tag may take the message first (post wildcard and specific receives for one
+ *  tag in the order the messages are meant for). Fails with LOOM_ERR_TIMEOUT
+ *  after LOOM_TIMEOUT without any message or progress, LOOM_ERR_UNSUPPORTED
+ *  for GPU buffers. */
+LOOM_API loom_status_t loom_recv_any(void *buf, size_t count, loom_dtype_t dt, int tag,
+                                     int *source, loom_comm_t c);
 
 /* ---- Non-blocking twins. ---------------------------------------------------
  * They run in submission order on a per-communicator worker; buffers must stay
@@ -324,6 +333,10 @@ LOOM_API loom_status_t loom_isend(const void *buf, size_t count, loom_dtype_t dt
                                   int tag, loom_comm_t c, loom_request_t *req);
 LOOM_API loom_status_t loom_irecv(void *buf, size_t count, loom_dtype_t dt, int peer, int tag,
                                   loom_comm_t c, loom_request_t *req);
+/** *source (which must stay valid as the buffer does) is set by the time the
+ *  request completes. */
+LOOM_API loom_status_t loom_irecv_any(void *buf, size_t count, loom_dtype_t dt, int tag,
+                                      int *source, loom_comm_t c, loom_request_t *req);
 
 /** Block until req completes; returns its status and releases it. */
 LOOM_API loom_status_t loom_wait(loom_request_t req);

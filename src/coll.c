@@ -112,6 +112,50 @@ static loom_status_t run_collective_host(void *c, const loom_coll_args_t *a)
 }
 #endif
 
+/* A receive from any rank takes the first rank, going round from the one
+ * after the last chosen (so that no sender starves the others), that has a
+ * message for its tag; until then it is not posted at all. */
+static loom_status_t any_source_try(loom_comm_t c, struct loom_request *op)
+{
+    for (int i = 0; i < c->size; i++) {
+        int peer = (c->any_next + i) % c->size;
+        if (!c->tp_ops->probe(c->tp, peer, op->tp_req.match.tag))
+            continue;
+        c->any_next = (peer + 1) % c->size;
+        op->tp_req.peer = peer;
+        if (op->source_out)
+            *op->source_out = peer;
+        op->posted = 1;
+        return c->tp_ops->irecv(c->tp, &op->tp_req);
+    }
+    return LOOM_SUCCESS;
+}
+
+/* The blocking form: probe between progress calls, bounded by LOOM_TIMEOUT
+ * without progress, as every wait is. */
+static loom_status_t any_source_wait(loom_comm_t c, struct loom_request *op)
+{
+    double last_moved = monotonic_s();
+    loom_status_t st = any_source_try(c, op);
+    while (st == LOOM_SUCCESS && !op->posted) {
+        if (atomic_load(&c->aborted))
+            return loom_err_set(&c->work_err, LOOM_ERR_ABORTED, "the communicator was aborted");
+        int moved = 0;
+        if ((st = c->tp_ops->progress(c->tp, 1, &moved)) != LOOM_SUCCESS)
+            break;
+        double now = monotonic_s();
+        if (moved)
+            last_moved = now;
+        else if (now - last_moved > c->ctx.timeout_s)
+            return loom_err_set(&c->work_err, LOOM_ERR_TIMEOUT,
+                                "timed out: rank %d waited %.1f s (LOOM_TIMEOUT) for a message "
+                                "with tag %llu from any rank", c->rank, c->ctx.timeout_s,
+                                (unsigned long long)op->tp_req.match.tag);
+        st = any_source_try(c, op);
+    }
+    return st;
+}
+
 loom_status_t loom_comm_execute(loom_comm_t c, struct loom_request *op, int wait)
 {
     loom_err_clear(&c->work_err);
@@ -138,8 +182,12 @@ loom_status_t loom_comm_execute(loom_comm_t c, struct loom_request *op, int wait
 #endif
         return run_collective(c, &op->args);
     }
-    loom_status_t st = op->kind == LOOM_OP_SEND ? c->tp_ops->isend(c->tp, &op->tp_req)
-                                                : c->tp_ops->irecv(c->tp, &op->tp_req);
+    loom_status_t st;
+    if (op->any_source)
+        st = wait ? any_source_wait(c, op) : any_source_try(c, op);
+    else
+        st = op->kind == LOOM_OP_SEND ? c->tp_ops->isend(c->tp, &op->tp_req)
+                                      : c->tp_ops->irecv(c->tp, &op->tp_req);
     if (st == LOOM_SUCCESS && wait)
         st = loom_p2p_wait(&c->ctx, &op->tp_req);
     if (st != LOOM_SUCCESS)
@@ -208,6 +256,14 @@ static void *worker_main(void *arg)
             double now = monotonic_s();
             if (moved)
                 last_moved = now;
+            /* Receives from any rank still waiting for a sender: only this
+             * thread changes the active list, so it is walked unlocked. */
+            for (struct loom_request *op = c->active; op && st == LOOM_SUCCESS; op = op->next)
+                if (op->any_source && !op->posted) {
+                    st = any_source_try(c, op);
+                    if (op->posted)
+                        last_moved = now;
+                }
             if (st == LOOM_SUCCESS && now - last_moved > c->ctx.timeout_s) {
                 st = loom_err_set(&c->work_err, LOOM_ERR_TIMEOUT,
                                   "timed out: a non-blocking send/recv of rank %d made no "
@@ -682,6 +738,46 @@ static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_d
     return st;
 }
 
+static loom_status_t do_recv_any(void *buf, size_t count, loom_dtype_t dt, int tag, int *source,
+                                 loom_comm_t c, loom_request_t *req)
+{
+    loom_status_t st;
+    if ((st = check_comm(c, "recv_any")) != LOOM_SUCCESS ||
+        (st = check_common(c, "recv_any", dt, 0, LOOM_SUM, 0, 0)) != LOOM_SUCCESS)
+        return st;
+    size_t es = loom_dtype_size(dt);
+    CHECK(tag >= 0, "recv_any: tag %d is negative", tag);
+    CHECK(bytes_fit(count, 1, es), "recv_any: count %zu is too large", count);
+    CHECK(count == 0 || buf, "recv_any: NULL buffer");
+    if (!c->tp_ops->probe)
+        return loom_comm_fail(c, LOOM_ERR_UNSUPPORTED, "recv_any: the %s transport cannot "
+                              "receive from any rank", c->tp_ops->name);
+#ifdef LOOM_HAVE_CUDA
+    int device;
+    if (count > 0 && loom_cuda_ptr_on_device(buf, &device))
+        return loom_comm_fail(c, LOOM_ERR_UNSUPPORTED, "recv_any: GPU buffers need a known "
+                              "source (loom_recv)");
+#endif
+    struct loom_request stack_op, *op = &stack_op;
+    if (req && !(op = calloc(1, sizeof(*op))))
+        return loom_comm_fail(c, LOOM_ERR_NO_MEMORY, "out of memory");
+    if (!req)
+        memset(op, 0, sizeof(*op));
+    op->kind = LOOM_OP_RECV;
+    op->any_source = 1;
+    op->source_out = source;
+    op->tp_req.peer = -1;
+    op->tp_req.buf = buf;
+    op->tp_req.len = count * es;
+    op->tp_req.match.tag = (uint64_t)tag;
+    op->tp_req.match.desc = loom_desc_make(LOOM_DESC_P2P, (int)dt, 0);
+    op->tp_req.match.total = count;
+    st = submit(c, op, req);
+    if (req && st != LOOM_SUCCESS)
+        free(op);
+    return st;
+}
+
 /* ---- the public names ----------------------------------------------------- */
 
 LOOM_API loom_status_t loom_allreduce(const void *s, void *r, size_t n, loom_dtype_t dt,
@@ -826,4 +922,15 @@ LOOM_API loom_status_t loom_irecv(void *b, size_t n, loom_dtype_t dt, int peer, 
 {
     return req ? do_p2p(LOOM_OP_RECV, b, n, dt, peer, tag, c, req)
                : loom_global_fail(LOOM_ERR_INVALID_ARG, "irecv: NULL request pointer");
+}
+LOOM_API loom_status_t loom_recv_any(void *b, size_t n, loom_dtype_t dt, int tag, int *source,
+                                     loom_comm_t c)
+{
+    return do_recv_any(b, n, dt, tag, source, c, NULL);
+}
+LOOM_API loom_status_t loom_irecv_any(void *b, size_t n, loom_dtype_t dt, int tag, int *source,
+                                      loom_comm_t c, loom_request_t *req)
+{
+    return req ? do_recv_any(b, n, dt, tag, source, c, req)
+               : loom_global_fail(LOOM_ERR_INVALID_ARG, "irecv_any: NULL request pointer");
 }

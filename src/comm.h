@@ -30,6 +30,9 @@ struct loom_request {
     loom_coll_args_t args;        /* LOOM_OP_COLL */
     loom_tp_req_t tp_req;         /* LOOM_OP_SEND / LOOM_OP_RECV */
     int posted;                   /* p2p: handed to the transport */
+    int any_source;               /* a receive from any rank: tp_req.peer is chosen
+                                   * once the transport has a message for the tag */
+    int *source_out;              /* where the chosen rank goes (may be NULL) */
     int done;                     /* under comm->qlock */
     loom_status_t status;
     char msg[LOOM_ERRMSG_MAX];    /* the failure, kept with the request */
@@ -67,6 +70,7 @@ struct loom_comm {
     int worker_started, stopping;
     pthread_t worker;
     _Atomic int aborted;
+    int any_next;                 /* the rank a receive from any rank probes first */
     struct loom_elastic *elastic; /* epoch and watcher of an elastic communicator (elastic.c) */
 };
 

@@ -79,6 +79,12 @@ static loom_status_t mux_peer_read(loom_tp_t *m, int peer, void *buf, uint64_t a
     return m->ops[i]->peer_read(m->tps[i], peer, buf, addr, len);
 }
 
+static int mux_probe(loom_tp_t *m, int peer, uint64_t tag)
+{
+    int i = m->route[peer];
+    return m->ops[i]->probe && m->ops[i]->probe(m->tps[i], peer, tag);
+}
+
 static void *mux_window(loom_tp_t *m, int peer, size_t *len_p)
 {
     int i = m->route[peer];
@@ -133,4 +139,5 @@ const loom_transport_ops_t loom_mux_transport = {
     .peer_readable = mux_peer_readable,
     .peer_read = mux_peer_read,
     .window = mux_window,
+    .probe = mux_probe,
 };

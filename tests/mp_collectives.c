@@ -512,6 +512,49 @@ static int p2p_main(loom_comm_t c, void *arg)
     if (!bad && (loom_isend(&small1, 1, LOOM_INT32, r, 3, c, &rq[0]) ||
                  loom_recv(&self, 1, LOOM_INT32, r, 3, c) || loom_wait(rq[0]) || self != small1))
         bad = 1, fprintf(stderr, "rank %d: send to self failed\n", r);
+    /* From any rank: every rank (rank 0 too) sends rank 0 a small message with
+     * tag 9 and a large one with tag 10; rank 0 takes them as they come, the
+     * small ones blocking, the large ones all posted at once. */
+    if (!bad && n <= 64) {
+        int32_t mine = 10 * r;
+        if (loom_isend(&mine, 1, LOOM_INT32, 0, 9, c, &rq[0]) ||
+            loom_isend(a, N, LOOM_INT32, 0, 10, c, &rq[1]))
+            bad = 1, fprintf(stderr, "rank %d: sends to rank 0: %s\n", r, loom_comm_last_error(c));
+        if (!bad && r == 0) {
+            int seen[64] = {0}, srcs[64];
+            for (int k = 0; k < n && !bad; k++) {
+                int32_t v = -1;
+                int src = -1;
+                if (loom_recv_any(&v, 1, LOOM_INT32, 9, &src, c) || src < 0 || src >= n ||
+                    seen[src]++ || v != 10 * src)
+                    bad = 1, fprintf(stderr, "rank 0: recv_any %d: source %d value %d: %s\n", k,
+                                     src, v, loom_comm_last_error(c));
+            }
+            int32_t *big = malloc((size_t)n * N * sizeof(int32_t));
+            loom_request_t reqs[64];
+            int posted = 0;
+            for (; posted < n && !bad; posted++)
+                if (loom_irecv_any(big + (size_t)posted * N, N, LOOM_INT32, 10, &srcs[posted], c,
+                                   &reqs[posted]))
+                    bad = 1, fprintf(stderr, "rank 0: irecv_any: %s\n", loom_comm_last_error(c));
+            for (int k = 0; k < posted; k++)
+                if (loom_wait(reqs[k]) != LOOM_SUCCESS)
+                    bad = 1, fprintf(stderr, "rank 0: irecv_any %d: %s\n", k, loom_comm_last_error(c));
+            memset(seen, 0, sizeof(seen));
+            for (int k = 0; k < posted && !bad; k++) {
+                int src = srcs[k];
+                if (src < 0 || src >= n || seen[src]++)
+                    bad = 1, fprintf(stderr, "rank 0: irecv_any %d: source %d\n", k, src);
+                for (size_t i = 0; i < N && !bad; i++)
+                    if (big[(size_t)k * N + i] != src * 1000 + (int32_t)i)
+                        bad = 1, fprintf(stderr, "rank 0: irecv_any from %d: wrong data at %zu\n",
+                                         src, i);
+            }
+            free(big);
+        }
+        if (loom_wait(rq[0]) || loom_wait(rq[1]))
+            bad = 1, fprintf(stderr, "rank %d: sends to rank 0: %s\n", r, loom_comm_last_error(c));
+    }
     /* Non-blocking collectives queued back to back, then a blocking one. */
     float x[3] = {1, 2, 3}, y[5] = {0}, z = 1;
     if (!bad && (loom_iallreduce(LOOM_IN_PLACE, x, 3, LOOM_FLOAT32, LOOM_SUM, c, &rq[0]) ||

@@ -93,6 +93,11 @@ typedef struct loom_transport_ops {
      * mapped in our address space, that node-local algorithms stage data in;
      * NULL when that peer has none. *len_p: its size. */
     void *(*window)(loom_tp_t *tp, int peer, size_t *len_p);
+    /* Optional (may be NULL: no receive from any source): whether a message
+     * of peer (ourselves included) with this tag has arrived, or begun to,
+     * that no receive took yet; an irecv posted for it now takes it first.
+     * Called as irecv is, by the thread that runs the communicator. */
+    int (*probe)(loom_tp_t *tp, int peer, uint64_t tag);
 } loom_transport_ops_t;
 
 extern const loom_transport_ops_t loom_tcp_transport;

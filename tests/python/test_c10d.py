@@ -255,6 +255,23 @@ def test_p2p():
     elif rank == 1:
         dist.recv(big, src=0)
         T.check(torch.equal(big, torch.arange(1 << 20, dtype=torch.float32)), "recv 4 MiB")
+    # recv from any source: every other rank sends rank 0 its rank, small and
+    # large (4 MiB), and rank 0 learns each sender from recv's return value
+    if rank == 0:
+        got = sorted(dist.recv(torch.empty(2), tag=5) for _ in range(size - 1))
+        T.check(got == list(range(1, size)), "recv from any source: senders %s" % got)
+        seen = []
+        for _ in range(size - 1):
+            big = torch.empty(1 << 20)
+            w = dist.irecv(big, tag=6)
+            w.wait()
+            src = w._source_rank()
+            seen.append(src)
+            T.check(bool((big == src).all()), "irecv from any source: data of rank %d" % src)
+        T.check(sorted(seen) == list(range(1, size)), "irecv from any source: senders %s" % seen)
+    else:
+        dist.send(torch.full((2,), float(rank)), dst=0, tag=5)
+        dist.send(torch.full((1 << 20,), float(rank)), dst=0, tag=6)
 
 
 def test_coalesced():

@@ -2175,6 +2175,17 @@ static loom_status_t ib_irecv(loom_tp_t *tp, loom_tp_req_t *req)
     return disown(tp, irecv_owned(tp, req));
 }
 
+/* Early eager messages and announced rendezvous (their RTS) alike. */
+static int ib_probe(loom_tp_t *tp, int rank, uint64_t tag)
+{
+    loom_tp_own(&tp->owner);
+    int found = 0;
+    for (const ib_unexp_t *u = tp->peers[rank].uq_head; u && !found; u = u->next)
+        found = u->hdr.tag == tag;
+    loom_tp_disown(&tp->owner);
+    return found;
+}
+
 static loom_status_t ib_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
 {
     loom_tp_own(&tp->owner);
@@ -2352,6 +2363,7 @@ const loom_transport_ops_t loom_ibverbs_transport = {
     .connect = ib_connect,
     .isend = ib_isend,
     .irecv = ib_irecv,
+    .probe = ib_probe,
     .progress = ib_progress,
     .mem_register = ib_mem_register,
     .mem_deregister = ib_mem_deregister,

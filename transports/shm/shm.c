@@ -575,6 +575,14 @@ static loom_status_t shm_isend(loom_tp_t *tp, loom_tp_req_t *req)
 
 /* ---- receiving ------------------------------------------------------------ */
 
+static int shm_probe(loom_tp_t *tp, int rank, uint64_t tag)
+{
+    for (const shm_unexp_t *u = tp->peers[rank].uq_head; u; u = u->next)
+        if (u->frame.match.tag == tag)
+            return 1;
+    return 0;
+}
+
 static loom_status_t shm_irecv(loom_tp_t *tp, loom_tp_req_t *req)
 {
     if (tp->failed)
@@ -1019,6 +1027,7 @@ const loom_transport_ops_t loom_shm_transport = {
     .connect = shm_connect,
     .isend = shm_isend,
     .irecv = shm_irecv,
+    .probe = shm_probe,
     .progress = shm_progress,
     .abort = shm_abort,
     .destroy = shm_destroy,

@@ -1561,6 +1561,19 @@ static loom_status_t tcp_irecv(loom_tp_t *tp, loom_tp_req_t *req)
     return disown(tp, irecv_owned(tp, req));
 }
 
+/* Early messages, and the collective frame held in the socket (never a
+ * user's: only collective frames are held). */
+static int tcp_probe(loom_tp_t *tp, int rank, uint64_t tag)
+{
+    loom_tp_own(&tp->owner);
+    const tcp_peer_t *peer = &tp->peers[rank];
+    int found = peer->held && peer->cur.match.tag == tag;
+    for (const tcp_unexp_t *u = peer->uq_head; u && !found; u = u->next)
+        found = u->frame.match.tag == tag;
+    loom_tp_disown(&tp->owner);
+    return found;
+}
+
 static loom_status_t tcp_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
 {
     loom_tp_own(&tp->owner);
@@ -1651,6 +1664,7 @@ const loom_transport_ops_t loom_tcp_transport = {
     .connect = tcp_connect,
     .isend = tcp_isend,
     .irecv = tcp_irecv,
+    .probe = tcp_probe,
     .progress = tcp_progress,
     .mem_register = NULL,
     .mem_deregister = NULL,

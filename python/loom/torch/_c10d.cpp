@@ -844,6 +844,25 @@ class LoomBackend : public c10d::Backend {
                    true, nullptr, /*p2p=*/true);
     }
 
+    // dist.recv(t) without src: Loom's receive from any rank sets the Work's
+    // source rank before it completes (torch reads it through _source_rank()).
+    c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor> &tensors,
+                                                 int tag) override
+    {
+        at::Tensor t = single(tensors, "recv");
+        auto w = make_work(OpType::RECVANYSOURCE, {t}, "recv from any source");
+        at::Tensor dst = staged(w, t, false);
+        loom_dtype_t dt = to_loom_dtype(dst);
+        size_t n = (size_t)dst.numel();
+        void *p = dst.data_ptr();
+        int tg = tag < 0 ? 0 : tag;
+        int *source = &w->src_rank_;
+        return run(w, {[=, this](loom_request_t *r) {
+                       return loom_irecv_any(p, n, dt, tg, source, comm_, r);
+                   }},
+                   true, nullptr, /*p2p=*/true);
+    }
+
   private:
     struct Queue {
         std::mutex mu;
