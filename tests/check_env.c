@@ -154,7 +154,7 @@ START_TEST(test_settings_defaults)
     ck_assert_int_eq(s.socket_bufsize, 4194304);
     ck_assert_str_eq(s.ifname, "");
     ck_assert_int_eq(s.sockets_per_peer, 1);
-    ck_assert_uint_eq(s.stripe_min_bytes, 1u << 20);
+    ck_assert_uint_eq(s.stripe_min_bytes, 256u << 10);
 }
 END_TEST
 
