@@ -1782,12 +1782,15 @@ static int fill_stage(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
     }
 }
 
-static void mac_fail(loom_tp_t *tp, const tcp_peer_t *peer, const char *what)
+static void mac_fail(loom_tp_t *tp, const tcp_peer_t *peer, int stream, const char *what)
 {
+    char where[32] = "";
+    if (stream > 0)
+        snprintf(where, sizeof(where), " on stream %d", stream);
     tp_fail(tp, LOOM_ERR_AUTH,
-            "rank %d received a frame from rank %d whose %s does not match its LOOM_AUTH_KEY "
+            "rank %d received a frame from rank %d%s whose %s does not match its LOOM_AUTH_KEY "
             "MAC: the connection was altered on the way (or a peer is broken)", tp->rank,
-            peer->rank, what);
+            peer->rank, where, what);
 }
 
 static void handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
@@ -1807,7 +1810,7 @@ static void handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
                 peer->cur_seq = peer->rx_seq++;
                 loom_frame_tag_header(&peer->rx_key, peer->cur_seq, hdr, want);
                 if (!loom_equal_ct(want, hdr + LOOM_FRAME_BYTES, sizeof(want))) {
-                    mac_fail(tp, peer, "header");
+                    mac_fail(tp, peer, 0, "header");
                     return;
                 }
             }
@@ -1840,7 +1843,7 @@ static void handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
             uint8_t full[LOOM_SHA256_BYTES];
             loom_hmac_final(&peer->rx_mac, full);
             if (!loom_equal_ct(full, peer->stage + peer->stage_beg, LOOM_MAC_BYTES)) {
-                mac_fail(tp, peer, "payload");
+                mac_fail(tp, peer, 0, "payload");
                 return;
             }
             peer->stage_beg += LOOM_MAC_BYTES;
@@ -1968,7 +1971,7 @@ static void lane_read(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, int *mo
                     seq = lane->rx_seq++;
                     loom_frame_tag_header(&lane->rx_key, seq, lane->rhdr, tag);
                     if (!loom_equal_ct(tag, lane->rhdr + LOOM_FRAME_BYTES, sizeof(tag))) {
-                        mac_fail(tp, peer, "header");
+                        mac_fail(tp, peer, lane->idx, "header");
                         return;
                     }
                 }
@@ -2004,7 +2007,7 @@ static void lane_read(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, int *mo
             uint8_t full[LOOM_SHA256_BYTES];
             loom_hmac_final(&lane->rx_mac, full);
             if (!loom_equal_ct(full, lane->rtag, LOOM_MAC_BYTES)) {
-                mac_fail(tp, peer, "payload");
+                mac_fail(tp, peer, lane->idx, "payload");
                 return;
             }
         }
