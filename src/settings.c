@@ -15,6 +15,7 @@
 #include "settings.h"
 #include "store_proto.h"
 #include "spin.h"
+#include "wire.h"
 
 const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_RANK", NULL, "rank of this process (else RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK)"},
@@ -37,6 +38,8 @@ const loom_setting_doc_t loom_setting_docs[] = {
     {"LOOM_SHM", "1", "1: ranks on one node talk through shared memory; 0: through the network transport"},
     {"LOOM_SHM_CMA", "1", "1: shared memory copies large messages straight from the sender (cross-memory attach) where the kernel allows; 0: always through the rings"},
     {"LOOM_SOCKET_IFNAME", NULL, "network interface for TCP (else the one that reaches the store)"},
+    {"LOOM_SOCKETS_PER_PEER", "1", "TCP connections per pair of ranks (1-16, the same on every rank): messages of LOOM_STRIPE_MIN_BYTES and more are split across them, for networks that cap each flow below the link rate; 1 on loopback and uncapped links, where one flow already fills the link"},
+    {"LOOM_STRIPE_MIN_BYTES", "262144", "TCP with LOOM_SOCKETS_PER_PEER > 1: messages at least this big are striped across the streams, smaller ones stay on the first; the default is LOOM_SEGMENT_BYTES's, the unit ring algorithms send in"},
     {"LOOM_SOCKET_BUFSIZE", "4194304", "SO_SNDBUF/SO_RCVBUF in bytes; 0 keeps kernel autotuning"},
     {"LOOM_SPIN_US", "auto", "microseconds a waiting call busy-polls before sleeping in the kernel (epoll, futex); auto: about twice what recent waits took (50 to 200), never on one CPU, and on crowded CPUs (more local ranks or runnable tasks than CPUs) unless waits show sleeping to be clearly (2x) faster; 0 never spins"},
     {"LOOM_SPIN_YIELD", "1", "1: yield the core between polls, so ranks sharing cores (or a busy machine) do not starve each other"},
@@ -282,6 +285,14 @@ loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *a
     if ((st = int_setting(get, arg, "LOOM_EARLY_MAX_BYTES", 0, LONG_MAX, &v, err)) != LOOM_SUCCESS)
         return st;
     s->early_max_bytes = (size_t)v;
+    if ((st = int_setting(get, arg, "LOOM_SOCKETS_PER_PEER", 1, LOOM_MAX_STREAMS, &v, err)) !=
+        LOOM_SUCCESS)
+        return st;
+    s->sockets_per_peer = (int)v;
+    if ((st = int_setting(get, arg, "LOOM_STRIPE_MIN_BYTES", 1, LONG_MAX, &v, err)) !=
+        LOOM_SUCCESS)
+        return st;
+    s->stripe_min_bytes = (size_t)v;
 
     if ((st = copy_setting(s->ifname, sizeof(s->ifname), "LOOM_SOCKET_IFNAME",
                            lookup(get, arg, "LOOM_SOCKET_IFNAME"), err)) != LOOM_SUCCESS ||

@@ -28,6 +28,8 @@ typedef struct loom_settings {
     size_t auth_keylen;
     int auth_mac_headers_only; /* LOOM_AUTH_MAC=headers: payload bytes go unsealed */
     size_t early_max_bytes;    /* LOOM_EARLY_MAX_BYTES: early messages held per TCP peer */
+    int sockets_per_peer;      /* LOOM_SOCKETS_PER_PEER: TCP streams per pair of ranks */
+    size_t stripe_min_bytes;   /* LOOM_STRIPE_MIN_BYTES: smallest message striped over them */
     char ifname[64];           /* "" when unset */
     int socket_bufsize;        /* bytes; 0 = kernel autotuning */
     int spin_us;               /* LOOM_SPIN_US; -1: auto (src/spin.h) */

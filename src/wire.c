@@ -79,7 +79,7 @@ int loom_ack_decode(const uint8_t in[LOOM_ACK_BYTES], loom_ack_code_t *code, uin
     if (memcmp(in, LOOM_ACK_MAGIC, 8) != 0)
         return -1;
     uint32_t c = get32(in + 8);
-    if (c > LOOM_ACK_MAC_MODE)
+    if (c > LOOM_ACK_STREAMS)
         return -1;
     *code = (loom_ack_code_t)c;
     *rank = get32(in + 12);
@@ -100,6 +100,8 @@ const char *loom_ack_reason(loom_ack_code_t code)
         return "authentication failed: LOOM_AUTH_KEY differs, or is set on one side only";
     case LOOM_ACK_MAC_MODE:
         return "LOOM_AUTH_MAC differs (full on one side, headers on the other)";
+    case LOOM_ACK_STREAMS:
+        return "LOOM_SOCKETS_PER_PEER differs (or a stream index out of range)";
     }
     return "unknown reason";
 }
@@ -124,7 +126,7 @@ loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, lo
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d sent a frame with bad magic 0x%08x", peer,
                             magic);
-    if (in[4] != LOOM_FRAME_DATA && in[4] != LOOM_FRAME_BYE && in[4] != LOOM_FRAME_GAVE_UP)
+    if (in[4] < LOOM_FRAME_DATA || in[4] > LOOM_FRAME_SLICE)
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d sent a frame of unknown kind %u", peer, in[4]);
     if (in[5] != 0 || in[6] != 0 || in[7] != 0 || get32(in + 12) != 0)
@@ -135,7 +137,7 @@ loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, lo
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d announced a frame of %llu bytes", peer,
                             (unsigned long long)len);
-    if (in[4] != LOOM_FRAME_DATA && len != 0)
+    if ((in[4] == LOOM_FRAME_BYE || in[4] == LOOM_FRAME_GAVE_UP) && len != 0)
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d sent a farewell frame with a payload", peer);
     f->kind = in[4];
@@ -144,6 +146,18 @@ loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, lo
     f->len = len;
     f->match.total = get64(in + 32);
     return LOOM_SUCCESS;
+}
+
+void loom_stripe_slice(uint64_t len, int nstreams, int k, uint64_t *beg_p, uint64_t *len_p)
+{
+    uint64_t n = nstreams > 0 ? (uint64_t)nstreams : 1;
+    uint64_t part = len / n;
+    /* Page-sized slices let each land in its own pages of the receive buffer. */
+    if (part >= 4096)
+        part &= ~(uint64_t)4095;
+    uint64_t beg = part * (uint64_t)k;
+    *beg_p = beg;
+    *len_p = (uint64_t)k + 1 == n ? len - beg : part;
 }
 
 uint32_t loom_desc_make(int coll, int dtype, int op)

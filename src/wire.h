@@ -11,8 +11,10 @@
 #include "transport.h"
 
 /* 2: proofs bind both endpoints' published addresses, and with a key every
- * frame carries MACs under a per-connection session key. */
-#define LOOM_WIRE_VERSION 2
+ * frame carries MACs under a per-connection session key.
+ * 3: several TCP streams per peer (the hello names its stream and the count),
+ * large messages striped across them (STRIPED and SLICE frames). */
+#define LOOM_WIRE_VERSION 3
 
 /* ---- handshake ------------------------------------------------------------ */
 #define LOOM_HELLO_MAGIC "LOOMHELO"
@@ -33,8 +35,17 @@ typedef struct loom_hello {
 typedef enum {
     LOOM_ACK_OK = 0, LOOM_ACK_BAD_MAGIC, LOOM_ACK_BAD_VERSION, LOOM_ACK_OTHER_JOB,
     LOOM_ACK_BAD_RANK, LOOM_ACK_BAD_SIZE, LOOM_ACK_DUPLICATE, LOOM_ACK_AUTH,
-    LOOM_ACK_MAC_MODE
+    LOOM_ACK_MAC_MODE, LOOM_ACK_STREAMS
 } loom_ack_code_t;
+
+/* The hello's stream field: the connection's stream index in the low byte,
+ * the number of streams the connector opens per peer in the next; the high
+ * bits are the LOOM_AUTH_KEY flags below. Stream 0 carries every frame that
+ * matching and ordering depend on; the others only slices of large messages. */
+#define LOOM_MAX_STREAMS 16
+#define LOOM_HELLO_STREAM_INDEX(s) ((s) & 0xffu)
+#define LOOM_HELLO_STREAM_COUNT(s) (((s) >> 8) & 0xffu)
+#define LOOM_HELLO_STREAMS(index, count) ((uint32_t)(index) | ((uint32_t)(count) << 8))
 
 /* ---- LOOM_AUTH_KEY: mutual proof of a shared secret ------------------------
  * With a key, the hello's stream field carries LOOM_HELLO_AUTH and is followed
@@ -102,7 +113,16 @@ const char *loom_ack_reason(loom_ack_code_t code);
 /* BYE: the sender destroyed its communicator on purpose; GAVE_UP: its
  * communicator failed (a mismatch it found, an abort, a lost peer), so no
  * collective with it can complete. Neither carries a payload. */
-typedef enum { LOOM_FRAME_DATA = 1, LOOM_FRAME_BYE = 2, LOOM_FRAME_GAVE_UP = 3 } loom_frame_kind_t;
+/* STRIPED: a DATA frame whose payload is split across the pair's streams:
+ * the header (len: the whole message) and slice 0 travel on stream 0, where
+ * they are matched and ordered as any frame; SLICE: the header of slice k on
+ * stream k (len: that slice), repeating the message's tag, descriptor and
+ * total so that a stream out of step is caught. Every stream takes its slices
+ * in the order stream 0 announced their messages. */
+typedef enum {
+    LOOM_FRAME_DATA = 1, LOOM_FRAME_BYE = 2, LOOM_FRAME_GAVE_UP = 3, LOOM_FRAME_STRIPED = 4,
+    LOOM_FRAME_SLICE = 5
+} loom_frame_kind_t;
 
 typedef struct loom_frame {
     uint8_t kind;
@@ -125,6 +145,11 @@ loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, lo
  * with a message that names both sides. */
 loom_status_t loom_frame_check(const loom_frame_t *f, const loom_tp_req_t *posted, int my_rank,
                                loom_err_t *err);
+
+/* Where slice k of a len-byte message striped over nstreams streams lies:
+ * equal slices of whole 4 KiB pages (when the message is that big), the last
+ * one taking the rest; every byte in exactly one slice, in stream order. */
+void loom_stripe_slice(uint64_t len, int nstreams, int k, uint64_t *beg_p, uint64_t *len_p);
 
 /* Descriptor of a call: collective (or 0xff for user p2p), dtype, op. */
 uint32_t loom_desc_make(int coll, int dtype, int op);

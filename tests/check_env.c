@@ -153,16 +153,21 @@ START_TEST(test_settings_defaults)
     ck_assert_str_eq(s.job_id, "default");
     ck_assert_int_eq(s.socket_bufsize, 4194304);
     ck_assert_str_eq(s.ifname, "");
+    ck_assert_int_eq(s.sockets_per_peer, 1);
+    ck_assert_uint_eq(s.stripe_min_bytes, 256u << 10);
 }
 END_TEST
 
 START_TEST(test_settings_values)
 {
     fake_env_t e = {{"LOOM_TIMEOUT", "2.5", "LOOM_ALGO", "allreduce=ring,allgather=bruck",
-                     "SLURM_JOB_ID", "991", "LOOM_SOCKET_IFNAME", "eth1", NULL}};
+                     "SLURM_JOB_ID", "991", "LOOM_SOCKET_IFNAME", "eth1",
+                     "LOOM_SOCKETS_PER_PEER", "16", "LOOM_STRIPE_MIN_BYTES", "4096", NULL}};
     loom_settings_t s;
     loom_err_t err = {0};
     ck_assert_int_eq(loom_settings_load(&s, fake_get, &e, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(s.sockets_per_peer, 16);
+    ck_assert_uint_eq(s.stripe_min_bytes, 4096);
     ck_assert(s.timeout_s == 2.5);
     ck_assert_str_eq(s.job_id, "991");
     ck_assert_str_eq(s.ifname, "eth1");
@@ -182,6 +187,9 @@ START_TEST(test_settings_rejects)
         {"LOOM_TIMEOUT", "0"}, {"LOOM_TIMEOUT", "soon"}, {"LOOM_TIMEOUT", "-3"},
         {"LOOM_TRANSPORT", "carrier-pigeon"}, {"LOOM_SOCKET_BUFSIZE", "-1"},
         {"LOOM_SPIN_US", "lots"}, {"LOOM_SEGMENT_BYTES", "1"},
+        {"LOOM_SOCKETS_PER_PEER", "0"}, {"LOOM_SOCKETS_PER_PEER", "17"},
+        {"LOOM_SOCKETS_PER_PEER", "four"}, {"LOOM_STRIPE_MIN_BYTES", "0"},
+        {"LOOM_STRIPE_MIN_BYTES", "1M"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         fake_env_t e = {{bad[i][0], bad[i][1], NULL}};

@@ -122,6 +122,94 @@ START_TEST(test_frame_garbage)
 }
 END_TEST
 
+/* Slices of a striped message: every byte in exactly one, in stream order,
+ * page-sized where the message allows, the last taking the rest. */
+START_TEST(test_stripe_slices)
+{
+    static const uint64_t lens[] = {0, 1, 3, 4095, 4096, 16383, 16384, 65537, 1048576,
+                                    (1u << 20) + 12345, UINT64_C(1) << 40};
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        for (int s = 1; s <= LOOM_MAX_STREAMS; s++) {
+            uint64_t next = 0;
+            for (int k = 0; k < s; k++) {
+                uint64_t beg, n;
+                loom_stripe_slice(lens[i], s, k, &beg, &n);
+                ck_assert_uint_eq(beg, next);
+                next = beg + n;
+                if (k + 1 < s && lens[i] / (uint64_t)s >= 4096) {
+                    ck_assert_uint_eq(n % 4096, 0);
+                    ck_assert_uint_ge(n, 4096);
+                }
+                if (k + 1 < s) {
+                    /* no slice but the last is bigger than an equal share */
+                    ck_assert_uint_le(n, lens[i] / (uint64_t)s);
+                }
+            }
+            ck_assert_uint_eq(next, lens[i]);
+        }
+    }
+    /* 1 MiB over 4 streams: four 256 KiB slices. */
+    uint64_t beg, n;
+    loom_stripe_slice(1u << 20, 4, 3, &beg, &n);
+    ck_assert_uint_eq(beg, 3u << 18);
+    ck_assert_uint_eq(n, 1u << 18);
+    /* The remainder goes to the last slice, never beyond the message. */
+    loom_stripe_slice((1u << 20) + 5000, 4, 3, &beg, &n);
+    ck_assert_uint_eq(beg, 3u << 18);
+    ck_assert_uint_eq(n, (1u << 18) + 5000);
+}
+END_TEST
+
+/* The frames of striping decode with their payload; farewells still carry none. */
+START_TEST(test_frame_striped_kinds)
+{
+    loom_frame_t f = sample_frame(), g;
+    uint8_t buf[LOOM_FRAME_BYTES];
+    loom_err_t err = {0};
+    f.kind = LOOM_FRAME_STRIPED;
+    f.len = 5u << 20;
+    loom_frame_encode(&f, buf);
+    ck_assert_int_eq(loom_frame_decode(buf, 1, &g, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(g.kind, LOOM_FRAME_STRIPED);
+    ck_assert_uint_eq(g.len, 5u << 20);
+    f.kind = LOOM_FRAME_SLICE;
+    loom_frame_encode(&f, buf);
+    ck_assert_int_eq(loom_frame_decode(buf, 1, &g, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(g.kind, LOOM_FRAME_SLICE);
+    f.len = LOOM_FRAME_MAX_LEN + 1;   /* a slice is bounded as any frame */
+    loom_frame_encode(&f, buf);
+    ck_assert_int_eq(loom_frame_decode(buf, 1, &g, &err), LOOM_ERR_TRANSPORT);
+    buf[4] = LOOM_FRAME_SLICE + 1;
+    ck_assert_int_eq(loom_frame_decode(buf, 1, &g, &err), LOOM_ERR_TRANSPORT);
+    buf[4] = 0;
+    ck_assert_int_eq(loom_frame_decode(buf, 1, &g, &err), LOOM_ERR_TRANSPORT);
+}
+END_TEST
+
+/* The hello names its stream and the connector's count; an acceptor with
+ * another count refuses with a reason that names the setting. */
+START_TEST(test_hello_streams)
+{
+    loom_hello_t h = {LOOM_WIRE_VERSION, 3, 8, LOOM_HELLO_AUTH | LOOM_HELLO_STREAMS(2, 4), 1, 2},
+                 got;
+    uint8_t buf[LOOM_HELLO_BYTES];
+    loom_hello_encode(&h, buf);
+    ck_assert_int_eq(loom_hello_decode(buf, 1, 2, 1, 8, &got), LOOM_ACK_OK);
+    ck_assert_uint_eq(LOOM_HELLO_STREAM_INDEX(got.stream), 2);
+    ck_assert_uint_eq(LOOM_HELLO_STREAM_COUNT(got.stream), 4);
+    ck_assert(got.stream & LOOM_HELLO_AUTH);
+    ck_assert_uint_eq(LOOM_HELLO_STREAM_COUNT(LOOM_HELLO_STREAMS(0, LOOM_MAX_STREAMS)),
+                      LOOM_MAX_STREAMS);
+    uint8_t ack[LOOM_ACK_BYTES];
+    loom_ack_code_t code;
+    uint32_t rank;
+    loom_ack_encode(LOOM_ACK_STREAMS, 1, ack);
+    ck_assert_int_eq(loom_ack_decode(ack, &code, &rank), 0);
+    ck_assert_int_eq(code, LOOM_ACK_STREAMS);
+    ck_assert_ptr_nonnull(strstr(loom_ack_reason(code), "LOOM_SOCKETS_PER_PEER"));
+}
+END_TEST
+
 START_TEST(test_frame_check)
 {
     loom_frame_t f = sample_frame();
@@ -326,6 +414,9 @@ Suite *loom_wire_suite(void)
     tcase_add_test(tc, test_frame_roundtrip);
     tcase_add_test(tc, test_frame_garbage);
     tcase_add_test(tc, test_frame_check);
+    tcase_add_test(tc, test_stripe_slices);
+    tcase_add_test(tc, test_frame_striped_kinds);
+    tcase_add_test(tc, test_hello_streams);
     tcase_add_loop_test(tc, test_sha256_vectors, 0, 2);
     tcase_add_test(tc, test_hmac_rfc4231);
     tcase_add_test(tc, test_hmac_keyed_and_hkdf);

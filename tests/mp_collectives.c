@@ -508,6 +508,22 @@ static int p2p_main(loom_comm_t c, void *arg)
         bad = 1, fprintf(stderr, "rank %d: tagged exchange: %s\n", r, loom_comm_last_error(c));
     if (!bad && (got1 != 11 + prev || got2 != 22 + prev))
         bad = 1, fprintf(stderr, "rank %d: tags mixed up: %d %d\n", r, got1, got2);
+    /* The same with large messages: the first one's receive comes after the
+     * second's, so it waits as an early message (over several TCP streams,
+     * striped and possibly still arriving when its receive is posted). */
+    int32_t *a2 = malloc(N * sizeof(int32_t)), *b2 = malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++)
+        a2[i] = r * 1000 - i;
+    if (!bad && (loom_isend(a, N, LOOM_INT32, next, 5, c, &rq[0]) ||
+                 loom_isend(a2, N, LOOM_INT32, next, 6, c, &rq[1]) ||
+                 loom_recv(b2, N, LOOM_INT32, prev, 6, c) ||
+                 loom_recv(b, N, LOOM_INT32, prev, 5, c) || loom_wait(rq[0]) || loom_wait(rq[1])))
+        bad = 1, fprintf(stderr, "rank %d: large tagged exchange: %s\n", r, loom_comm_last_error(c));
+    for (int i = 0; i < N && !bad; i++)
+        if (b[i] != prev * 1000 + i || b2[i] != prev * 1000 - i)
+            bad = 1, fprintf(stderr, "rank %d: large tags mixed up at %d\n", r, i);
+    free(a2);
+    free(b2);
     int32_t self = 0;
     if (!bad && (loom_isend(&small1, 1, LOOM_INT32, r, 3, c, &rq[0]) ||
                  loom_recv(&self, 1, LOOM_INT32, r, 3, c) || loom_wait(rq[0]) || self != small1))

@@ -2,7 +2,8 @@
 # test_netns_flowcap.sh - the test bed's capped link (tests/netns/testbed.sh
 # --rate 800mbit --flow-rate 200mbit) does what it says: one TCP flow between
 # two namespaces (loom-perf p2p -t tcp) stays under the flow cap, while four
-# flows at once move more than one flow may, and no more than the link. The
+# flows at once move more than one flow may, and no more than the link; and
+# one job with LOOM_SOCKETS_PER_PEER=4 moves clearly more than with 1. The
 # bounds are loose (a loaded machine may be slower, never faster). Automake
 # TESTS protocol: 0 pass, 1 fail, 77 skip (not root, no namespaces, no tc).
 # shellcheck disable=SC2086
@@ -76,6 +77,29 @@ flows() {
     awk -v k="$k" -v s="$start" -v e="$end" 'BEGIN { printf "%.1f\n", k * 3 * 64 * 262144 / (e - s) / 1e6 }'
 }
 
+# streams S: one loom-perf p2p job from namespace 0 to 1 over S TCP streams
+# per peer (LOOM_SOCKETS_PER_PEER; its 256 KiB messages are striped, the
+# default LOOM_STRIPE_MIN_BYTES); prints its MB/s.
+streams() {
+    s=$1
+    port=$((21000 + $$ % 20000 + 10 + s))
+    pids=""
+    for r in 0 1; do
+        "$testbed" exec $r env LOOM_RANK=$r LOOM_SIZE=2 LOOM_JOB_ID="streams$s-$$" \
+            LOOM_STORE="tcp://$LOOMTB_NET.1:$port" LOOM_HOST_ID="node$r" LOOM_TIMEOUT=60 \
+            LOOM_SOCKETS_PER_PEER=$s \
+            timeout 120 "$perf" p2p -t tcp -b 256K -e 256K -n 2 -w 1 >"$tmp/streams.$s.$r" 2>&1 &
+        pids="$pids $!"
+    done
+    ok=1
+    for p in $pids; do
+        wait "$p" || ok=0
+    done
+    pids=""
+    [ $ok = 1 ] || { echo "the $s-stream job failed:" >&2; cat "$tmp"/streams.$s.* >&2; return 1; }
+    awk '$1 == 262144 { print $3 }' "$tmp/streams.$s.0"
+}
+
 fail=0
 one=$(flows 1) || exit 1
 rate=$(echo "$one" | head -n 1)
@@ -93,6 +117,17 @@ if echo "$four" | head -n 4 | awk -v c="$FLOW_MBS" '$1 > 1.2 * c { bad = 1 } END
     echo "PASS four flows: $each MB/s each, $total MB/s together (flow cap $FLOW_MBS, link $LINK_MBS)"
 else
     echo "FAIL four flows: $each MB/s each, $total MB/s together (flow cap $FLOW_MBS, link $LINK_MBS)"
+    fail=1
+fi
+# One job striping over 4 streams gets what four flows get; over 1 stream it
+# stays under the flow cap.
+s1=$(streams 1) || exit 1
+s4=$(streams 4) || exit 1
+if awk -v a="$s1" -v b="$s4" -v c="$FLOW_MBS" -v l="$LINK_MBS" \
+       'BEGIN { exit !(a > 0 && a <= 1.2 * c && b >= 1.5 * c && b >= 1.5 * a && b <= 1.2 * l) }'; then
+    echo "PASS LOOM_SOCKETS_PER_PEER: 1 stream $s1 MB/s, 4 streams $s4 MB/s (flow cap $FLOW_MBS, link $LINK_MBS)"
+else
+    echo "FAIL LOOM_SOCKETS_PER_PEER: 1 stream $s1 MB/s, 4 streams $s4 MB/s (flow cap $FLOW_MBS, link $LINK_MBS)"
     fail=1
 fi
 exit $fail

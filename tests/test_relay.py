@@ -18,7 +18,9 @@ Scenarios (2 ranks over TCP, tests/relay_rank runs 5 allreduces of 1024 int32):
            the same job (same job id and key) and listens on that old port;
   network  the store is left alone; the attacker intercepts rank 1's
            connection to rank 0 (an LD_PRELOAD shim stands in for a network
-           device that redirects it) and alters payload the same way.
+           device that redirects it) and alters payload the same way; once
+           more with 4 streams per peer and every payload striped, the relay
+           altering the slices on every stream.
 
 With LOOM_AUTH_KEY every rank must fail with LOOM_ERR_AUTH or
 LOOM_ERR_TRANSPORT and no call may return a wrong element. Without a key the
@@ -99,9 +101,10 @@ class Pump(threading.Thread):
     (header, header tag, payload, payload tag with a key) and adds 999 to the
     first int32 of every payload."""
 
-    def __init__(self, src, dst, skip, keyed):
+    def __init__(self, src, dst, skip, keyed, streams=1):
         super().__init__(daemon=True)
         self.src, self.dst, self.skip, self.keyed = src, dst, skip, keyed
+        self.streams = streams
         self.altered = 0
 
     def run(self):
@@ -125,6 +128,8 @@ class Pump(threading.Thread):
                     part, buf = buf[:need], buf[need:]
                     if state == "hdr":
                         plen = struct.unpack("<Q", part[24:32])[0]
+                        if part[4] == 4:   # STRIPED: slice 0 follows on this stream
+                            plen = slice0(plen, self.streams)
                         if plen:
                             state, need = "payload", plen
                     elif state == "payload":
@@ -147,6 +152,14 @@ class Pump(threading.Thread):
                 pass
 
 
+def slice0(length, streams):
+    """Stream 0's share of a striped message (src/wire.c: loom_stripe_slice)."""
+    part = length // streams
+    if part >= 4096:
+        part &= ~4095
+    return part if streams > 1 else length
+
+
 class PortTaken(Exception):
     pass
 
@@ -154,9 +167,10 @@ class PortTaken(Exception):
 class Relay(threading.Thread):
     """Listens on port (0: any), forwards every connection to target."""
 
-    def __init__(self, keyed, port=0):
+    def __init__(self, keyed, port=0, streams=1):
         super().__init__(daemon=True)
         self.keyed = keyed
+        self.streams = streams
         self.ls = socket.socket()
         self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         for _ in range(100):   # the old port may linger a moment after its job
@@ -187,8 +201,9 @@ class Relay(threading.Thread):
             except OSError:
                 c.close()
                 continue
-            up = Pump(c, u, HELLO + NONCE + PROOF if self.keyed else HELLO, self.keyed)
-            down = Pump(u, c, CHAL + ACK if self.keyed else ACK, self.keyed)
+            up = Pump(c, u, HELLO + NONCE + PROOF if self.keyed else HELLO, self.keyed,
+                      self.streams)
+            down = Pump(u, c, CHAL + ACK if self.keyed else ACK, self.keyed, self.streams)
             self.pumps += [up, down]
             up.start()
             down.start()
@@ -315,25 +330,33 @@ def replay_attack():
         store.wait()
 
 
-def network_attack(keyed):
+def network_attack(keyed, streams=1):
+    """streams > 1: LOOM_SOCKETS_PER_PEER with every payload striped, so the relay
+    alters slices on every stream (each has its own session keys)."""
     store, port = start_store()
-    job = "relay-net-%d-%d" % (keyed, os.getpid())
+    job = "relay-net-%d-%d-%d" % (keyed, streams, os.getpid())
+    extra = {}
+    if streams > 1:
+        extra = {"LOOM_SOCKETS_PER_PEER": str(streams), "LOOM_STRIPE_MIN_BYTES": "1"}
     try:
-        relay = Relay(keyed)
+        relay = Relay(keyed, streams=streams)
         relay.start()
-        r0 = start_rank(0, port, keyed, job)
+        r0 = start_rank(0, port, keyed, job, extra)
         real = Store(port).get(addr_key(job))
         raw = real[40:] if real.startswith(b"LOOMSIG1") else real
         host, rport = raw.split(b"\n")[1].decode().rsplit(":", 1)
         relay.target = (host, int(rport))
         shim = {"LD_PRELOAD": SHIM, "RELAY_FROM_PORT": rport, "RELAY_TO_PORT": str(relay.port)}
+        shim.update(extra)
         r1 = start_rank(1, port, keyed, job, shim)
         res = [outcome(r0), outcome(r1)]
-        if relay.connections == 0:
-            print("FAIL network: the shim did not redirect rank 1")
+        if relay.connections < streams:
+            print("FAIL network: the shim redirected %d of rank 1's %d connections"
+                  % (relay.connections, streams))
             global failures
             failures += 1
-        return check("network relay", keyed, res, relay)
+        name = "network relay" + (", %d streams striped" % streams if streams > 1 else "")
+        return check(name, keyed, res, relay)
     finally:
         store.kill()
         store.wait()
@@ -396,7 +419,8 @@ def huge_announcement():
         st.set("loom/%s/world0/addr/1" % job, raw.split(b"\n")[0] + b"\n127.0.0.1:1\n" +
                raw.split(b"\n")[2] + b"\n-")
         c = socket.create_connection((host, int(rport)), timeout=10)
-        hello = b"LOOMHELO" + struct.pack("<IIII", 2, 1, 2, 0) + \
+        # wire version 3; stream 0 of 1 (src/wire.h: LOOM_HELLO_STREAMS(0, 1))
+        hello = b"LOOMHELO" + struct.pack("<IIII", 3, 1, 2, 0x100) + \
             struct.pack("<QQ", fnv1a(job), fnv1a("loom/%s/world0" % job))
         c.sendall(hello)
         ack = c.recv(16)
@@ -441,4 +465,9 @@ if network_attack(False) == 0:
           "the keyed case proves nothing")
     failures += 1
 network_attack(True)
+if network_attack(False, 4) == 0:
+    print("FAIL network relay over 4 streams without a key changed no result: the keyed "
+          "case proves nothing")
+    failures += 1
+network_attack(True, 4)
 sys.exit(1 if failures else 0)

@@ -3,7 +3,8 @@
 #  - a job on one node talks through shared memory (the collective matrix of
 #    tests/mp_collectives runs that way by default);
 #  - LOOM_SHM=0 sends the same matrix over loopback TCP (quick form), and the
-#    failure tests (tests/mp_failures) too; and
+#    failure tests (tests/mp_failures) too, with one TCP stream per peer and
+#    with large messages striped over four (LOOM_SOCKETS_PER_PEER=4); and
 #    LOOM_SHM_CMA=0 through the shared-memory rings only (as where the kernel
 #    forbids cross-memory attach);
 #  - emulated nodes mix both (tests/test_nodes.sh runs the whole matrix there);
@@ -44,6 +45,45 @@ LOOM_SHM=0 LOOM_MP_QUICK=1 LOOM_MP_SIZES="3 4" "$prog" || fail=1
 # lingers, abort, timeouts.
 echo "# the failure tests over loopback TCP (LOOM_SHM=0)"
 LOOM_SHM=0 "$top_builddir/tests/mp_failures" || fail=1
+
+# Several TCP streams per peer (LOOM_SOCKETS_PER_PEER): the quick matrix and
+# the failure tests again with large messages striped across 4 streams. The
+# quick sizes stay under the default 1 MiB threshold, so LOOM_STRIPE_MIN_BYTES
+# is lowered (to 1 byte for the failure tests: every message with a payload is
+# striped, empty slices included), and LOOM_DEBUG=INFO's count of striped
+# messages shows that striping really happened.
+striped() {  # striped LOG: messages the ranks sent striped, all runs together
+    awk '/LOOM INFO \[tcp\] rank [0-9]+ striped [0-9]+ messages it sent/ {
+             for (i = 1; i < NF; i++) if ($i == "striped") n += $(i + 1) }
+         END { print n + 0 }' "$1"
+}
+LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=tcp LOOM_SOCKETS_PER_PEER=4 LOOM_STRIPE_MIN_BYTES=4096 \
+    LOOM_SHM=0 LOOM_MP_QUICK=1 LOOM_MP_SIZES="2 3" "$prog" >"$log" 2>&1
+check $? "the quick matrix on 2 and 3 ranks over 4 TCP streams per peer, 4 KiB and up striped"
+grep -E "^FAIL|killed|corrupt" "$log" | head -20
+n=$(striped "$log")
+[ "$n" -gt 1000 ]
+check $? "4 streams per peer: $n messages went striped in the matrix"
+LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=tcp LOOM_SOCKETS_PER_PEER=4 LOOM_STRIPE_MIN_BYTES=1 LOOM_SHM=0 \
+    "$top_builddir/tests/mp_failures" >"$log" 2>&1
+check $? "the failure tests over 4 TCP streams per peer, every payload striped"
+grep -E "^FAIL" "$log" | head -20
+n=$(striped "$log")
+[ "$n" -gt 0 ]
+check $? "4 streams per peer: $n messages went striped in the failure tests"
+# Ranks that disagree on the count refuse each other at the handshake, naming
+# the setting, within LOOM_TIMEOUT.
+port=$((20000 + $$ % 20000))
+for r in 0 1; do
+    LOOM_RANK=$r LOOM_SIZE=2 LOOM_STORE=tcp://127.0.0.1:$port LOOM_JOB_ID="spp$$" LOOM_SHM=0 \
+        LOOM_TIMEOUT=5 LOOM_SOCKETS_PER_PEER=$((r + 1)) \
+        timeout 60 "$top_builddir/examples/allreduce" >"$log.$r" 2>&1 &
+done
+wait
+grep -q "LOOM_SOCKETS_PER_PEER differs" "$log.0" && grep -q "LOOM_SOCKETS_PER_PEER differs" "$log.1"
+check $? "LOOM_SOCKETS_PER_PEER 1 against 2: both ranks refuse, naming the setting"
+cat "$log.0" "$log.1" | grep -v "LOOM_SOCKETS_PER_PEER differs"
+rm -f "$log.0" "$log.1"
 
 echo "# the collective matrix over shared memory without cross-memory attach (LOOM_SHM_CMA=0)"
 LOOM_SHM_CMA=0 LOOM_MP_QUICK=1 LOOM_MP_SIZES="2 4" "$prog" || fail=1

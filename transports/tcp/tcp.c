@@ -1,7 +1,19 @@
 /*
- * tcp.c - the TCP transport: one non-blocking socket per peer, an epoll loop
+ * tcp.c - the TCP transport: non-blocking sockets to every peer, an epoll loop
  * driven by whoever waits (no progress thread), a versioned handshake, and
  * frames whose headers are checked before a byte lands in a user buffer.
+ *
+ * LOOM_SOCKETS_PER_PEER > 1: a pair has that many connections, all dialled
+ * by the same rank, each with its own handshake (and with a key its own
+ * proof and session keys). Stream 0 carries every frame as with one stream;
+ * a message of LOOM_STRIPE_MIN_BYTES or more is announced there as STRIPED
+ * and carries slice 0, while streams 1.. carry slices 1.. (SLICE frames),
+ * each stream in the order stream 0 announced them. Matching, ordering and
+ * mismatch checks are decided on stream 0 alone; a stream reads only once
+ * the slice it expects has a place to go. This is for networks that cap
+ * each flow below the link rate; the one progress loop serves every stream
+ * (no helper threads: the copies are the kernel's, and one core fills a
+ * link of a few GB/s).
  *
  * Receive path: bytes are read into a per-peer staging buffer so that many
  * small frames cost one recv(); a large payload bypasses it and is read
@@ -73,14 +85,63 @@ enum { MAC_NONE = 0, MAC_HEADERS = 1, MAC_FULL = 2 };
  * out with them); larger ones as they are sent, while still in cache. */
 #define TAG_FIRST_BYTES (64 * 1024)
 
+typedef struct tcp_xfer tcp_xfer_t;
+
 typedef struct tcp_unexp {
     struct tcp_unexp *next;
     loom_frame_t frame;
-    size_t got;
+    size_t got;          /* striped: of slice 0 (stream 0's part) until complete */
     int complete;
     uint8_t *data;
     size_t cap;
+    tcp_xfer_t *xfer;    /* a striped message still arriving, else NULL */
 } tcp_unexp_t;
+
+/* A striped message in flight, sent or received: stream 0 moves slice 0 and
+ * each other stream k slice k. Both sides keep them in one list per peer in
+ * the order stream 0 framed them; each stream works through the list in that
+ * order, so the message at the head always completes first. */
+struct tcp_xfer {
+    tcp_xfer_t *next;
+    loom_frame_t frame;
+    loom_tp_req_t *req;    /* the send; the receive once one matched */
+    tcp_unexp_t *unexp;    /* receiving before a receive matched: the early buffer */
+    int parts_left;        /* slices not yet moved whole */
+    size_t moved;          /* bytes of all slices moved */
+    size_t got[LOOM_MAX_STREAMS];   /* per stream >= 1: bytes of its slice moved */
+};
+
+/* Stream k >= 1 of a peer: only slices travel on it, each a SLICE header
+ * (sealed under this connection's own session keys, as stream 0's frames
+ * are), the slice, and its payload tag. */
+typedef struct tcp_lane {
+    int fd;
+    int idx;
+    uint32_t events;    /* registered with epoll */
+    int eof;            /* the peer shut it while it carried nothing for us */
+    int out_blocked;
+    int mac;
+    loom_hmac_key_t tx_key, rx_key;
+    uint64_t tx_seq, rx_seq;
+    /* send: slice idx of sx */
+    tcp_xfer_t *sx;
+    uint8_t shdr[LOOM_FRAME_BYTES + LOOM_MAC_BYTES];
+    size_t shdr_len, shdr_off;
+    int shdr_ready;
+    uint64_t shdr_seq;
+    loom_hmac_t tx_mac;
+    uint8_t stag[LOOM_MAC_BYTES];
+    size_t stag_off;
+    int stag_ready;
+    /* receive: slice idx of rx */
+    tcp_xfer_t *rx;
+    uint8_t rhdr[LOOM_FRAME_BYTES + LOOM_MAC_BYTES];
+    size_t rhdr_have;
+    int rhdr_done;
+    loom_hmac_t rx_mac;
+    uint8_t rtag[LOOM_MAC_BYTES];
+    size_t rtag_have;
+} tcp_lane_t;
 
 typedef struct tcp_peer {
     int fd;
@@ -118,6 +179,14 @@ typedef struct tcp_peer {
     loom_req_queue_t rq;
     tcp_unexp_t *uq_head, *uq_tail;
     size_t early_bytes;  /* held in uq buffers, at most tp->early_max */
+    /* LOOM_SOCKETS_PER_PEER > 1: streams 1.. (lanes[k - 1] is stream k) */
+    tcp_lane_t *lanes;
+    size_t splen;        /* payload bytes of the frame being sent on stream 0 */
+    tcp_xfer_t *s_x;     /* its striped message, else NULL */
+    tcp_xfer_t *sx_head, *sx_tail;
+    size_t cur_plen;     /* payload bytes of cur on stream 0 (slice 0 when striped) */
+    tcp_xfer_t *cur_x;   /* cur's striped message, else NULL */
+    tcp_xfer_t *rx_head, *rx_tail;
 } tcp_peer_t;
 
 struct loom_tp {
@@ -128,6 +197,9 @@ struct loom_tp {
     size_t auth_keylen;
     int mac_mode;                  /* with a key: MAC_FULL or MAC_HEADERS */
     size_t early_max;              /* LOOM_EARLY_MAX_BYTES */
+    int nstreams;                  /* LOOM_SOCKETS_PER_PEER */
+    size_t stripe_min;             /* LOOM_STRIPE_MIN_BYTES */
+    uint64_t nstriped_sent, nstriped_recv;   /* for LOOM_DEBUG=INFO */
     char my_addr[256];             /* as published: the proofs bind it */
     loom_err_t *err;
     int listen_fd, epfd, wake_fd;
@@ -146,6 +218,9 @@ static double monotonic_s(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+/* What epoll tells us for each socket: its rank and stream (0: the wake fd). */
+#define EV_KEY(rank, stream) ((((uint64_t)(rank) + 1) << 8) | (uint64_t)(stream))
 
 #define tp_fail(tp, st, ...) loom_tp_fail(&(tp)->failed, (tp)->err, "tcp", (tp)->rank, st, __VA_ARGS__)
 
@@ -300,8 +375,13 @@ static loom_status_t tcp_create(const loom_tp_params_t *p, char *addr, size_t ad
     tp->comm_hash = p->comm_hash;
     tp->sockbuf = p->sockbuf;
     tp->early_max = (size_t)1 << 30;
+    tp->nstreams = 1;
     if (p->settings) {
         tp->early_max = p->settings->early_max_bytes;
+        if (p->settings->sockets_per_peer > 1 && p->settings->sockets_per_peer <= LOOM_MAX_STREAMS) {
+            tp->nstreams = p->settings->sockets_per_peer;
+            tp->stripe_min = p->settings->stripe_min_bytes ? p->settings->stripe_min_bytes : 1;
+        }
         if (p->settings->auth_keylen > 0) {
             tp->auth_key = p->settings->auth_key;
             tp->auth_keylen = p->settings->auth_keylen;
@@ -318,6 +398,17 @@ static loom_status_t tcp_create(const loom_tp_params_t *p, char *addr, size_t ad
     for (int i = 0; i < p->size; i++) {
         tp->peers[i].fd = -1;
         tp->peers[i].rank = i;
+        if (tp->nstreams > 1 && i != p->rank) {
+            tp->peers[i].lanes = calloc((size_t)tp->nstreams - 1, sizeof(tcp_lane_t));
+            if (!tp->peers[i].lanes) {
+                st = loom_err_set(p->err, LOOM_ERR_NO_MEMORY, "out of memory");
+                goto err_free_peers;
+            }
+            for (int k = 1; k < tp->nstreams; k++) {
+                tp->peers[i].lanes[k - 1].fd = -1;
+                tp->peers[i].lanes[k - 1].idx = k;
+            }
+        }
     }
 
     char host[INET6_ADDRSTRLEN + IF_NAMESIZE + 2];
@@ -359,7 +450,7 @@ static loom_status_t tcp_create(const loom_tp_params_t *p, char *addr, size_t ad
         st = loom_err_set(p->err, LOOM_ERR_TRANSPORT, "epoll/eventfd: %s", strerror(errno));
         goto err_close_ep;
     }
-    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 0};
     epoll_ctl(tp->epfd, EPOLL_CTL_ADD, tp->wake_fd, &ev);
     LOOM_INFO("tcp", "rank %d listens on %s", tp->rank, addr);
     *tp_p = tp;
@@ -373,6 +464,8 @@ err_close_ep:
 err_close_listen:
     close(tp->listen_fd);
 err_free_peers:
+    for (int i = 0; i < p->size; i++)
+        free(tp->peers[i].lanes);
     free(tp->peers);
 err_free_tp:
     free(tp);
@@ -393,6 +486,7 @@ typedef enum {
 typedef struct hs_conn {
     int fd;
     int peer;            /* known for outgoing; from the hello for incoming */
+    int stream;          /* likewise: which of the pair's LOOM_SOCKETS_PER_PEER streams */
     hs_state_t state;
     uint8_t buf[LOOM_CHAL_BYTES];
     size_t have, need;   /* bytes read of the message expected, and its size */
@@ -434,16 +528,38 @@ static void conn_bind(const loom_tp_t *tp, char *const *addrs, int connector, in
                    aa, strlen(aa), out);
 }
 
-/* Both ends proved the key: every frame from now on is sealed. */
+/* The socket of stream k (0: the one every frame is matched on) to rank j. */
+static int *stream_fd(loom_tp_t *tp, int j, int k)
+{
+    return k == 0 ? &tp->peers[j].fd : &tp->peers[j].lanes[k - 1].fd;
+}
+
+static int peer_connected(loom_tp_t *tp, int j)
+{
+    for (int k = 0; k < tp->nstreams; k++)
+        if (*stream_fd(tp, j, k) < 0)
+            return 0;
+    return 1;
+}
+
+/* Both ends proved the key: every frame from now on is sealed. Each stream
+ * has keys of its own (its own nonces), so no frame of one stream passes for
+ * another's. */
 static void session_start(const loom_tp_t *tp, tcp_peer_t *peer, const hs_conn_t *c,
                           int connector)
 {
     uint8_t c2a[32], a2c[32];
+    tcp_lane_t *lane = c->stream ? &peer->lanes[c->stream - 1] : NULL;
     loom_session_keys(tp->auth_key, tp->auth_keylen, c->nonce_c, c->nonce_a, c->bind, c2a, a2c);
-    loom_hmac_key_init(&peer->tx_key, connector ? c2a : a2c, sizeof(c2a));
-    loom_hmac_key_init(&peer->rx_key, connector ? a2c : c2a, sizeof(c2a));
-    peer->mac = tp->mac_mode;
-    peer->tx_seq = peer->rx_seq = 0;
+    loom_hmac_key_init(lane ? &lane->tx_key : &peer->tx_key, connector ? c2a : a2c, sizeof(c2a));
+    loom_hmac_key_init(lane ? &lane->rx_key : &peer->rx_key, connector ? a2c : c2a, sizeof(c2a));
+    if (lane) {
+        lane->mac = tp->mac_mode;
+        lane->tx_seq = lane->rx_seq = 0;
+    } else {
+        peer->mac = tp->mac_mode;
+        peer->tx_seq = peer->rx_seq = 0;
+    }
     explicit_bzero(c2a, sizeof(c2a));
     explicit_bzero(a2c, sizeof(a2c));
 }
@@ -504,7 +620,9 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
     for (int j = 0; j < tp->size; j++)
         if (j != tp->rank && addrs[j] != NULL)
             *(j < tp->rank ? &nout : &nin) += 1;
-    int maxconn = nout + nin + 64;   /* room for strangers that connect too */
+    /* Every pair has nstreams connections, dialled by the same rank. */
+    int nstreams = tp->nstreams, nout_c = nout * nstreams;
+    int maxconn = (nout + nin) * nstreams + 64;   /* room for strangers that connect too */
     hs_conn_t *conns = calloc((size_t)maxconn, sizeof(*conns));
     struct sockaddr_storage *peer_ss = calloc((size_t)(tp->rank ? tp->rank : 1), sizeof(*peer_ss));
     socklen_t *peer_sslen = calloc((size_t)(tp->rank ? tp->rank : 1), sizeof(socklen_t));
@@ -527,20 +645,24 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                               "\"%s\"", j, addrs[j]);
             goto out;
         }
-        conns[nconn].peer = j;
-        conn_bind(tp, addrs, tp->rank, j, conns[nconn].bind);
-        if (start_connect(tp, &conns[nconn], &peer_ss[j], peer_sslen[j]) != 0) {
-            st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT, "cannot connect to rank %d at %s: %s",
-                              j, addrs[j], strerror(errno));
-            goto out;
+        for (int k = 0; k < nstreams; k++) {
+            conns[nconn].peer = j;
+            conns[nconn].stream = k;
+            conn_bind(tp, addrs, tp->rank, j, conns[nconn].bind);
+            if (start_connect(tp, &conns[nconn], &peer_ss[j], peer_sslen[j]) != 0) {
+                st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT,
+                                  "cannot connect to rank %d at %s: %s", j, addrs[j],
+                                  strerror(errno));
+                goto out;
+            }
+            nconn++;
         }
-        nconn++;
     }
 
     double stranger_s = timeout_s / 3 < HS_STRANGER_S ? timeout_s / 3 : HS_STRANGER_S;
-    while (established < nout + nin) {
+    while (established < (nout + nin) * nstreams) {
         double now = monotonic_s();
-        for (int i = nout; i < nconn; i++)
+        for (int i = nout_c; i < nconn; i++)
             if ((conns[i].state == HS_WAIT_HELLO || conns[i].state == HS_WAIT_PROOF) &&
                 now - conns[i].since > stranger_s) {
                 LOOM_WARN("tcp", "rank %d dropped a connection that did not finish its handshake "
@@ -553,7 +675,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
             char missing[256] = "";
             size_t off = 0;
             for (int j = 0; j < tp->size && off < sizeof(missing) - 16; j++)
-                if (j != tp->rank && addrs[j] != NULL && tp->peers[j].fd < 0)
+                if (j != tp->rank && addrs[j] != NULL && !peer_connected(tp, j))
                     off += (size_t)snprintf(missing + off, sizeof(missing) - off, "%s%d",
                                             off ? "," : "", j);
             st = loom_err_set(tp->err, refused ? refused_st : LOOM_ERR_TIMEOUT,
@@ -625,7 +747,8 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
             }
             if (c->state == HS_SEND_HELLO) {
                 loom_hello_t h = {LOOM_WIRE_VERSION, (uint32_t)tp->rank, (uint32_t)tp->size,
-                                  hello_auth_bits(tp), tp->job_hash, tp->comm_hash};
+                                  hello_auth_bits(tp) | LOOM_HELLO_STREAMS(c->stream, nstreams),
+                                  tp->job_hash, tp->comm_hash};
                 uint8_t msg[LOOM_HELLO_BYTES + LOOM_NONCE_BYTES];
                 loom_hello_encode(&h, c->hello);
                 memcpy(msg, c->hello, LOOM_HELLO_BYTES);
@@ -716,14 +839,15 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                 if (code == LOOM_ACK_OK && tp->auth_key && c->state == HS_WAIT_ACK)
                     code = LOOM_ACK_AUTH;   /* accepted without proving the key */
                 if (code != LOOM_ACK_OK) {
-                    st = loom_err_set(tp->err, LOOM_ERR_AUTH,
+                    st = loom_err_set(tp->err, code == LOOM_ACK_STREAMS ? LOOM_ERR_INVALID_ARG
+                                                                       : LOOM_ERR_AUTH,
                                       "rank %d refused the connection of rank %d: %s", c->peer,
                                       tp->rank, loom_ack_reason(code));
                     goto out;
                 }
                 if (tp->auth_key)
                     session_start(tp, &tp->peers[c->peer], c, 1);
-                tp->peers[c->peer].fd = c->fd;
+                *stream_fd(tp, c->peer, c->stream) = c->fd;
                 c->fd = -1;
                 c->state = HS_DONE;
                 established++;
@@ -753,8 +877,15 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                     if (code == LOOM_ACK_OK &&
                         (h.rank < (uint32_t)tp->rank || addrs[h.rank] == NULL))
                         code = LOOM_ACK_BAD_RANK;  /* lower ranks are dialled, never accepted */
-                    if (code == LOOM_ACK_OK && tp->peers[h.rank].fd >= 0)
+                    if (code == LOOM_ACK_OK &&
+                        (LOOM_HELLO_STREAM_COUNT(h.stream) != (uint32_t)nstreams ||
+                         LOOM_HELLO_STREAM_INDEX(h.stream) >= (uint32_t)nstreams))
+                        code = LOOM_ACK_STREAMS;
+                    if (code == LOOM_ACK_OK &&
+                        *stream_fd(tp, (int)h.rank, (int)LOOM_HELLO_STREAM_INDEX(h.stream)) >= 0)
                         code = LOOM_ACK_DUPLICATE;
+                    if (code == LOOM_ACK_OK)
+                        c->stream = (int)LOOM_HELLO_STREAM_INDEX(h.stream);
                     if (code == LOOM_ACK_OK && authed != (tp->auth_key != NULL))
                         code = LOOM_ACK_AUTH;
                     if (code == LOOM_ACK_OK && authed &&
@@ -798,7 +929,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                     if (loom_proof_decode(c->buf, theirs) != 0 ||
                         !loom_equal_ct(theirs, want, sizeof(want)))
                         code = LOOM_ACK_AUTH;
-                    else if (tp->peers[c->peer].fd >= 0)
+                    else if (*stream_fd(tp, c->peer, c->stream) >= 0)
                         code = LOOM_ACK_DUPLICATE;
                 }
                 uint8_t ack[LOOM_ACK_BYTES];
@@ -808,9 +939,9 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                     /* A stranger or a confused process: refuse it, keep waiting for ours. */
                     LOOM_WARN("tcp", "rank %d refused a connection: %s", tp->rank,
                               loom_ack_reason(code));
-                    if (code == LOOM_ACK_AUTH) {
+                    if (code == LOOM_ACK_AUTH || code == LOOM_ACK_STREAMS) {
                         refused = code;
-                        refused_st = LOOM_ERR_AUTH;
+                        refused_st = code == LOOM_ACK_AUTH ? LOOM_ERR_AUTH : LOOM_ERR_INVALID_ARG;
                     }
                     close(c->fd);
                     c->fd = -1;
@@ -819,7 +950,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                 }
                 if (tp->auth_key)
                     session_start(tp, &tp->peers[c->peer], c, 0);
-                tp->peers[c->peer].fd = c->fd;
+                *stream_fd(tp, c->peer, c->stream) = c->fd;
                 c->fd = -1;
                 c->state = HS_DONE;
                 established++;
@@ -832,7 +963,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                     break;
                 /* Reuse a dead slot so strangers cannot exhaust the table. */
                 int slot = -1;
-                for (int i = nout; i < nconn; i++)
+                for (int i = nout_c; i < nconn; i++)
                     if (conns[i].state == HS_DEAD || conns[i].state == HS_DONE) {
                         slot = i;
                         break;
@@ -840,7 +971,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                 if (slot < 0 && nconn < maxconn)
                     slot = nconn++;
                 if (slot < 0)
-                    slot = evict_stranger(conns, nout, nconn);
+                    slot = evict_stranger(conns, nout_c, nconn);
                 if (slot < 0) {
                     close(fd);
                     continue;
@@ -870,13 +1001,25 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
             st = loom_err_set(tp->err, LOOM_ERR_NO_MEMORY, "out of memory");
             goto out;
         }
-        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = peer};
+        struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV_KEY(j, 0)};
         if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, peer->fd, &ev) != 0) {
             st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT, "epoll_ctl: %s", strerror(errno));
             goto out;
         }
+        for (int k = 1; k < nstreams; k++) {
+            tcp_lane_t *lane = &peer->lanes[k - 1];
+            set_sock_opts(lane->fd, 0);
+            /* Read only once stream 0 says where its bytes go (lane_events). */
+            lane->events = EPOLLRDHUP;
+            struct epoll_event lev = {.events = lane->events, .data.u64 = EV_KEY(j, k)};
+            if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, lane->fd, &lev) != 0) {
+                st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT, "epoll_ctl: %s", strerror(errno));
+                goto out;
+            }
+        }
     }
-    LOOM_INFO("tcp", "rank %d connected to %d peers", tp->rank, nout + nin);
+    LOOM_INFO("tcp", "rank %d connected to %d peers, %d stream%s each", tp->rank, nout + nin,
+              nstreams, nstreams > 1 ? "s" : "");
 
 out:
     if (conns)
@@ -899,8 +1042,25 @@ out:
 static void update_events(loom_tp_t *tp, tcp_peer_t *peer)
 {
     struct epoll_event ev = {.events = (peer->held ? 0 : EPOLLIN) | (peer->epollout ? EPOLLOUT : 0),
-                             .data.ptr = peer};
+                             .data.u64 = EV_KEY(peer->rank, 0)};
     epoll_ctl(tp->epfd, EPOLL_CTL_MOD, peer->fd, &ev);
+}
+
+/* A lane reads only while the slice it expects next has somewhere to go
+ * (bytes it cannot place stay in the socket, and TCP's window makes the
+ * sender wait); while it reads nothing, a shut stream is seen by RDHUP. */
+static void lane_events(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane)
+{
+    if (lane->fd < 0)
+        return;
+    int reading = lane->rx && (lane->rx->req || lane->rx->unexp);
+    uint32_t events = (reading ? EPOLLIN : 0) | (lane->out_blocked ? EPOLLOUT : 0) |
+                      (lane->eof ? 0 : EPOLLRDHUP);
+    if (events == lane->events)
+        return;
+    lane->events = events;
+    struct epoll_event ev = {.events = events, .data.u64 = EV_KEY(peer->rank, lane->idx)};
+    epoll_ctl(tp->epfd, EPOLL_CTL_MOD, lane->fd, &ev);
 }
 
 static void want_out(loom_tp_t *tp, tcp_peer_t *peer, int on)
@@ -927,14 +1087,20 @@ static void set_held(loom_tp_t *tp, tcp_peer_t *peer, int held)
 
 /* Encode f into out with its header tag when the connection is sealed; the
  * length on the wire. The frame takes the next sequence number. */
-static size_t seal_header(tcp_peer_t *peer, const loom_frame_t *f, uint8_t *out, uint64_t *seq_p)
+static size_t seal_header_with(int mac, const loom_hmac_key_t *key, uint64_t *tx_seq,
+                               const loom_frame_t *f, uint8_t *out, uint64_t *seq_p)
 {
     loom_frame_encode(f, out);
-    if (peer->mac == MAC_NONE)
+    if (mac == MAC_NONE)
         return LOOM_FRAME_BYTES;
-    *seq_p = peer->tx_seq++;
-    loom_frame_tag_header(&peer->tx_key, *seq_p, out, out + LOOM_FRAME_BYTES);
+    *seq_p = (*tx_seq)++;
+    loom_frame_tag_header(key, *seq_p, out, out + LOOM_FRAME_BYTES);
     return LOOM_FRAME_BYTES + LOOM_MAC_BYTES;
+}
+
+static size_t seal_header(tcp_peer_t *peer, const loom_frame_t *f, uint8_t *out, uint64_t *seq_p)
+{
+    return seal_header_with(peer->mac, &peer->tx_key, &peer->tx_seq, f, out, seq_p);
 }
 
 static int payload_sealed(const tcp_peer_t *peer, uint64_t len)
@@ -942,14 +1108,60 @@ static int payload_sealed(const tcp_peer_t *peer, uint64_t len)
     return peer->mac == MAC_FULL && len > 0;
 }
 
+static void xfer_part_done(loom_tp_t *tp, tcp_peer_t *peer, tcp_xfer_t *x, int sending);
+static loom_status_t lane_flush(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, int *moved);
+
+/* A large send about to be framed on stream 0: its slices are queued on the
+ * other streams behind the messages framed before it. */
+static tcp_xfer_t *stripe_send(loom_tp_t *tp, tcp_peer_t *peer, loom_tp_req_t *req)
+{
+    tcp_xfer_t *x = calloc(1, sizeof(*x));
+    if (!x) {
+        tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory striping a %zu-byte message to rank %d",
+                req->len, peer->rank);
+        return NULL;
+    }
+    x->frame = (loom_frame_t){.kind = LOOM_FRAME_STRIPED, .match = req->match, .len = req->len};
+    x->req = req;
+    x->parts_left = tp->nstreams;
+    if (peer->sx_tail)
+        peer->sx_tail->next = x;
+    else
+        peer->sx_head = x;
+    peer->sx_tail = x;
+    for (int k = 1; k < tp->nstreams; k++)
+        if (!peer->lanes[k - 1].sx)
+            peer->lanes[k - 1].sx = x;
+    tp->nstriped_sent++;
+    return x;
+}
+
 /* Write as much of the send queue as the socket takes. */
 static loom_status_t flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
 {
     while (peer->sq.head) {
         loom_tp_req_t *req = peer->sq.head;
-        int sealed = payload_sealed(peer, req->len);
         if (!peer->shdr_ready) {
-            loom_frame_t f = {.kind = LOOM_FRAME_DATA, .match = req->match, .len = req->len};
+            peer->s_x = NULL;
+            peer->splen = req->len;
+            if (tp->nstreams > 1 && req->len >= tp->stripe_min) {
+                if ((peer->s_x = stripe_send(tp, peer, req)) == NULL)
+                    return tp->failed;
+                uint64_t beg, n;
+                loom_stripe_slice(req->len, tp->nstreams, 0, &beg, &n);
+                peer->splen = (size_t)n;
+                for (int k = 1; k < tp->nstreams && !tp->failed; k++)
+                    lane_flush(tp, peer, &peer->lanes[k - 1], moved);
+                if (tp->failed)
+                    return tp->failed;
+            }
+        }
+        /* Stream 0 moves the first splen bytes: all of a plain frame, slice 0 of a striped one. */
+        size_t plen = peer->splen;
+        int sealed = payload_sealed(peer, plen);
+        if (!peer->shdr_ready) {
+            loom_frame_t f = {.kind = peer->s_x ? LOOM_FRAME_STRIPED : LOOM_FRAME_DATA,
+                              .match = req->match, .len = req->len};
             peer->shdr_len = seal_header(peer, &f, peer->shdr, &peer->shdr_seq);
             peer->shdr_ready = 1;
             peer->shdr_off = 0;
@@ -958,19 +1170,19 @@ static loom_status_t flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
             if (sealed) {
                 loom_frame_tag_payload_start(&peer->tx_mac, &peer->tx_key, peer->shdr_seq);
                 peer->tx_hashed = req->off;   /* 0: a send starts at its beginning */
-                if (req->len <= TAG_FIRST_BYTES) {
+                if (plen <= TAG_FIRST_BYTES) {
                     /* Small: hashed now, so the tag leaves in the same segment as the
                      * payload instead of costing the receiver another wake-up. */
                     uint8_t full[LOOM_SHA256_BYTES];
-                    loom_hmac_update(&peer->tx_mac, req->buf, req->len);
+                    loom_hmac_update(&peer->tx_mac, req->buf, plen);
                     loom_hmac_final(&peer->tx_mac, full);
                     memcpy(peer->stag, full, LOOM_MAC_BYTES);
                     peer->stag_ready = 1;
-                    peer->tx_hashed = req->len;
+                    peer->tx_hashed = plen;
                 }
             }
         }
-        if (sealed && req->off == req->len && !peer->stag_ready) {
+        if (sealed && req->off == plen && !peer->stag_ready) {
             uint8_t full[LOOM_SHA256_BYTES];
             loom_hmac_final(&peer->tx_mac, full);
             memcpy(peer->stag, full, LOOM_MAC_BYTES);
@@ -981,8 +1193,8 @@ static loom_status_t flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
         if (peer->shdr_off < peer->shdr_len)
             iov[niov++] = (struct iovec){peer->shdr + peer->shdr_off,
                                          peer->shdr_len - peer->shdr_off};
-        if (req->off < req->len)
-            iov[niov++] = (struct iovec){(uint8_t *)req->buf + req->off, req->len - req->off};
+        if (req->off < plen)
+            iov[niov++] = (struct iovec){(uint8_t *)req->buf + req->off, plen - req->off};
         if (peer->stag_ready && peer->stag_off < LOOM_MAC_BYTES)
             iov[niov++] = (struct iovec){peer->stag + peer->stag_off,
                                          LOOM_MAC_BYTES - peer->stag_off};
@@ -1006,7 +1218,7 @@ static loom_status_t flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
             peer->shdr_off += h;
             left -= h;
         }
-        size_t p = req->len - req->off < left ? req->len - req->off : left;
+        size_t p = plen - req->off < left ? plen - req->off : left;
         req->off += p;
         left -= p;
         peer->stag_off += left;
@@ -1016,16 +1228,143 @@ static loom_status_t flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
                              req->off - peer->tx_hashed);
             peer->tx_hashed = req->off;
         }
-        if (peer->shdr_off == peer->shdr_len && req->off == req->len &&
+        if (peer->shdr_off == peer->shdr_len && req->off == plen &&
             (!sealed || peer->stag_off == LOOM_MAC_BYTES)) {
             loom_req_queue_pop(&peer->sq);
             peer->shdr_ready = 0;
-            req->status = LOOM_SUCCESS;
-            req->done = 1;
+            if (peer->s_x) {
+                tcp_xfer_t *x = peer->s_x;
+                peer->s_x = NULL;
+                xfer_part_done(tp, peer, x, 1);
+            } else {
+                req->status = LOOM_SUCCESS;
+                req->done = 1;
+            }
         }
     }
     want_out(tp, peer, 0);
     return LOOM_SUCCESS;
+}
+
+/* A striped message's slice moved whole; the last one completes it (always
+ * the oldest of the peer's list: every stream takes them in order). */
+static void xfer_part_done(loom_tp_t *tp, tcp_peer_t *peer, tcp_xfer_t *x, int sending)
+{
+    if (--x->parts_left > 0)
+        return;
+    tcp_xfer_t **head = sending ? &peer->sx_head : &peer->rx_head;
+    tcp_xfer_t **tail = sending ? &peer->sx_tail : &peer->rx_tail;
+    if (*head != x) {
+        tp_fail(tp, LOOM_ERR_INTERNAL, "striped messages to or from rank %d completed out of "
+                "order", peer->rank);
+        return;
+    }
+    *head = x->next;
+    if (!*head)
+        *tail = NULL;
+    if (x->req) {
+        x->req->off = x->req->len;
+        x->req->status = LOOM_SUCCESS;
+        x->req->done = 1;
+    } else {
+        x->unexp->got = x->unexp->frame.len;
+        x->unexp->complete = 1;
+        x->unexp->xfer = NULL;
+    }
+    free(x);
+}
+
+static loom_status_t lane_lost(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane,
+                               const char *why)
+{
+    if (peer->gave_up)
+        return loom_tp_fail_gave_up(&tp->failed, tp->err, "tcp", tp->rank, peer->rank);
+    return tp_fail(tp, LOOM_ERR_PEER_LOST, "lost the connection to rank %d (stream %d of %d): %s",
+                   peer->rank, lane->idx, tp->nstreams, why);
+}
+
+/* Write as much of this stream's slices as its socket takes. */
+static loom_status_t lane_flush(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, int *moved)
+{
+    while (lane->sx && !tp->failed) {
+        if (lane->fd < 0)
+            return lane_lost(tp, peer, lane, "it was closed with a slice still to send");
+        tcp_xfer_t *x = lane->sx;
+        uint64_t beg, n;
+        loom_stripe_slice(x->frame.len, tp->nstreams, lane->idx, &beg, &n);
+        const uint8_t *base = (const uint8_t *)x->req->buf + beg;
+        size_t *off = &x->got[lane->idx];
+        int sealed = lane->mac == MAC_FULL && n > 0;
+        if (!lane->shdr_ready) {
+            loom_frame_t f = {.kind = LOOM_FRAME_SLICE, .match = x->frame.match, .len = n};
+            lane->shdr_len = seal_header_with(lane->mac, &lane->tx_key, &lane->tx_seq, &f,
+                                              lane->shdr, &lane->shdr_seq);
+            lane->shdr_ready = 1;
+            lane->shdr_off = 0;
+            lane->stag_off = sealed ? 0 : LOOM_MAC_BYTES;
+            lane->stag_ready = 0;
+            if (sealed)
+                loom_frame_tag_payload_start(&lane->tx_mac, &lane->tx_key, lane->shdr_seq);
+        }
+        if (sealed && *off == n && !lane->stag_ready) {
+            uint8_t full[LOOM_SHA256_BYTES];
+            loom_hmac_final(&lane->tx_mac, full);
+            memcpy(lane->stag, full, LOOM_MAC_BYTES);
+            lane->stag_ready = 1;
+        }
+        struct iovec iov[3];
+        int niov = 0;
+        if (lane->shdr_off < lane->shdr_len)
+            iov[niov++] = (struct iovec){lane->shdr + lane->shdr_off,
+                                         lane->shdr_len - lane->shdr_off};
+        if (*off < n)
+            iov[niov++] = (struct iovec){(uint8_t *)base + *off, n - *off};
+        else if (lane->stag_off < LOOM_MAC_BYTES)
+            iov[niov++] = (struct iovec){lane->stag + lane->stag_off,
+                                         LOOM_MAC_BYTES - lane->stag_off};
+        if (niov > 0) {
+            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+            ssize_t sent = sendmsg(lane->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (sent < 0) {
+                if (errno == EINTR)
+                    continue;
+                if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                    lane->out_blocked = 1;
+                    lane_events(tp, peer, lane);
+                    return LOOM_SUCCESS;
+                }
+                return lane_lost(tp, peer, lane, strerror(errno));
+            }
+            *moved = 1;
+            size_t left = (size_t)sent;
+            if (lane->shdr_off < lane->shdr_len) {
+                size_t h = lane->shdr_len - lane->shdr_off;
+                h = h < left ? h : left;
+                lane->shdr_off += h;
+                left -= h;
+            }
+            if (*off < n) {
+                size_t p = n - *off < left ? (size_t)n - *off : left;
+                if (sealed)   /* the bytes just sent, still in cache */
+                    loom_hmac_update(&lane->tx_mac, base + *off, p);
+                *off += p;
+                x->moved += p;
+                left -= p;
+            } else {
+                lane->stag_off += left;
+            }
+        }
+        if (lane->shdr_off == lane->shdr_len && *off == n && lane->stag_off == LOOM_MAC_BYTES) {
+            lane->shdr_ready = 0;
+            lane->sx = x->next;
+            xfer_part_done(tp, peer, x, 1);
+        }
+    }
+    if (lane->out_blocked) {
+        lane->out_blocked = 0;
+        lane_events(tp, peer, lane);
+    }
+    return tp->failed;
 }
 
 static int tag_matches(const loom_tp_req_t *req, const loom_frame_t *f)
@@ -1204,8 +1543,21 @@ static loom_status_t irecv_owned(loom_tp_t *tp, loom_tp_req_t *req)
             req->done = 1;
         } else {
             /* Still arriving: the rest goes straight into the posted buffer. */
-            peer->cur_unexp = NULL;
-            peer->cur_req = req;
+            tcp_xfer_t *x = u->xfer;
+            if (x) {
+                for (int k = 1; k < tp->nstreams; k++) {
+                    uint64_t beg, n;
+                    loom_stripe_slice(x->frame.len, tp->nstreams, k, &beg, &n);
+                    if (x->got[k])
+                        memcpy((uint8_t *)req->buf + beg, u->data + beg, x->got[k]);
+                }
+                x->req = req;
+                x->unexp = NULL;
+            }
+            if (peer->cur_unexp == u) {
+                peer->cur_unexp = NULL;
+                peer->cur_req = req;
+            }
         }
         buf_put(tp, u->data, u->cap);
         free(u);
@@ -1216,6 +1568,11 @@ static loom_status_t irecv_owned(loom_tp_t *tp, loom_tp_req_t *req)
         if (st != LOOM_SUCCESS)
             return tp_fail(tp, st, "%s", tp->err->msg);
         peer->cur_req = req;
+        if (peer->cur_x) {
+            peer->cur_x->req = req;
+            for (int k = 1; k < tp->nstreams; k++)
+                lane_events(tp, peer, &peer->lanes[k - 1]);
+        }
         set_held(tp, peer, 0);
         /* Bytes of it may already sit in the staging buffer. */
         int moved = 0;
@@ -1240,13 +1597,47 @@ static loom_status_t early_full(loom_tp_t *tp, const tcp_peer_t *peer, uint64_t 
                    peer->rank, tp->rank, (unsigned long long)len, tp->early_max);
 }
 
+/* Stream 0 announced a striped message: the other streams take its slices
+ * next, once it has somewhere to go (a receive, or an early buffer). */
+static tcp_xfer_t *stripe_recv(loom_tp_t *tp, tcp_peer_t *peer, const loom_frame_t *f)
+{
+    for (int k = 1; k < tp->nstreams; k++)
+        if (peer->lanes[k - 1].fd < 0) {
+            lane_lost(tp, peer, &peer->lanes[k - 1], "it was closed before a slice came");
+            return NULL;
+        }
+    tcp_xfer_t *x = calloc(1, sizeof(*x));
+    if (!x) {
+        tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory receiving a striped message from rank %d",
+                peer->rank);
+        return NULL;
+    }
+    x->frame = *f;
+    x->parts_left = tp->nstreams;
+    if (peer->rx_tail)
+        peer->rx_tail->next = x;
+    else
+        peer->rx_head = x;
+    peer->rx_tail = x;
+    for (int k = 1; k < tp->nstreams; k++)
+        if (!peer->lanes[k - 1].rx)
+            peer->lanes[k - 1].rx = x;
+    tp->nstriped_recv++;
+    return x;
+}
+
 static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_frame_t *f)
 {
     /* What it sent before still counts; an exchange with it from now on fails. */
     if (f->kind == LOOM_FRAME_GAVE_UP) {
         peer->gave_up = 1;
-        return peer->rq.head ? gave_up_fail(tp, peer) : LOOM_SUCCESS;
+        return peer->rq.head || peer->rx_head ? gave_up_fail(tp, peer) : LOOM_SUCCESS;
     }
+    if (f->kind == LOOM_FRAME_SLICE || (f->kind == LOOM_FRAME_STRIPED && tp->nstreams < 2))
+        return tp_fail(tp, LOOM_ERR_TRANSPORT, "protocol error: rank %d sent a %s frame on its "
+                       "first stream (%d stream%s per peer here)", peer->rank,
+                       f->kind == LOOM_FRAME_SLICE ? "slice" : "striped", tp->nstreams,
+                       tp->nstreams > 1 ? "s" : "");
     if (f->kind == LOOM_FRAME_BYE) {
         peer->said_bye = 1;
         if (peer->rq.head)
@@ -1259,11 +1650,21 @@ static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_fra
     peer->cur_off = 0;
     peer->cur_req = NULL;
     peer->cur_unexp = NULL;
+    peer->cur_plen = f->len;
+    peer->cur_x = NULL;
     peer->cur_req = rq_take(tp, peer, f);
     if (tp->failed)
         return tp->failed;
     tp->nframes++;
     peer->in_frame = 1;
+    if (f->kind == LOOM_FRAME_STRIPED) {
+        uint64_t beg, n;
+        loom_stripe_slice(f->len, tp->nstreams, 0, &beg, &n);
+        peer->cur_plen = (size_t)n;
+        if ((peer->cur_x = stripe_recv(tp, peer, f)) == NULL)
+            return tp->failed;
+        peer->cur_x->req = peer->cur_req;
+    }
     if (!peer->cur_req && (f->match.tag & COLL_TAG_BIT) && f->len >= HOLD_MIN_BYTES) {
         set_held(tp, peer, 1);
         return LOOM_SUCCESS;
@@ -1278,7 +1679,14 @@ static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_fra
             return tp->failed;
         peer->early_bytes += peer->cur_unexp->cap;
         unexp_append(peer, peer->cur_unexp);
+        if (peer->cur_x) {
+            peer->cur_x->unexp = peer->cur_unexp;
+            peer->cur_unexp->xfer = peer->cur_x;
+        }
     }
+    if (peer->cur_x)
+        for (int k = 1; k < tp->nstreams; k++)
+            lane_events(tp, peer, &peer->lanes[k - 1]);
     return LOOM_SUCCESS;
 }
 
@@ -1305,8 +1713,18 @@ static uint8_t *early_room(loom_tp_t *tp, tcp_peer_t *peer, size_t want, size_t 
     return u->data;
 }
 
-static void finish_frame(tcp_peer_t *peer)
+static void finish_frame(loom_tp_t *tp, tcp_peer_t *peer)
 {
+    if (peer->cur_x) {
+        /* Slice 0 is in; the message completes with its last slice. */
+        tcp_xfer_t *x = peer->cur_x;
+        peer->cur_x = NULL;
+        peer->cur_req = NULL;
+        peer->cur_unexp = NULL;
+        peer->in_frame = 0;
+        xfer_part_done(tp, peer, x, 0);
+        return;
+    }
     if (peer->cur_req) {
         peer->cur_req->off = peer->cur.len;
         peer->cur_req->status = LOOM_SUCCESS;
@@ -1364,12 +1782,15 @@ static int fill_stage(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
     }
 }
 
-static void mac_fail(loom_tp_t *tp, const tcp_peer_t *peer, const char *what)
+static void mac_fail(loom_tp_t *tp, const tcp_peer_t *peer, int stream, const char *what)
 {
+    char where[32] = "";
+    if (stream > 0)
+        snprintf(where, sizeof(where), " on stream %d", stream);
     tp_fail(tp, LOOM_ERR_AUTH,
-            "rank %d received a frame from rank %d whose %s does not match its LOOM_AUTH_KEY "
+            "rank %d received a frame from rank %d%s whose %s does not match its LOOM_AUTH_KEY "
             "MAC: the connection was altered on the way (or a peer is broken)", tp->rank,
-            peer->rank, what);
+            peer->rank, where, what);
 }
 
 static void handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
@@ -1389,7 +1810,7 @@ static void handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
                 peer->cur_seq = peer->rx_seq++;
                 loom_frame_tag_header(&peer->rx_key, peer->cur_seq, hdr, want);
                 if (!loom_equal_ct(want, hdr + LOOM_FRAME_BYTES, sizeof(want))) {
-                    mac_fail(tp, peer, "header");
+                    mac_fail(tp, peer, 0, "header");
                     return;
                 }
             }
@@ -1403,11 +1824,15 @@ static void handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
                 loom_frame_tag_payload_start(&peer->rx_mac, &peer->rx_key, peer->cur_seq);
             if (start_frame(tp, peer, &f) != LOOM_SUCCESS)
                 return;
-            if (peer->in_frame && f.len == 0)
-                finish_frame(peer);
+            if (peer->in_frame && !peer->held && peer->cur_plen == 0)
+                finish_frame(tp, peer);
             continue;
         }
-        size_t remaining = peer->cur.len - peer->cur_off;
+        size_t remaining = peer->cur_plen - peer->cur_off;
+        if (remaining == 0 && !payload_sealed(peer, peer->cur_plen)) {
+            finish_frame(tp, peer);   /* an empty slice 0, once its message was held */
+            continue;
+        }
         if (remaining == 0) {
             /* The payload is in; its tag decides whether the receive completes. */
             if (avail < LOOM_MAC_BYTES) {
@@ -1418,11 +1843,11 @@ static void handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
             uint8_t full[LOOM_SHA256_BYTES];
             loom_hmac_final(&peer->rx_mac, full);
             if (!loom_equal_ct(full, peer->stage + peer->stage_beg, LOOM_MAC_BYTES)) {
-                mac_fail(tp, peer, "payload");
+                mac_fail(tp, peer, 0, "payload");
                 return;
             }
             peer->stage_beg += LOOM_MAC_BYTES;
-            finish_frame(peer);
+            finish_frame(tp, peer);
             continue;
         }
         uint8_t *dst;
@@ -1458,15 +1883,167 @@ static void handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
         } else if (fill_stage(tp, peer, moved) <= 0) {
             return;
         }
-        if (peer->cur_off > before && payload_sealed(peer, peer->cur.len))
+        if (peer->cur_off > before && payload_sealed(peer, peer->cur_plen))
             loom_hmac_update(&peer->rx_mac, dst + before, peer->cur_off - before);
         if (peer->cur_req)
             peer->cur_req->off = peer->cur_off;
         else
             peer->cur_unexp->got = peer->cur_off;
-        if (peer->cur_off == peer->cur.len && !payload_sealed(peer, peer->cur.len))
-            finish_frame(peer);
+        if (peer->cur_off == peer->cur_plen && !payload_sealed(peer, peer->cur_plen))
+            finish_frame(tp, peer);
     }
+}
+
+/* Room in an early buffer for a slice's next bytes at offset at: it grows
+ * with what arrives, as early_room does for stream 0. */
+static uint8_t *lane_room(loom_tp_t *tp, tcp_peer_t *peer, tcp_unexp_t *u, size_t at,
+                          size_t rest, size_t *room_p)
+{
+    size_t step = rest < DIRECT_READ_MIN * 16 ? rest : DIRECT_READ_MIN * 16;
+    if (u->cap < at + step) {
+        size_t cap = u->cap * 2 > at + step ? u->cap * 2 : at + step;
+        if (cap > u->frame.len)
+            cap = u->frame.len;
+        uint8_t *data = realloc(u->data, cap);
+        if (!data) {
+            tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory holding a %llu-byte early message "
+                    "from rank %d", (unsigned long long)u->frame.len, peer->rank);
+            return NULL;
+        }
+        peer->early_bytes += cap - u->cap;
+        u->data = data;
+        u->cap = cap;
+    }
+    *room_p = u->cap - at < rest ? u->cap - at : rest;
+    return u->data + at;
+}
+
+/* Read this stream's slices while stream 0 has said where they go. Its
+ * header is checked (its tag, then that it is the slice expected: same
+ * message, same length) before a byte of the slice is read. */
+static void lane_read(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, int *moved)
+{
+    size_t hdr_bytes = LOOM_FRAME_BYTES + (lane->mac ? LOOM_MAC_BYTES : 0);
+    while (!tp->failed && lane->fd >= 0 && lane->rx && (lane->rx->req || lane->rx->unexp)) {
+        tcp_xfer_t *x = lane->rx;
+        uint64_t beg, n;
+        loom_stripe_slice(x->frame.len, tp->nstreams, lane->idx, &beg, &n);
+        size_t *got = &x->got[lane->idx];
+        int sealed = lane->mac == MAC_FULL && n > 0;
+        uint8_t *dst = NULL;
+        size_t want = 0;
+        if (!lane->rhdr_done) {
+            dst = lane->rhdr + lane->rhdr_have;
+            want = hdr_bytes - lane->rhdr_have;
+        } else if (*got < n) {
+            if (x->req) {
+                dst = (uint8_t *)x->req->buf + beg + *got;
+                want = (size_t)n - *got;
+            } else if ((dst = lane_room(tp, peer, x->unexp, (size_t)beg + *got, (size_t)n - *got,
+                                        &want)) == NULL) {
+                return;
+            }
+        } else if (sealed && lane->rtag_have < LOOM_MAC_BYTES) {
+            dst = lane->rtag + lane->rtag_have;
+            want = LOOM_MAC_BYTES - lane->rtag_have;
+        }
+        if (want > 0) {
+            ssize_t r = recv(lane->fd, dst, want, MSG_DONTWAIT);
+            if (r == 0) {
+                lane_lost(tp, peer, lane, "it closed in the middle of a striped message");
+                return;
+            }
+            if (r < 0) {
+                if (errno == EINTR)
+                    continue;
+                if (errno != EAGAIN && errno != EWOULDBLOCK)
+                    lane_lost(tp, peer, lane, strerror(errno));
+                break;
+            }
+            *moved = 1;
+            if (!lane->rhdr_done) {
+                lane->rhdr_have += (size_t)r;
+                if (lane->rhdr_have < hdr_bytes)
+                    continue;
+                uint64_t seq = 0;
+                if (lane->mac) {
+                    uint8_t tag[LOOM_MAC_BYTES];
+                    seq = lane->rx_seq++;
+                    loom_frame_tag_header(&lane->rx_key, seq, lane->rhdr, tag);
+                    if (!loom_equal_ct(tag, lane->rhdr + LOOM_FRAME_BYTES, sizeof(tag))) {
+                        mac_fail(tp, peer, lane->idx, "header");
+                        return;
+                    }
+                }
+                loom_frame_t f;
+                if (loom_frame_decode(lane->rhdr, peer->rank, &f, tp->err) != LOOM_SUCCESS) {
+                    tp_fail(tp, LOOM_ERR_TRANSPORT, "%s", tp->err->msg);
+                    return;
+                }
+                if (f.kind != LOOM_FRAME_SLICE || f.match.tag != x->frame.match.tag ||
+                    f.match.desc != x->frame.match.desc || f.match.total != x->frame.match.total ||
+                    f.len != n) {
+                    tp_fail(tp, LOOM_ERR_TRANSPORT, "protocol error: rank %d sent on stream %d a "
+                            "frame (kind %u, %llu bytes) that is not the %llu-byte slice it "
+                            "announced there", peer->rank, lane->idx, f.kind,
+                            (unsigned long long)f.len, (unsigned long long)n);
+                    return;
+                }
+                lane->rhdr_done = 1;
+                if (sealed)
+                    loom_frame_tag_payload_start(&lane->rx_mac, &lane->rx_key, seq);
+                continue;
+            }
+            if (*got < n) {
+                if (sealed)
+                    loom_hmac_update(&lane->rx_mac, dst, (size_t)r);
+                *got += (size_t)r;
+                x->moved += (size_t)r;
+                continue;
+            }
+            lane->rtag_have += (size_t)r;
+            if (lane->rtag_have < LOOM_MAC_BYTES)
+                continue;
+            uint8_t full[LOOM_SHA256_BYTES];
+            loom_hmac_final(&lane->rx_mac, full);
+            if (!loom_equal_ct(full, lane->rtag, LOOM_MAC_BYTES)) {
+                mac_fail(tp, peer, lane->idx, "payload");
+                return;
+            }
+        }
+        /* The slice is in (and its tag matched): on to the next message's. */
+        lane->rhdr_done = 0;
+        lane->rhdr_have = 0;
+        lane->rtag_have = 0;
+        lane->rx = x->next;
+        xfer_part_done(tp, peer, x, 0);
+    }
+    lane_events(tp, peer, lane);
+}
+
+/* A stream that carries nothing for us now was shut or reset. A peer shuts
+ * its streams when it says goodbye or gives up, possibly right after the
+ * last slices we have not read yet (stream 0 has not announced them): those
+ * stay readable, and a stream that ends too early fails in lane_read. A
+ * reset loses what was in flight: the peer is lost at once, unless it left
+ * on purpose (then only a message that still needs the stream fails). */
+static void lane_hangup(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, uint32_t events)
+{
+    if (events & EPOLLERR) {
+        int soerr = 0;
+        socklen_t sl = sizeof(soerr);
+        getsockopt(lane->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+        if (!peer->said_bye && !peer->gave_up) {
+            lane_lost(tp, peer, lane, soerr ? strerror(soerr) : "connection error");
+            return;
+        }
+        epoll_ctl(tp->epfd, EPOLL_CTL_DEL, lane->fd, NULL);
+        close(lane->fd);
+        lane->fd = -1;
+        return;
+    }
+    lane->eof = 1;
+    lane_events(tp, peer, lane);
 }
 
 /* A failed instance tells its peers at once, so that none waits for it until
@@ -1482,8 +2059,12 @@ static void announce_failure(loom_tp_t *tp)
     loom_frame_t f = {.kind = LOOM_FRAME_GAVE_UP};
     for (int j = 0; j < tp->size; j++) {
         tcp_peer_t *peer = &tp->peers[j];
-        if (peer->fd < 0 || j == tp->rank)
+        if (j == tp->rank)
             continue;
+        /* Streams 1.. end after stream 0 said why, so a peer reading both
+         * learns that we gave up rather than that a stream broke. */
+        if (peer->fd < 0)
+            goto shut_lanes;
         int between = !peer->shdr_ready || (peer->shdr_off == 0 && peer->sq.head->off == 0);
         if (!between)
             goto shut;
@@ -1497,6 +2078,10 @@ static void announce_failure(loom_tp_t *tp)
         }
 shut:
         shutdown(peer->fd, SHUT_WR);
+shut_lanes:
+        for (int k = 1; k < tp->nstreams && peer->lanes; k++)
+            if (peer->lanes[k - 1].fd >= 0)
+                shutdown(peer->lanes[k - 1].fd, SHUT_WR);
     }
 }
 
@@ -1515,7 +2100,24 @@ static loom_status_t progress_owned(loom_tp_t *tp, int timeout_ms, int *moved_p)
     struct epoll_event evs[MAX_EVENTS];
     int n = epoll_wait(tp->epfd, evs, MAX_EVENTS, timeout_ms);
     for (int i = 0; i < n && !tp->failed; i++) {
-        tcp_peer_t *peer = evs[i].data.ptr;
+        uint64_t key = evs[i].data.u64;
+        if (key) {
+            tcp_peer_t *peer = &tp->peers[(key >> 8) - 1];
+            int k = (int)(key & 0xff);
+            if (k > 0) {
+                tcp_lane_t *lane = &peer->lanes[k - 1];
+                uint32_t e = evs[i].events;
+                if (lane->fd >= 0 && (e & EPOLLIN))
+                    lane_read(tp, peer, lane, &moved);
+                if (!tp->failed && lane->fd >= 0 && (e & EPOLLOUT))
+                    lane_flush(tp, peer, lane, &moved);
+                if (!tp->failed && lane->fd >= 0 && !(lane->events & EPOLLIN) &&
+                    (e & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
+                    lane_hangup(tp, peer, lane, e);
+                continue;
+            }
+        }
+        tcp_peer_t *peer = key ? &tp->peers[(key >> 8) - 1] : NULL;
         if (!peer) {
             uint64_t v;
             if (read(tp->wake_fd, &v, sizeof(v)) < 0) { /* nothing to drain */ }
@@ -1620,6 +2222,10 @@ static void tcp_destroy(loom_tp_t *tp, double timeout_s)
     LOOM_INFO("tcp", "rank %d received %llu frames, %llu before their receive was posted "
               "(%llu bytes copied once more)", tp->rank, (unsigned long long)tp->nframes,
               (unsigned long long)tp->nunexpected, (unsigned long long)tp->unexpected_bytes);
+    if (tp->nstreams > 1)
+        LOOM_INFO("tcp", "rank %d striped %llu messages it sent and %llu it received across %d "
+                  "streams per peer", tp->rank, (unsigned long long)tp->nstriped_sent,
+                  (unsigned long long)tp->nstriped_recv, tp->nstreams);
     double deadline = monotonic_s() + (timeout_s < 5 ? timeout_s : 5);
     if (tp->failed || atomic_load(&tp->abort_why))
         announce_failure(tp);
@@ -1627,7 +2233,8 @@ static void tcp_destroy(loom_tp_t *tp, double timeout_s)
         tcp_peer_t *peer = &tp->peers[j];
         if (peer->fd < 0)
             continue;
-        if (!tp->announced && !peer->sq.head) {   /* (a failed instance has announced) */
+        if (!tp->announced && !peer->sq.head && !peer->sx_head) {
+            /* (a failed instance has announced) */
             /* Say goodbye, so the peer can tell a finished rank from a dead one. */
             uint8_t bye[LOOM_FRAME_BYTES + LOOM_MAC_BYTES];
             loom_frame_t f = {.kind = LOOM_FRAME_BYE};
@@ -1638,6 +2245,14 @@ static void tcp_destroy(loom_tp_t *tp, double timeout_s)
         shutdown(peer->fd, SHUT_WR);
         close(peer->fd);
     }
+    for (int j = 0; j < tp->size; j++)
+        for (int k = 1; k < tp->nstreams && tp->peers[j].lanes; k++) {
+            tcp_lane_t *lane = &tp->peers[j].lanes[k - 1];
+            if (lane->fd >= 0) {
+                shutdown(lane->fd, SHUT_WR);
+                close(lane->fd);
+            }
+        }
     for (int j = 0; j < tp->size; j++) {
         tcp_peer_t *peer = &tp->peers[j];
         for (tcp_unexp_t *u = peer->uq_head, *next; u; u = next) {
@@ -1646,6 +2261,16 @@ static void tcp_destroy(loom_tp_t *tp, double timeout_s)
             free(u);
         }
         free(peer->stage);
+        /* Requests a failed instance left pending are the caller's: only ours are freed. */
+        for (tcp_xfer_t *x = peer->sx_head, *next; x; x = next) {
+            next = x->next;
+            free(x);
+        }
+        for (tcp_xfer_t *x = peer->rx_head, *next; x; x = next) {
+            next = x->next;
+            free(x);
+        }
+        free(peer->lanes);
     }
     for (int i = 0; i < POOL_SLOTS; i++)
         free(tp->pool[i].buf);
