@@ -672,8 +672,11 @@ static loom_status_t do_barrier(loom_comm_t c, loom_request_t *req)
     return run_or_queue(c, &a, req);
 }
 
+/* peer ANY_PEER: a receive from whichever rank sends first (*source_out). */
+#define ANY_PEER (-1)
 static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_dtype_t dt,
-                            int peer, int tag, loom_comm_t c, loom_request_t *req);
+                            int peer, int tag, int *source_out, loom_comm_t c,
+                            loom_request_t *req);
 
 #ifdef LOOM_HAVE_CUDA
 /* A blocking send/recv of a GPU buffer, run again on the host copy. */
@@ -688,27 +691,35 @@ struct p2p_host {
 static loom_status_t p2p_host_run(void *hbuf, void *arg)
 {
     struct p2p_host *h = arg;
-    return do_p2p(h->kind, hbuf, h->count, h->dt, h->peer, h->tag, h->c, NULL);
+    return do_p2p(h->kind, hbuf, h->count, h->dt, h->peer, h->tag, NULL, h->c, NULL);
 }
 #endif
 
 static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_dtype_t dt,
-                            int peer, int tag, loom_comm_t c, loom_request_t *req)
+                            int peer, int tag, int *source_out, loom_comm_t c,
+                            loom_request_t *req)
 {
-    const char *fn = kind == LOOM_OP_SEND ? "send" : "recv";
+    const int any = peer == ANY_PEER;
+    const char *fn = kind == LOOM_OP_SEND ? "send" : any ? "recv_any" : "recv";
     loom_status_t st;
     if ((st = check_comm(c, fn)) != LOOM_SUCCESS ||
         (st = check_common(c, fn, dt, 0, LOOM_SUM, 0, 0)) != LOOM_SUCCESS)
         return st;
     size_t es = loom_dtype_size(dt);
-    CHECK(peer >= 0 && peer < c->size, "%s: peer %d is not a rank of this communicator (size %d)",
-          fn, peer, c->size);
+    CHECK(any || (peer >= 0 && peer < c->size),
+          "%s: peer %d is not a rank of this communicator (size %d)", fn, peer, c->size);
+    if (any && !c->tp_ops->probe)
+        return loom_comm_fail(c, LOOM_ERR_UNSUPPORTED, "recv_any: the %s transport cannot "
+                              "receive from any rank", c->tp_ops->name);
     CHECK(tag >= 0, "%s: tag %d is negative", fn, tag);
     CHECK(bytes_fit(count, 1, es), "%s: count %zu is too large", fn, count);
     CHECK(count == 0 || buf, "%s: NULL buffer", fn);
 #ifdef LOOM_HAVE_CUDA
     int device;
     if (count > 0 && loom_cuda_ptr_on_device(buf, &device)) {
+        if (any)
+            return loom_comm_fail(c, LOOM_ERR_UNSUPPORTED, "recv_any: GPU buffers need a "
+                                  "known source (loom_recv)");
         if (req)
             return loom_comm_fail(c, LOOM_ERR_UNSUPPORTED,
                                   "i%s: GPU buffers need the blocking loom_%s or loom_%s_stream",
@@ -726,47 +737,9 @@ static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_d
     if (!req)
         memset(op, 0, sizeof(*op));
     op->kind = kind;
+    op->any_source = any;
+    op->source_out = source_out;
     op->tp_req.peer = peer;
-    op->tp_req.buf = buf;
-    op->tp_req.len = count * es;
-    op->tp_req.match.tag = (uint64_t)tag;
-    op->tp_req.match.desc = loom_desc_make(LOOM_DESC_P2P, (int)dt, 0);
-    op->tp_req.match.total = count;
-    st = submit(c, op, req);
-    if (req && st != LOOM_SUCCESS)
-        free(op);
-    return st;
-}
-
-static loom_status_t do_recv_any(void *buf, size_t count, loom_dtype_t dt, int tag, int *source,
-                                 loom_comm_t c, loom_request_t *req)
-{
-    loom_status_t st;
-    if ((st = check_comm(c, "recv_any")) != LOOM_SUCCESS ||
-        (st = check_common(c, "recv_any", dt, 0, LOOM_SUM, 0, 0)) != LOOM_SUCCESS)
-        return st;
-    size_t es = loom_dtype_size(dt);
-    CHECK(tag >= 0, "recv_any: tag %d is negative", tag);
-    CHECK(bytes_fit(count, 1, es), "recv_any: count %zu is too large", count);
-    CHECK(count == 0 || buf, "recv_any: NULL buffer");
-    if (!c->tp_ops->probe)
-        return loom_comm_fail(c, LOOM_ERR_UNSUPPORTED, "recv_any: the %s transport cannot "
-                              "receive from any rank", c->tp_ops->name);
-#ifdef LOOM_HAVE_CUDA
-    int device;
-    if (count > 0 && loom_cuda_ptr_on_device(buf, &device))
-        return loom_comm_fail(c, LOOM_ERR_UNSUPPORTED, "recv_any: GPU buffers need a known "
-                              "source (loom_recv)");
-#endif
-    struct loom_request stack_op, *op = &stack_op;
-    if (req && !(op = calloc(1, sizeof(*op))))
-        return loom_comm_fail(c, LOOM_ERR_NO_MEMORY, "out of memory");
-    if (!req)
-        memset(op, 0, sizeof(*op));
-    op->kind = LOOM_OP_RECV;
-    op->any_source = 1;
-    op->source_out = source;
-    op->tp_req.peer = -1;
     op->tp_req.buf = buf;
     op->tp_req.len = count * es;
     op->tp_req.match.tag = (uint64_t)tag;
@@ -904,33 +877,33 @@ LOOM_API loom_status_t loom_ibarrier(loom_comm_t c, loom_request_t *req)
 LOOM_API loom_status_t loom_send(const void *b, size_t n, loom_dtype_t dt, int peer, int tag,
                                  loom_comm_t c)
 {
-    return do_p2p(LOOM_OP_SEND, (void *)b, n, dt, peer, tag, c, NULL);
+    return do_p2p(LOOM_OP_SEND, (void *)b, n, dt, peer, tag, NULL, c, NULL);
 }
 LOOM_API loom_status_t loom_isend(const void *b, size_t n, loom_dtype_t dt, int peer, int tag,
                                   loom_comm_t c, loom_request_t *req)
 {
-    return req ? do_p2p(LOOM_OP_SEND, (void *)b, n, dt, peer, tag, c, req)
+    return req ? do_p2p(LOOM_OP_SEND, (void *)b, n, dt, peer, tag, NULL, c, req)
                : loom_global_fail(LOOM_ERR_INVALID_ARG, "isend: NULL request pointer");
 }
 LOOM_API loom_status_t loom_recv(void *b, size_t n, loom_dtype_t dt, int peer, int tag,
                                  loom_comm_t c)
 {
-    return do_p2p(LOOM_OP_RECV, b, n, dt, peer, tag, c, NULL);
+    return do_p2p(LOOM_OP_RECV, b, n, dt, peer, tag, NULL, c, NULL);
 }
 LOOM_API loom_status_t loom_irecv(void *b, size_t n, loom_dtype_t dt, int peer, int tag,
                                   loom_comm_t c, loom_request_t *req)
 {
-    return req ? do_p2p(LOOM_OP_RECV, b, n, dt, peer, tag, c, req)
+    return req ? do_p2p(LOOM_OP_RECV, b, n, dt, peer, tag, NULL, c, req)
                : loom_global_fail(LOOM_ERR_INVALID_ARG, "irecv: NULL request pointer");
 }
 LOOM_API loom_status_t loom_recv_any(void *b, size_t n, loom_dtype_t dt, int tag, int *source,
                                      loom_comm_t c)
 {
-    return do_recv_any(b, n, dt, tag, source, c, NULL);
+    return do_p2p(LOOM_OP_RECV, b, n, dt, ANY_PEER, tag, source, c, NULL);
 }
 LOOM_API loom_status_t loom_irecv_any(void *b, size_t n, loom_dtype_t dt, int tag, int *source,
                                       loom_comm_t c, loom_request_t *req)
 {
-    return req ? do_recv_any(b, n, dt, tag, source, c, req)
+    return req ? do_p2p(LOOM_OP_RECV, b, n, dt, ANY_PEER, tag, source, c, req)
                : loom_global_fail(LOOM_ERR_INVALID_ARG, "irecv_any: NULL request pointer");
 }

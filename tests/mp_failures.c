@@ -349,52 +349,35 @@ static int abandoned_recv_rank(loom_comm_t c, void *arg)
     return st == LOOM_SUCCESS && changed == 0 && !bad ? 0 : 1;
 }
 
-static int silent_peer_rank(loom_comm_t unused, void *arg)
-{
-    (void)unused;
-    (void)arg;
-    int r = my_rank(), x;
-    loom_comm_t c = create_with_timeout(r, 2, 1.5);
-    if (!c)
-        return 1;
-    int rc = 0;
-    if (r == 0) {
-        double t0 = mp_now();
-        loom_status_t st = loom_recv(&x, 1, LOOM_INT32, 1, 5, c);
-        double took = mp_now() - t0;
-        fprintf(stderr, "silent peer: %s after %.2f s: %s\n", loom_strerror(st), took,
-                loom_comm_last_error(c));
-        rc = st == LOOM_ERR_TIMEOUT && took >= 1.4 && took < 1.5 + 5 &&
-                     strstr(loom_comm_last_error(c), "LOOM_TIMEOUT") ? 0 : 1;
-    } else {
-        sleep(4);
-    }
-    loom_comm_destroy(c);
-    return rc;
-}
+/* A receive nobody sends to: LOOM_ERR_TIMEOUT after LOOM_TIMEOUT (from rank 1,
+ * or from any rank, naming the tag); from any rank, a sender whose count
+ * differs: a mismatch. */
+enum { SILENT_PEER, SILENT_ANY, ANY_WRONG_COUNT };
 
-/* A receive from any rank that no rank sends to: LOOM_ERR_TIMEOUT after
- * LOOM_TIMEOUT, naming the tag; a sender whose count differs: a mismatch. */
-static int silent_any_rank(loom_comm_t unused, void *arg)
+static int silent_rank(loom_comm_t unused, void *arg)
 {
     (void)unused;
     int kind = *(int *)arg, r = my_rank(), x[4] = {0}, src = -1;
+    static const char *const names[] = {"silent peer", "recv_any, silent", "recv_any, count 3 sent"};
     loom_comm_t c = create_with_timeout(r, 2, 1.5);
     if (!c)
         return 1;
     int rc = 0;
     if (r == 0) {
         double t0 = mp_now();
-        loom_status_t st = loom_recv_any(x, 2, LOOM_INT32, 5, &src, c);
+        loom_status_t st = kind == SILENT_PEER ? loom_recv(x, 1, LOOM_INT32, 1, 5, c)
+                                               : loom_recv_any(x, 2, LOOM_INT32, 5, &src, c);
         double took = mp_now() - t0;
-        fprintf(stderr, "recv_any (%s): %s after %.2f s: %s\n", kind ? "count 3 sent" : "silent",
-                loom_strerror(st), took, loom_comm_last_error(c));
-        if (kind == 0)
-            rc = st == LOOM_ERR_TIMEOUT && took >= 1.4 && took < 1.5 + 5 &&
-                         strstr(loom_comm_last_error(c), "tag 5 from any rank") ? 0 : 1;
-        else
+        fprintf(stderr, "%s: %s after %.2f s: %s\n", names[kind], loom_strerror(st), took,
+                loom_comm_last_error(c));
+        if (kind == ANY_WRONG_COUNT)
             rc = st == LOOM_ERR_MISMATCH && strstr(loom_comm_last_error(c), "count") ? 0 : 1;
-    } else if (kind == 1) {
+        else
+            rc = st == LOOM_ERR_TIMEOUT && took >= 1.4 && took < 1.5 + 5 &&
+                         strstr(loom_comm_last_error(c), "LOOM_TIMEOUT") &&
+                         (kind == SILENT_PEER || strstr(loom_comm_last_error(c), "tag 5 from any rank"))
+                     ? 0 : 1;
+    } else if (kind == ANY_WRONG_COUNT) {
         loom_send(x, 3, LOOM_INT32, 0, 5, c);   /* fails once rank 0 gave up, or not */
         sleep(2);
     } else {
@@ -408,14 +391,15 @@ static void test_abort_and_timeout(void)
 {
     mp_result("loom_comm_abort from another thread unblocks a pending recv",
               mp_run(2, abort_rank, NULL, 30) == 0);
+    int kind = SILENT_PEER;
     mp_result("a peer that never sends: LOOM_ERR_TIMEOUT after LOOM_TIMEOUT",
-              mp_run_raw(2, silent_peer_rank, NULL, 30) == 0);
-    int kind = 0;
+              mp_run_raw(2, silent_rank, &kind, 30) == 0);
+    kind = SILENT_ANY;
     mp_result("a receive from any rank that nobody sends to: LOOM_ERR_TIMEOUT naming the tag",
-              mp_run_raw(2, silent_any_rank, &kind, 30) == 0);
-    kind = 1;
+              mp_run_raw(2, silent_rank, &kind, 30) == 0);
+    kind = ANY_WRONG_COUNT;
     mp_result("a receive from any rank, a sender with another count: LOOM_ERR_MISMATCH",
-              mp_run_raw(2, silent_any_rank, &kind, 30) == 0);
+              mp_run_raw(2, silent_rank, &kind, 30) == 0);
     int ok = pipe(abandoned_fds) == 0;
     mp_result("a receive abandoned by abort: no byte lands in its buffer after the call returns",
               ok && mp_run(2, abandoned_recv_rank, NULL, 60) == 0);

@@ -829,19 +829,7 @@ class LoomBackend : public c10d::Backend {
     c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &tensors, int src,
                                         int tag) override
     {
-        at::Tensor t = single(tensors, "recv");
-        check_peer(src, "recv");
-        auto w = make_work(OpType::RECV, {t}, "recv");
-        at::Tensor dst = staged(w, t, false);
-        loom_dtype_t dt = to_loom_dtype(dst);
-        size_t n = (size_t)dst.numel();
-        void *p = dst.data_ptr();
-        int tg = tag < 0 ? 0 : tag;
-        w->src_rank_ = src;
-        return run(w, {[=, this](loom_request_t *r) {
-                       return loom_irecv(p, n, dt, src, tg, comm_, r);
-                   }},
-                   true, nullptr, /*p2p=*/true);
+        return receive(tensors, src, tag);
     }
 
     // dist.recv(t) without src: Loom's receive from any rank sets the Work's
@@ -849,18 +837,7 @@ class LoomBackend : public c10d::Backend {
     c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor> &tensors,
                                                  int tag) override
     {
-        at::Tensor t = single(tensors, "recv");
-        auto w = make_work(OpType::RECVANYSOURCE, {t}, "recv from any source");
-        at::Tensor dst = staged(w, t, false);
-        loom_dtype_t dt = to_loom_dtype(dst);
-        size_t n = (size_t)dst.numel();
-        void *p = dst.data_ptr();
-        int tg = tag < 0 ? 0 : tag;
-        int *source = &w->src_rank_;
-        return run(w, {[=, this](loom_request_t *r) {
-                       return loom_irecv_any(p, n, dt, tg, source, comm_, r);
-                   }},
-                   true, nullptr, /*p2p=*/true);
+        return receive(tensors, -1, tag);
     }
 
   private:
@@ -870,6 +847,27 @@ class LoomBackend : public c10d::Backend {
         std::deque<c10::intrusive_ptr<LoomWork>> q;
         bool stop = false;
     };
+
+    // src -1: from whichever rank sends first.
+    c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor> &tensors, int src, int tag)
+    {
+        at::Tensor t = single(tensors, "recv");
+        if (src >= 0)
+            check_peer(src, "recv");
+        auto w = make_work(src >= 0 ? OpType::RECV : OpType::RECVANYSOURCE, {t}, "recv");
+        at::Tensor dst = staged(w, t, false);
+        loom_dtype_t dt = to_loom_dtype(dst);
+        size_t n = (size_t)dst.numel();
+        void *p = dst.data_ptr();
+        int tg = tag < 0 ? 0 : tag;
+        w->src_rank_ = src;
+        int *source = &w->src_rank_;
+        return run(w, {[=, this](loom_request_t *r) {
+                       return src >= 0 ? loom_irecv(p, n, dt, src, tg, comm_, r)
+                                       : loom_irecv_any(p, n, dt, tg, source, comm_, r);
+                   }},
+                   true, nullptr, /*p2p=*/true);
+    }
 
     static at::Tensor single(std::vector<at::Tensor> &tensors, const char *what)
     {
