@@ -340,6 +340,22 @@ def test_subgroups():
     T.check(bool((b == members[-1]).all()), "group broadcast from a global rank")
     dist.barrier(group=mine)
     dist.destroy_process_group(pair)
+    # split_group: the ranks in reverse order in one split, rank 0 in none
+    # (where torch has it, 2.6 on); positions follow the list given
+    if hasattr(dist, "split_group") and size >= 3:
+        part = list(range(size - 1, 0, -1))
+        g = dist.split_group(split_ranks=[part])
+        if rank == 0:
+            T.check(g is None or g == dist.GroupMember.NON_GROUP_MEMBER, "split_group: rank 0 in none")
+        else:
+            T.check(dist.get_group_rank(g, rank) == part.index(rank), "split_group: rank order")
+            t = torch.full((2,), float(rank))
+            dist.all_reduce(t, group=g)
+            T.check(bool((t == sum(part)).all()), "split_group allreduce: %s" % t.tolist())
+            src = torch.full((3,), float(rank))
+            dist.broadcast(src, src=part[0], group=g)
+            T.check(bool((src == part[0]).all()), "split_group broadcast")
+            dist.destroy_process_group(g)
     # the world still works after a group went away
     t = torch.ones(3)
     dist.all_reduce(t)

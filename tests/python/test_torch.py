@@ -141,11 +141,14 @@ def test_fusion_and_order():
     T.check(ok, "fused allreduce results")
     after = hvd._fusion_stats()
     threshold = int(os.environ.get("LOOM_FUSION_THRESHOLD", 64 << 20))
-    if threshold >= 80:
+    if N == 1:
+        pass   # alone a round costs nothing: a busy machine may run one per submission
+    elif threshold >= 80:
         T.check(after["fused_calls"] > before.get("fused_calls", 0), "nothing was fused: %s" % after)
     else:   # no two of these tensors (40 bytes and more) fit under the threshold together
         T.check(after["fused_calls"] == before.get("fused_calls", 0), "fused above the threshold: %s" % after)
-    T.check(after["rounds"] - before.get("rounds", 0) < 40, "one round per tensor: %s" % after)
+    if N > 1:
+        T.check(after["rounds"] - before.get("rounds", 0) < 40, "one round per tensor: %s" % after)
     hs = [hvd.allreduce_async(torch.ones(3, dtype=dt), op=hvd.Sum) for dt in DTYPES]
     T.check(all(torch.equal(hvd.synchronize(h), torch.full((3,), N).to(dt)) for h, dt in zip(hs, DTYPES)),
             "fusion keeps types apart")

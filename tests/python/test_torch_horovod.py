@@ -65,13 +65,19 @@ def test_failures_then_good_calls():
         torch.ones(2), name="bad.kind"))
     expect_error("names nobody else submits", lambda: hvd.allreduce(torch.ones(2), name="only.%d" % R))
     # A duplicate name: refused at once with ValueError; the pending one still completes.
-    h = hvd.allreduce_async(torch.ones(2), name="dup", op=hvd.Sum)
+    # Each rank's "dup.R" stays pending until the others submit it, which they do
+    # only after the barrier: the refusal cannot race its completion.
+    h = hvd.allreduce_async(torch.ones(2), name="dup.%d" % R, op=hvd.Sum)
     try:
-        hvd.allreduce_async(torch.ones(2), name="dup")
+        hvd.allreduce_async(torch.ones(2), name="dup.%d" % R)
         T.check(False, "duplicate name accepted")
     except ValueError:
         pass
-    T.check(torch.equal(hvd.synchronize(h), torch.full((2,), float(N))), "the first of a duplicate")
+    hvd.barrier()
+    others = [hvd.allreduce_async(torch.ones(2), name="dup.%d" % q, op=hvd.Sum)
+              for q in range(N) if q != R]
+    T.check(all(torch.equal(hvd.synchronize(x), torch.full((2,), float(N))) for x in [h] + others),
+            "the first of a duplicate")
     good_call("duplicate name")
     # Several failures in flight together with good calls: only the bad ones fail.
     hs = [hvd.allreduce_async(torch.ones(2), name="mix.good.%d" % i, op=hvd.Sum) for i in range(3)]

@@ -25,6 +25,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -327,8 +328,14 @@ class LoomBackend : public c10d::Backend {
                                 std::to_string(size) + ": creating the communicator failed: " +
                                 loom_comm_last_error(nullptr));
         }
-        coll_thread_ = std::thread([this] { completion_loop(coll_q_); });
-        p2p_thread_ = std::thread([this] { completion_loop(p2p_q_); });
+        start_threads();
+    }
+
+    // A group split from another (split()): it owns comm.
+    LoomBackend(loom_comm_t comm, std::chrono::milliseconds timeout)
+        : c10d::Backend(loom_comm_rank(comm), loom_comm_size(comm)), comm_(comm), timeout_(timeout)
+    {
+        start_threads();
     }
 
     ~LoomBackend() override { release(); }
@@ -346,6 +353,48 @@ class LoomBackend : public c10d::Backend {
     }
 
     void shutdown() override { release(); }
+
+    // dist.split_group: every rank of this group calls it (torch passes a rank
+    // of no split some other split's ranks); loom_comm_split over this group's
+    // communicator, colour the split's lowest rank (the splits are disjoint),
+    // key the position in it (torch keeps that order); the others get none.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
+    // (Backend::split with this signature: checked against torch 2.15.)
+    bool supportsSplitting() const override { return true; }
+
+    // splitGroup clones these for the child (then split() gets the clone).
+    c10::intrusive_ptr<Options> getBackendOptions() override
+    {
+        return c10::make_intrusive<Options>("loom", timeout_);
+    }
+
+    c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store> &store,
+                                            const std::vector<int> &ranks,
+                                            const c10::intrusive_ptr<Options> &opts) override
+    {
+        (void)store;   // no rendezvous: the parent's connections carry the split
+        auto me = std::find(ranks.begin(), ranks.end(), getRank());
+        int color = LOOM_UNDEFINED, key = 0;
+        if (me != ranks.end()) {
+            color = *std::min_element(ranks.begin(), ranks.end());
+            key = (int)(me - ranks.begin());
+        }
+        loom_comm_t sub = nullptr;
+        loom_status_t st;
+        {
+            std::lock_guard<std::mutex> g(submit_mu_);
+            st = loom_comm_split(comm_, color, key, &sub);
+        }
+        if (st != LOOM_SUCCESS) {
+            throw_backend_error(std::string("loom: split_group: ") + loom_comm_last_error(comm_));
+        }
+        if (!sub) {
+            return nullptr;
+        }
+        auto timeout = opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
+        return c10::make_intrusive<LoomBackend>(sub, timeout);
+    }
+#endif
 
     // ---- Collectives. ----
 
@@ -1119,6 +1168,12 @@ class LoomBackend : public c10d::Backend {
         if (th.joinable()) {
             th.join();
         }
+    }
+
+    void start_threads()
+    {
+        coll_thread_ = std::thread([this] { completion_loop(coll_q_); });
+        p2p_thread_ = std::thread([this] { completion_loop(p2p_q_); });
     }
 
     void release()
