@@ -141,13 +141,14 @@ run() {
 start_waiting_job() {
     n=$1
     shift
-    "$LOOMRUN" --ssh-identity-file "$tmp/id" "$@" sh -c 'echo $$; exec sleep 120' \
+    "$LOOMRUN" --ssh-identity-file "$tmp/id" "$@" sh -c 'echo $$; exec sleep 600' \
         >"$tmp/out" 2>"$tmp/err" </dev/null &
     lr=$!
-    i=0   # up to 60 s: ssh and the ranks start slowly on a busy machine
-    while [ $i -lt 600 ] && [ "$(wc -l <"$tmp/out")" -lt "$n" ]; do
+    # Until every rank said its pid, up to 300 s by the clock (ssh and the ranks
+    # start slowly on a busy machine: 60 s, counted in naps, once was not enough).
+    t0=$(date +%s)
+    while [ $(($(date +%s) - t0)) -lt 300 ] && [ "$(wc -l <"$tmp/out")" -lt "$n" ]; do
         sleep 0.1
-        i=$((i + 1))
     done
     pids=$(sort "$tmp/out" | sed 's/^.*: //')
 }
@@ -231,6 +232,8 @@ p1=$(echo "$pids" | sed -n 2p)
 if [ -n "$p1" ]; then
     # The namespaces share our pid namespace: this is a kill on host B.
     kill -KILL "$p1"
+else
+    kill -KILL "$lr"   # the ranks never started: fail below, not after the job's sleep
 fi
 start=$(date +%s)
 wait $lr
