@@ -1111,6 +1111,25 @@ static int payload_sealed(const tcp_peer_t *peer, uint64_t len)
 static void xfer_part_done(loom_tp_t *tp, tcp_peer_t *peer, tcp_xfer_t *x, int sending);
 static loom_status_t lane_flush(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, int *moved);
 
+/* Queue x behind the striped messages of its direction; streams with none
+ * in hand take it next. */
+static void xfer_queue(loom_tp_t *tp, tcp_peer_t *peer, tcp_xfer_t *x, int sending)
+{
+    tcp_xfer_t **head = sending ? &peer->sx_head : &peer->rx_head;
+    tcp_xfer_t **tail = sending ? &peer->sx_tail : &peer->rx_tail;
+    x->parts_left = tp->nstreams;
+    if (*tail)
+        (*tail)->next = x;
+    else
+        *head = x;
+    *tail = x;
+    for (int k = 1; k < tp->nstreams; k++) {
+        tcp_xfer_t **next = sending ? &peer->lanes[k - 1].sx : &peer->lanes[k - 1].rx;
+        if (!*next)
+            *next = x;
+    }
+}
+
 /* A large send about to be framed on stream 0: its slices are queued on the
  * other streams behind the messages framed before it. */
 static tcp_xfer_t *stripe_send(loom_tp_t *tp, tcp_peer_t *peer, loom_tp_req_t *req)
@@ -1123,15 +1142,7 @@ static tcp_xfer_t *stripe_send(loom_tp_t *tp, tcp_peer_t *peer, loom_tp_req_t *r
     }
     x->frame = (loom_frame_t){.kind = LOOM_FRAME_STRIPED, .match = req->match, .len = req->len};
     x->req = req;
-    x->parts_left = tp->nstreams;
-    if (peer->sx_tail)
-        peer->sx_tail->next = x;
-    else
-        peer->sx_head = x;
-    peer->sx_tail = x;
-    for (int k = 1; k < tp->nstreams; k++)
-        if (!peer->lanes[k - 1].sx)
-            peer->lanes[k - 1].sx = x;
+    xfer_queue(tp, peer, x, 1);
     tp->nstriped_sent++;
     return x;
 }
@@ -1613,15 +1624,7 @@ static tcp_xfer_t *stripe_recv(loom_tp_t *tp, tcp_peer_t *peer, const loom_frame
         return NULL;
     }
     x->frame = *f;
-    x->parts_left = tp->nstreams;
-    if (peer->rx_tail)
-        peer->rx_tail->next = x;
-    else
-        peer->rx_head = x;
-    peer->rx_tail = x;
-    for (int k = 1; k < tp->nstreams; k++)
-        if (!peer->lanes[k - 1].rx)
-            peer->lanes[k - 1].rx = x;
+    xfer_queue(tp, peer, x, 0);
     tp->nstriped_recv++;
     return x;
 }
