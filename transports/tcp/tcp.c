@@ -1693,25 +1693,34 @@ static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_fra
     return LOOM_SUCCESS;
 }
 
+/* Grow u's buffer to hold need bytes (doubling, never past the message); 0,
+ * or -1 with the instance failed. */
+static int early_grow(loom_tp_t *tp, tcp_peer_t *peer, tcp_unexp_t *u, size_t need)
+{
+    if (u->cap >= need || u->cap >= u->frame.len)
+        return 0;
+    size_t cap = u->cap * 2 > need ? u->cap * 2 : need;
+    if (cap > u->frame.len)
+        cap = u->frame.len;
+    uint8_t *data = realloc(u->data, cap);
+    if (!data) {
+        tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory holding a %llu-byte early message "
+                "from rank %d", (unsigned long long)u->frame.len, peer->rank);
+        return -1;
+    }
+    peer->early_bytes += cap - u->cap;
+    u->data = data;
+    u->cap = cap;
+    return 0;
+}
+
 /* Room in the early message being filled for at least one more byte, and
  * for want if growing by doubling allows: its buffer grows with what came. */
 static uint8_t *early_room(loom_tp_t *tp, tcp_peer_t *peer, size_t want, size_t *room_p)
 {
     tcp_unexp_t *u = peer->cur_unexp;
-    if (u->cap - peer->cur_off < want && u->cap < u->frame.len) {
-        size_t cap = u->cap * 2 > peer->cur_off + want ? u->cap * 2 : peer->cur_off + want;
-        if (cap > u->frame.len)
-            cap = u->frame.len;
-        uint8_t *data = realloc(u->data, cap);
-        if (!data) {
-            tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory holding a %llu-byte early message "
-                    "from rank %d", (unsigned long long)u->frame.len, peer->rank);
-            return NULL;
-        }
-        peer->early_bytes += cap - u->cap;
-        u->data = data;
-        u->cap = cap;
-    }
+    if (early_grow(tp, peer, u, peer->cur_off + want) != 0)
+        return NULL;
     *room_p = u->cap - peer->cur_off;
     return u->data;
 }
@@ -1903,20 +1912,8 @@ static uint8_t *lane_room(loom_tp_t *tp, tcp_peer_t *peer, tcp_unexp_t *u, size_
                           size_t rest, size_t *room_p)
 {
     size_t step = rest < DIRECT_READ_MIN * 16 ? rest : DIRECT_READ_MIN * 16;
-    if (u->cap < at + step) {
-        size_t cap = u->cap * 2 > at + step ? u->cap * 2 : at + step;
-        if (cap > u->frame.len)
-            cap = u->frame.len;
-        uint8_t *data = realloc(u->data, cap);
-        if (!data) {
-            tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory holding a %llu-byte early message "
-                    "from rank %d", (unsigned long long)u->frame.len, peer->rank);
-            return NULL;
-        }
-        peer->early_bytes += cap - u->cap;
-        u->data = data;
-        u->cap = cap;
-    }
+    if (early_grow(tp, peer, u, at + step) != 0)
+        return NULL;
     *room_p = u->cap - at < rest ? u->cap - at : rest;
     return u->data + at;
 }
