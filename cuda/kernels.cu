@@ -42,14 +42,20 @@ namespace {
     LOOM_OP_FUNCTOR(max, T, sfx)                                                       \
     LOOM_AVG_FUNCTOR(T, sfx)
 
-LOOM_FUNCTORS(int8_t, i8)
-LOOM_FUNCTORS(uint8_t, u8)
-LOOM_FUNCTORS(int16_t, i16)
-LOOM_FUNCTORS(uint16_t, u16)
-LOOM_FUNCTORS(int32_t, i32)
-LOOM_FUNCTORS(uint32_t, u32)
-LOOM_FUNCTORS(int64_t, i64)
-LOOM_FUNCTORS(uint64_t, u64)
+#define LOOM_INT_FUNCTORS(T, sfx)                                                       \
+    LOOM_FUNCTORS(T, sfx)                                                              \
+    LOOM_OP_FUNCTOR(band, T, sfx)                                                      \
+    LOOM_OP_FUNCTOR(bor, T, sfx)                                                       \
+    LOOM_OP_FUNCTOR(bxor, T, sfx)
+
+LOOM_INT_FUNCTORS(int8_t, i8)
+LOOM_INT_FUNCTORS(uint8_t, u8)
+LOOM_INT_FUNCTORS(int16_t, i16)
+LOOM_INT_FUNCTORS(uint16_t, u16)
+LOOM_INT_FUNCTORS(int32_t, i32)
+LOOM_INT_FUNCTORS(uint32_t, u32)
+LOOM_INT_FUNCTORS(int64_t, i64)
+LOOM_INT_FUNCTORS(uint64_t, u64)
 LOOM_FUNCTORS(uint16_t, f16)
 LOOM_FUNCTORS(uint16_t, bf16)
 LOOM_FUNCTORS(float, f32)
@@ -172,6 +178,16 @@ int launch_avg(void *buf, size_t n, int nranks, cudaStream_t s)
     case LOOM_PROD: return launch_reduce3<op_prod_##sfx>(out, a, b, count, s);         \
     case LOOM_MIN: return launch_reduce3<op_min_##sfx>(out, a, b, count, s);           \
     case LOOM_MAX: return launch_reduce3<op_max_##sfx>(out, a, b, count, s);           \
+    default: break; /* the bitwise ops: integers only */                               \
+    }                                                                                  \
+    break;
+
+#define LOOM_DISPATCH_INT_OP(sfx)                                                       \
+    switch (op) {                                                                      \
+    case LOOM_BAND: return launch_reduce3<op_band_##sfx>(out, a, b, count, s);         \
+    case LOOM_BOR: return launch_reduce3<op_bor_##sfx>(out, a, b, count, s);           \
+    case LOOM_BXOR: return launch_reduce3<op_bxor_##sfx>(out, a, b, count, s);         \
+    default: LOOM_DISPATCH_OP(sfx)                                                     \
     }                                                                                  \
     break;
 
@@ -184,14 +200,14 @@ extern "C" int loom_cuda_reduce3(void *out, const void *a, const void *b, size_t
     if (count == 0)
         return (int)cudaSuccess;
     switch (dt) {
-    case LOOM_INT8: LOOM_DISPATCH_OP(i8)
-    case LOOM_UINT8: LOOM_DISPATCH_OP(u8)
-    case LOOM_INT16: LOOM_DISPATCH_OP(i16)
-    case LOOM_UINT16: LOOM_DISPATCH_OP(u16)
-    case LOOM_INT32: LOOM_DISPATCH_OP(i32)
-    case LOOM_UINT32: LOOM_DISPATCH_OP(u32)
-    case LOOM_INT64: LOOM_DISPATCH_OP(i64)
-    case LOOM_UINT64: LOOM_DISPATCH_OP(u64)
+    case LOOM_INT8: LOOM_DISPATCH_INT_OP(i8)
+    case LOOM_UINT8: LOOM_DISPATCH_INT_OP(u8)
+    case LOOM_INT16: LOOM_DISPATCH_INT_OP(i16)
+    case LOOM_UINT16: LOOM_DISPATCH_INT_OP(u16)
+    case LOOM_INT32: LOOM_DISPATCH_INT_OP(i32)
+    case LOOM_UINT32: LOOM_DISPATCH_INT_OP(u32)
+    case LOOM_INT64: LOOM_DISPATCH_INT_OP(i64)
+    case LOOM_UINT64: LOOM_DISPATCH_INT_OP(u64)
     case LOOM_FLOAT16: LOOM_DISPATCH_OP(f16)
     case LOOM_BFLOAT16: LOOM_DISPATCH_OP(bf16)
     case LOOM_FLOAT32: LOOM_DISPATCH_OP(f32)

@@ -276,6 +276,9 @@ static loom_status_t job_new(loom_comm_t c, const char *fn, job_kind_t kind, loo
         return loom_comm_fail(c, LOOM_ERR_INVALID_ARG, "%s: unknown dtype %d", fn, (int)dt);
     if (needs_op && !loom_op_valid(op))
         return loom_comm_fail(c, LOOM_ERR_INVALID_ARG, "%s: unknown reduction op %d", fn, (int)op);
+    if (needs_op && !loom_op_takes_dtype(op, dt))
+        return loom_comm_fail(c, LOOM_ERR_INVALID_ARG, "%s: %s applies to integer dtypes, not %s",
+                              fn, loom_op_name(op), loom_dtype_name(dt));
     if (who && (rank < 0 || rank >= c->size))
         return loom_comm_fail(c, LOOM_ERR_INVALID_ARG,
                               "%s: %s %d is not a rank of this communicator (size %d)", fn, who,

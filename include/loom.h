@@ -59,9 +59,13 @@ typedef enum {
 #define LOOM_NUM_DTYPES 12
 
 /** Reduction operators. LOOM_AVG sums, then divides by the rank count
- *  (integer types truncate toward zero, as C division does). */
-typedef enum { LOOM_SUM, LOOM_PROD, LOOM_MIN, LOOM_MAX, LOOM_AVG } loom_op_t;
-#define LOOM_NUM_OPS 5
+ *  (integer types truncate toward zero, as C division does). LOOM_BAND, LOOM_BOR
+ *  and LOOM_BXOR (bitwise and, or, exclusive or, as Gloo and MPI_BAND offer)
+ *  take integer dtypes only: a floating-point dtype gets LOOM_ERR_INVALID_ARG. */
+typedef enum {
+    LOOM_SUM, LOOM_PROD, LOOM_MIN, LOOM_MAX, LOOM_AVG, LOOM_BAND, LOOM_BOR, LOOM_BXOR
+} loom_op_t;
+#define LOOM_NUM_OPS 8
 
 /** Pass as sendbuf (or make sendbuf == recvbuf) to reduce in place. */
 #define LOOM_IN_PLACE ((const void *)1)

@@ -403,6 +403,8 @@ static loom_status_t check_common(loom_comm_t c, const char *fn, loom_dtype_t dt
 {
     CHECK(loom_dtype_valid(dt), "%s: unknown dtype %d", fn, (int)dt);
     CHECK(!needs_op || loom_op_valid(op), "%s: unknown reduction op %d", fn, (int)op);
+    CHECK(!needs_op || loom_op_takes_dtype(op, dt), "%s: %s applies to integer dtypes, not %s",
+          fn, loom_op_name(op), loom_dtype_name(dt));
     CHECK(!has_root || (root >= 0 && root < c->size),
           "%s: root %d is not a rank of this communicator (size %d)", fn, root, c->size);
     return LOOM_SUCCESS;

@@ -25,8 +25,12 @@ typedef void (*loom_kernel_fn)(void *out, const void *a, const void *b, size_t c
 /* buf[i] = buf[i] / nranks. */
 typedef void (*loom_avg_fn)(void *buf, size_t count, int nranks);
 
-/* Index of an op in a kernel table: AVG reduces as SUM. */
-enum { LOOM_KOP_SUM, LOOM_KOP_PROD, LOOM_KOP_MIN, LOOM_KOP_MAX, LOOM_KOP_COUNT };
+/* Index of an op in a kernel table: AVG reduces as SUM. The bitwise ops exist
+ * for integer types only; floating-point rows leave them NULL. */
+enum {
+    LOOM_KOP_SUM, LOOM_KOP_PROD, LOOM_KOP_MIN, LOOM_KOP_MAX,
+    LOOM_KOP_BAND, LOOM_KOP_BOR, LOOM_KOP_BXOR, LOOM_KOP_COUNT
+};
 
 typedef struct loom_reduce_impl {
     const char *name;
@@ -77,6 +81,12 @@ typedef struct loom_reduce_impl {
     LOOM_BINARY_KERNEL(isa, T, type, max)                                               \
     LOOM_AVG_KERNEL(isa, T, type)
 
+#define LOOM_INT_TYPE_KERNELS(isa, T, type)                                             \
+    LOOM_TYPE_KERNELS(isa, T, type)                                                     \
+    LOOM_BINARY_KERNEL(isa, T, type, band)                                              \
+    LOOM_BINARY_KERNEL(isa, T, type, bor)                                               \
+    LOOM_BINARY_KERNEL(isa, T, type, bxor)
+
 /* bfloat16 is the upper half of a float. Read as one little-endian uint32_t, a pair
  * of elements x gives the first as the float x << 16 and the second as
  * x & 0xffff0000, and two results merge back the same way: no widening or narrowing
@@ -126,37 +136,40 @@ typedef struct loom_reduce_impl {
 /* Every type but float16, whose software conversion is all branches: vector sets
  * with F16C convert it in hardware instead. */
 #define LOOM_PORTABLE_KERNELS(isa)                                                      \
-    LOOM_TYPE_KERNELS(isa, int8_t, i8)                                                  \
-    LOOM_TYPE_KERNELS(isa, uint8_t, u8)                                                 \
-    LOOM_TYPE_KERNELS(isa, int16_t, i16)                                                \
-    LOOM_TYPE_KERNELS(isa, uint16_t, u16)                                               \
-    LOOM_TYPE_KERNELS(isa, int32_t, i32)                                                \
-    LOOM_TYPE_KERNELS(isa, uint32_t, u32)                                               \
-    LOOM_TYPE_KERNELS(isa, int64_t, i64)                                                \
-    LOOM_TYPE_KERNELS(isa, uint64_t, u64)                                               \
+    LOOM_INT_TYPE_KERNELS(isa, int8_t, i8)                                                  \
+    LOOM_INT_TYPE_KERNELS(isa, uint8_t, u8)                                                 \
+    LOOM_INT_TYPE_KERNELS(isa, int16_t, i16)                                                \
+    LOOM_INT_TYPE_KERNELS(isa, uint16_t, u16)                                               \
+    LOOM_INT_TYPE_KERNELS(isa, int32_t, i32)                                                \
+    LOOM_INT_TYPE_KERNELS(isa, uint32_t, u32)                                               \
+    LOOM_INT_TYPE_KERNELS(isa, int64_t, i64)                                                \
+    LOOM_INT_TYPE_KERNELS(isa, uint64_t, u64)                                               \
     LOOM_BF16_KERNELS(isa)                                                              \
     LOOM_TYPE_KERNELS(isa, float, f32)                                                  \
     LOOM_TYPE_KERNELS(isa, double, f64)
 
 #define LOOM_TYPE_ENTRY(isa, type)                                                      \
     { isa##_sum_##type, isa##_prod_##type, isa##_min_##type, isa##_max_##type }
+#define LOOM_INT_TYPE_ENTRY(isa, type)                                                  \
+    { isa##_sum_##type, isa##_prod_##type, isa##_min_##type, isa##_max_##type,          \
+      isa##_band_##type, isa##_bor_##type, isa##_bxor_##type }
 
 #define LOOM_IMPL(isa)                                                                  \
     static const loom_reduce_impl_t isa##_impl = {                                      \
         .name = #isa,                                                                   \
         .kernel = {                                                                     \
-            [LOOM_INT8] = LOOM_TYPE_ENTRY(isa, i8),                                     \
-            [LOOM_UINT8] = LOOM_TYPE_ENTRY(isa, u8),                                    \
-            [LOOM_INT32] = LOOM_TYPE_ENTRY(isa, i32),                                   \
-            [LOOM_UINT32] = LOOM_TYPE_ENTRY(isa, u32),                                  \
-            [LOOM_INT64] = LOOM_TYPE_ENTRY(isa, i64),                                   \
-            [LOOM_UINT64] = LOOM_TYPE_ENTRY(isa, u64),                                  \
+            [LOOM_INT8] = LOOM_INT_TYPE_ENTRY(isa, i8),                                 \
+            [LOOM_UINT8] = LOOM_INT_TYPE_ENTRY(isa, u8),                                \
+            [LOOM_INT32] = LOOM_INT_TYPE_ENTRY(isa, i32),                               \
+            [LOOM_UINT32] = LOOM_INT_TYPE_ENTRY(isa, u32),                              \
+            [LOOM_INT64] = LOOM_INT_TYPE_ENTRY(isa, i64),                               \
+            [LOOM_UINT64] = LOOM_INT_TYPE_ENTRY(isa, u64),                              \
             [LOOM_FLOAT16] = LOOM_TYPE_ENTRY(isa, f16),                                 \
             [LOOM_BFLOAT16] = LOOM_TYPE_ENTRY(isa, bf16),                               \
             [LOOM_FLOAT32] = LOOM_TYPE_ENTRY(isa, f32),                                 \
             [LOOM_FLOAT64] = LOOM_TYPE_ENTRY(isa, f64),                                 \
-            [LOOM_INT16] = LOOM_TYPE_ENTRY(isa, i16),                                   \
-            [LOOM_UINT16] = LOOM_TYPE_ENTRY(isa, u16),                                  \
+            [LOOM_INT16] = LOOM_INT_TYPE_ENTRY(isa, i16),                               \
+            [LOOM_UINT16] = LOOM_INT_TYPE_ENTRY(isa, u16),                              \
         },                                                                              \
         .avg = {                                                                        \
             [LOOM_INT8] = isa##_avg_i8,       [LOOM_UINT8] = isa##_avg_u8,              \
@@ -422,9 +435,12 @@ void loom_reduce_local3(void *out, const void *a, const void *b, size_t count,
 
     static const unsigned char kernel_op[LOOM_NUM_OPS] = {
         [LOOM_SUM] = LOOM_KOP_SUM, [LOOM_PROD] = LOOM_KOP_PROD, [LOOM_MIN] = LOOM_KOP_MIN,
-        [LOOM_MAX] = LOOM_KOP_MAX, [LOOM_AVG] = LOOM_KOP_SUM,
+        [LOOM_MAX] = LOOM_KOP_MAX, [LOOM_AVG] = LOOM_KOP_SUM, [LOOM_BAND] = LOOM_KOP_BAND,
+        [LOOM_BOR] = LOOM_KOP_BOR, [LOOM_BXOR] = LOOM_KOP_BXOR,
     };
-    loom_reduce_impl()->kernel[dt][kernel_op[op]](out, a, b, count);
+    loom_kernel_fn kernel = loom_reduce_impl()->kernel[dt][kernel_op[op]];
+    if (kernel != NULL) /* NULL: a bitwise op on floats, refused by every caller */
+        kernel(out, a, b, count);
 }
 
 void loom_reduce_local(void *inout, const void *in, size_t count, loom_dtype_t dt, loom_op_t op)

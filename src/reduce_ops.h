@@ -150,6 +150,9 @@ static inline LOOM_HOSTDEV uint16_t loom_f32_to_bf16(float f)
     }                                                                                   \
     static inline LOOM_HOSTDEV T loom_op_min_##name(T a, T b) { return b < a ? b : a; } \
     static inline LOOM_HOSTDEV T loom_op_max_##name(T a, T b) { return a < b ? b : a; } \
+    static inline LOOM_HOSTDEV T loom_op_band_##name(T a, T b) { return (T)(a & b); }   \
+    static inline LOOM_HOSTDEV T loom_op_bor_##name(T a, T b) { return (T)(a | b); }    \
+    static inline LOOM_HOSTDEV T loom_op_bxor_##name(T a, T b) { return (T)(a ^ b); }   \
     /* nranks > 0, so the only overflowing signed division (MIN / -1) cannot occur. */  \
     static inline LOOM_HOSTDEV T loom_op_avg_##name(T sum, int nranks)                  \
     {                                                                                   \

@@ -23,7 +23,7 @@ static const struct {
 
 static const char *const ops[LOOM_NUM_OPS] = {
     [LOOM_SUM] = "sum", [LOOM_PROD] = "prod", [LOOM_MIN] = "min", [LOOM_MAX] = "max",
-    [LOOM_AVG] = "avg",
+    [LOOM_AVG] = "avg", [LOOM_BAND] = "band", [LOOM_BOR] = "bor", [LOOM_BXOR] = "bxor",
 };
 
 int loom_dtype_valid(loom_dtype_t dt)
@@ -34,6 +34,16 @@ int loom_dtype_valid(loom_dtype_t dt)
 int loom_op_valid(loom_op_t op)
 {
     return (unsigned)op < LOOM_NUM_OPS;
+}
+
+int loom_op_takes_dtype(loom_op_t op, loom_dtype_t dt)
+{
+    if (!loom_op_valid(op) || !loom_dtype_valid(dt))
+        return 0;
+    if (op == LOOM_BAND || op == LOOM_BOR || op == LOOM_BXOR)
+        return dt != LOOM_FLOAT16 && dt != LOOM_BFLOAT16 && dt != LOOM_FLOAT32 &&
+               dt != LOOM_FLOAT64;
+    return 1;
 }
 
 size_t loom_dtype_size(loom_dtype_t dt)

@@ -11,5 +11,7 @@ int loom_dtype_parse(const char *name);
 int loom_op_parse(const char *name);
 int loom_dtype_valid(loom_dtype_t dt);
 int loom_op_valid(loom_op_t op);
+/* The bitwise ops take integer dtypes only; every other op takes every dtype. */
+int loom_op_takes_dtype(loom_op_t op, loom_dtype_t dt);
 
 #endif

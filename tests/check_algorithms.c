@@ -33,14 +33,16 @@ static const loom_dtype_t dtypes[] = { LOOM_INT32, LOOM_FLOAT32, LOOM_FLOAT64, L
 #define NDTYPES (sizeof(dtypes) / sizeof(dtypes[0]))
 static const size_t counts[] = { 0, 1, 7, 1031 };
 #define NCOUNTS (sizeof(counts) / sizeof(counts[0]))
-static const loom_op_t all_ops[] = { LOOM_SUM, LOOM_PROD, LOOM_MIN, LOOM_MAX, LOOM_AVG };
+static const loom_op_t all_ops[] = { LOOM_SUM, LOOM_PROD, LOOM_MIN, LOOM_MAX, LOOM_AVG,
+                                     LOOM_BAND, LOOM_BOR, LOOM_BXOR };
 static const loom_op_t some_ops[] = { LOOM_SUM, LOOM_MAX, LOOM_AVG };
 
 static const char *const dtype_names[LOOM_NUM_DTYPES] = {
     "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32",
     "float64", "int16", "uint16"
 };
-static const char *const op_names[LOOM_NUM_OPS] = { "sum", "prod", "min", "max", "avg" };
+static const char *const op_names[LOOM_NUM_OPS] = { "sum", "prod", "min", "max", "avg",
+                                                    "band", "bor", "bxor" };
 
 /* ---- element access ---------------------------------------------------- */
 
@@ -58,6 +60,12 @@ static size_t esize_of(loom_dtype_t dt)
 static int is_float(loom_dtype_t dt)
 {
     return dt == LOOM_FLOAT32 || dt == LOOM_FLOAT64 || dt == LOOM_BFLOAT16;
+}
+
+/* Integer dtypes only: a float dtype is refused (tested in check_collectives). */
+static int is_bitwise(loom_op_t op)
+{
+    return op == LOOM_BAND || op == LOOM_BOR || op == LOOM_BXOR;
 }
 
 /* Our own bfloat16 conversions, round to nearest even, so the tests do not
@@ -126,6 +134,10 @@ static double ref_val(loom_op_t op, loom_dtype_t dt, int n, size_t j, unsigned s
         case LOOM_PROD: acc *= x; break;
         case LOOM_MIN: acc = x < acc ? x : acc; break;
         case LOOM_MAX: acc = x > acc ? x : acc; break;
+        /* Integer dtypes only; their values are small integers, so exact in a double. */
+        case LOOM_BAND: acc = (double)((int64_t)acc & (int64_t)x); break;
+        case LOOM_BOR: acc = (double)((int64_t)acc | (int64_t)x); break;
+        case LOOM_BXOR: acc = (double)((int64_t)acc ^ (int64_t)x); break;
         default: acc += x; break;
         }
     }
@@ -268,12 +280,12 @@ static void body_allreduce(loom_ctx_t *ctx, void *arg)
     for (size_t ci = 0; ci < ncounts_for(run); ci++)
     for (int inplace = 0; inplace < 2; inplace++)
     for (size_t di = 0; di < NDTYPES; di++)
-    for (size_t oi = 0; oi < LOOM_NUM_OPS; oi++) {
+    for (size_t oi = 0; oi < sizeof(all_ops) / sizeof(all_ops[0]); oi++) {
         const size_t count = count_at(ci);
         const loom_dtype_t dt = dtypes[di];
         const loom_op_t op = all_ops[oi];
         const size_t es = esize_of(dt);
-        if (skip_big(count, dt, op))
+        if (skip_big(count, dt, op) || (is_bitwise(op) && is_float(dt)))
             continue;
         salt++;
         where_t w = where(run, ctx, count, dt, op, inplace, -1);

@@ -78,6 +78,9 @@ static void put_reduced(loom_dtype_t dt, loom_op_t op, int n, size_t i, void *bu
         case LOOM_PROD: acc *= v; break;
         case LOOM_MIN: acc = v < acc ? v : acc; break;
         case LOOM_MAX: acc = v > acc ? v : acc; break;
+        case LOOM_BAND: acc = (double)((int64_t)acc & (int64_t)v); break;
+        case LOOM_BOR: acc = (double)((int64_t)acc | (int64_t)v); break;
+        case LOOM_BXOR: acc = (double)((int64_t)acc ^ (int64_t)v); break;
         }
     }
     if (op != LOOM_AVG) {
@@ -463,6 +466,12 @@ static int rank_main(loom_comm_t c, void *arg)
                         if (ndt > 1 && !(dtype_mask & (1u << d)))
                             continue;
                         for (int o = 0; o < nops && failures == 0; o++) {
+                            /* The bitwise ops take integers only; check_reduce tests their
+                             * kernels on every integer type, so one type each here. */
+                            if (nops > 1 && ((o == LOOM_BAND && d != LOOM_INT32) ||
+                                             (o == LOOM_BOR && d != LOOM_UINT8) ||
+                                             (o == LOOM_BXOR && d != LOOM_INT64)))
+                                continue;
                             /* The large count for a few pairs, all of them with LOOM_MP_FULL. */
                             if (ci == 5 && !full_matrix &&
                                 !((d == LOOM_FLOAT32 && o == LOOM_SUM) ||

@@ -439,6 +439,8 @@ static int bad_args_rank(loom_comm_t c, void *arg)
     EXPECT_INVALID(loom_allreduce(f, NULL, 4, LOOM_FLOAT32, LOOM_SUM, c));
     EXPECT_INVALID(loom_allreduce(f, g, 4, (loom_dtype_t)99, LOOM_SUM, c));
     EXPECT_INVALID(loom_allreduce(f, g, 4, LOOM_FLOAT32, (loom_op_t)-1, c));
+    EXPECT_INVALID(loom_allreduce(f, g, 4, LOOM_FLOAT32, LOOM_BXOR, c));
+    EXPECT_INVALID(loom_reduce_scatter(f, g, 1, LOOM_FLOAT32, LOOM_BAND, c));
     EXPECT_INVALID(loom_allreduce(f, g, SIZE_MAX / 2, LOOM_FLOAT32, LOOM_SUM, c));
     EXPECT_INVALID(loom_broadcast(f, 4, LOOM_FLOAT32, n, c));
     EXPECT_INVALID(loom_reduce(f, g, 4, LOOM_FLOAT32, LOOM_SUM, -1, c));

@@ -4,7 +4,8 @@
 # it; LOOM_TORCH_VENV points elsewhere): builds the package against this tree's
 # libloom with that interpreter, then runs tests/python/test_c10d*.py on 1, 2
 # and 3 ranks under torchrun (env:// and its TCPStore) and under loomrun (a
-# FileStore): every operation and dtype, uneven all_to_all, sub-groups, async
+# FileStore; a HashStore with ranks as threads): every operation and dtype
+# (BAND/BOR/BXOR on integers and bool), uneven all_to_all, sub-groups, async
 # work and futures; wrong usage (mismatched sizes, a dead rank) ending in an
 # error within the group's timeout, and an abort ends pending work; DDP (no_sync, find_unused_parameters, fp16
 # and PowerSGD hooks), FSDP2 and ZeroRedundancyOptimizer ending with the
@@ -87,6 +88,9 @@ with_torchrun 2 tests/python/test_c10d_errors.py abort
 with_torchrun 2 tests/python/test_c10d_equiv.py
 with_torchrun 3 tests/python/test_c10d_equiv.py
 with_loomrun 2 tests/python/test_c10d_equiv.py
+# HashStore and PrefixStore: three ranks as threads of one process.
+timeout 300 "$py" "$srcdir/tests/python/test_c10d_hashstore.py" > "$tmp/out" 2>&1
+report $? "tests/python/test_c10d_hashstore.py (3 ranks as threads over a HashStore)"
 
 # The examples: the loss must fall.
 example() {  # example NP SCRIPT ARGS

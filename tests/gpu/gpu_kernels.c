@@ -14,11 +14,13 @@
 #include "cuda_int.h"
 #include "gpu_common.h"
 #include "reduce.h"
+#include "types.h"
 
 static const char *const dtype_names[LOOM_NUM_DTYPES] = {
     "int8", "uint8", "int32", "uint32", "int64", "uint64",
-    "float16", "bfloat16", "float32", "float64"};
-static const char *const op_names[LOOM_NUM_OPS] = {"sum", "prod", "min", "max", "avg"};
+    "float16", "bfloat16", "float32", "float64", "int16", "uint16"};
+static const char *const op_names[LOOM_NUM_OPS] = {"sum", "prod", "min", "max", "avg",
+                                                   "band", "bor", "bxor"};
 
 static uint64_t rng = 88172645463325252ull;
 static uint64_t next_random(void)
@@ -125,7 +127,8 @@ int main(void)
     static const size_t lengths[] = {1, 7, 33, 1003, 65536 + 5, (size_t)3 << 20};
     for (int dt = 0; dt < LOOM_NUM_DTYPES; dt++)
         for (int op = 0; op < LOOM_NUM_OPS; op++)
-            for (size_t l = 0; l < sizeof lengths / sizeof lengths[0]; l++)
+            for (size_t l = 0; l < sizeof lengths / sizeof lengths[0] &&
+                               loom_op_takes_dtype((loom_op_t)op, (loom_dtype_t)dt); l++)
                 for (size_t offset = 0; offset < 2; offset++)
                     for (int in_place = 0; in_place < 2; in_place++)
                         one_case(s, dt, op, lengths[l], offset, in_place);

@@ -31,8 +31,16 @@ def value(r, n=7, dtype=torch.float32, salt=0):
     return x.to(dtype)
 
 
+BITWISE = (R.BAND, R.BOR, R.BXOR)
+
+
 def expected(op, dtype, n=7):
     xs = [value(r, n, dtype) for r in range(size)]
+    if op in BITWISE:
+        acc = xs[0].clone()
+        for x in xs[1:]:
+            acc = acc & x if op == R.BAND else acc | x if op == R.BOR else acc ^ x
+        return acc
     if dtype == torch.bool:
         s = torch.stack(xs)
         return {R.SUM: s.any(0), R.MAX: s.any(0), R.PRODUCT: s.all(0), R.MIN: s.all(0)}[op]
@@ -63,6 +71,8 @@ def test_allreduce():
         ops = [R.SUM, R.PRODUCT, R.MIN, R.MAX]
         if dtype != torch.bool:
             ops.append(R.AVG)
+        if dtype not in FLOATS:
+            ops += BITWISE
         for op in ops:
             t = value(rank, dtype=dtype)
             dist.all_reduce(t, op=op)
@@ -75,6 +85,16 @@ def test_allreduce():
             T.check(w.is_completed(), "allreduce %s %s: work completed" % (dtype, op))
             T.check(same(fut.value()[0], expected(op, dtype), dtype),
                     "allreduce %s %s: future value" % (dtype, op))
+    # As Gloo: the bitwise ops refuse floats, with a message, and the group goes on.
+    for op in BITWISE:
+        try:
+            dist.all_reduce(value(rank), op=op)
+            T.check(False, "allreduce float32 %s: no error" % op)
+        except RuntimeError as e:
+            T.check("integer and bool" in str(e), "allreduce float32 %s: %s" % (op, e))
+    t = value(rank)
+    dist.all_reduce(t)
+    T.check(torch.equal(t, expected(R.SUM, torch.float32)), "allreduce after a refused BAND")
     for dtype in FLOATS:
         t = value(rank, dtype=dtype)
         dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
@@ -169,6 +189,10 @@ def test_reduce_scatter():
         dist.reduce_scatter_tensor(out, value(rank, 2 * size), op=op)
         T.check(torch.allclose(out, expected(op, torch.float32, 2 * size)[2 * rank:2 * rank + 2]),
                 "reduce_scatter_tensor %s" % op)
+    out = torch.empty(2, dtype=torch.int32)
+    dist.reduce_scatter_tensor(out, value(rank, 2 * size, torch.int32), op=R.BXOR)
+    T.check(torch.equal(out, expected(R.BXOR, torch.int32, 2 * size)[2 * rank:2 * rank + 2]),
+            "reduce_scatter_tensor BXOR int32")
 
 
 def test_alltoall():
@@ -206,6 +230,10 @@ def test_reduce_gather_scatter():
                 T.check(torch.equal(t, expected(op, torch.float64)), "reduce root %d" % root)
             else:
                 T.check(torch.equal(t, before), "reduce: non-root %d keeps its tensor" % rank)
+        t = value(rank, dtype=torch.int64)
+        dist.reduce(t, dst=root, op=R.BOR)
+        if rank == root:
+            T.check(torch.equal(t, expected(R.BOR, torch.int64)), "reduce BOR int64 root %d" % root)
         out = [torch.empty(7, dtype=torch.int32) for _ in range(size)] if rank == root else None
         dist.gather(value(rank, dtype=torch.int32), out, dst=root)
         if rank == root:

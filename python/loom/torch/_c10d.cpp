@@ -212,8 +212,19 @@ loom_op_t to_loom_op(const ReduceOp &op, const at::Tensor &t)
     case ReduceOp::PRODUCT: return is_bool ? LOOM_MIN : LOOM_PROD;
     case ReduceOp::MIN: return LOOM_MIN;
     case ReduceOp::MAX: return LOOM_MAX;
+    case ReduceOp::BAND:
+    case ReduceOp::BOR:
+    case ReduceOp::BXOR:
+        // As Gloo: integer and bool tensors only (bool travels as uint8 0/1).
+        if (at::isFloatingType(t.scalar_type())) {
+            throw_backend_error(std::string("loom: ReduceOp.") +
+                                (op.op_ == ReduceOp::BAND ? "BAND" : op.op_ == ReduceOp::BOR ? "BOR" : "BXOR") +
+                                " applies to integer and bool tensors, not " +
+                                c10::toString(t.scalar_type()));
+        }
+        return op.op_ == ReduceOp::BAND ? LOOM_BAND : op.op_ == ReduceOp::BOR ? LOOM_BOR : LOOM_BXOR;
     default:
-        throw_backend_error("loom: ReduceOp BAND, BOR and BXOR are not supported");
+        throw_backend_error("loom: this ReduceOp is not supported");
     }
 }
 
