@@ -170,8 +170,11 @@ const char *loom_desc_str(uint32_t desc, char *buf, size_t len)
 {
     unsigned coll = (desc >> 16) & 0xff, dtype = (desc >> 8) & 0xff, op = desc & 0xff;
     const char *cname = coll == 0xff ? "send/recv" : loom_coll_name((loom_coll_t)coll);
-    snprintf(buf, len, "%s %s %s", cname, loom_dtype_name((loom_dtype_t)dtype),
-             loom_op_name((loom_op_t)op));
+    /* The op byte of a call that does not reduce is 0, which would read "sum". */
+    int reduces = coll == LOOM_COLL_ALLREDUCE || coll == LOOM_COLL_REDUCE ||
+                  coll == LOOM_COLL_REDUCE_SCATTER;
+    snprintf(buf, len, "%s %s%s%s", cname, loom_dtype_name((loom_dtype_t)dtype),
+             reduces ? " " : "", reduces ? loom_op_name((loom_op_t)op) : "");
     return buf;
 }
 

@@ -233,6 +233,15 @@ START_TEST(test_frame_check)
     ck_assert_int_eq(loom_frame_check(&f, &posted, 0, &err), LOOM_ERR_MISMATCH);
     ck_assert_ptr_nonnull(strstr(err.msg, "allreduce float32 sum"));
     ck_assert_ptr_nonnull(strstr(err.msg, "allreduce int32 sum"));
+
+    /* Calls that do not reduce name no op (their op byte is 0, "sum"). */
+    char buf[64];
+    ck_assert_str_eq(loom_desc_str(loom_desc_make(0xff, LOOM_INT32, 0), buf, sizeof(buf)),
+                     "send/recv int32");
+    ck_assert_str_eq(loom_desc_str(loom_desc_make(LOOM_COLL_BROADCAST, LOOM_UINT8, 0), buf,
+                                   sizeof(buf)), "broadcast uint8");
+    ck_assert_str_eq(loom_desc_str(loom_desc_make(LOOM_COLL_REDUCE_SCATTER, LOOM_INT64, LOOM_BXOR),
+                                   buf, sizeof(buf)), "reduce_scatter int64 bxor");
 }
 END_TEST
 
