@@ -43,27 +43,6 @@ const loom_algo_t loom_algorithms[] = {
 
 const size_t loom_num_algorithms = sizeof(loom_algorithms) / sizeof(loom_algorithms[0]);
 
-static const char *const coll_names[LOOM_COLL_COUNT] = {
-    [LOOM_COLL_ALLREDUCE] = "allreduce",
-    [LOOM_COLL_BROADCAST] = "broadcast",
-    [LOOM_COLL_REDUCE] = "reduce",
-    [LOOM_COLL_ALLGATHER] = "allgather",
-    [LOOM_COLL_ALLGATHERV] = "allgatherv",
-    [LOOM_COLL_REDUCE_SCATTER] = "reduce_scatter",
-    [LOOM_COLL_ALLTOALL] = "alltoall",
-    [LOOM_COLL_ALLTOALLV] = "alltoallv",
-    [LOOM_COLL_GATHER] = "gather",
-    [LOOM_COLL_SCATTER] = "scatter",
-    [LOOM_COLL_BARRIER] = "barrier",
-};
-
-const char *loom_coll_name(loom_coll_t coll)
-{
-    if ((unsigned)coll >= LOOM_COLL_COUNT)
-        return "unknown";
-    return coll_names[coll];
-}
-
 /*
  * Crossovers. A row applies from min_ranks ranks up and below below_bytes,
  * where bytes is the vector for allreduce (count * esize) and the gathered

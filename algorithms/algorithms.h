@@ -10,36 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "loom.h"
+#include "coll_kind.h"
 #include "error.h"
 #include "transport.h"
-
-typedef enum {
-    LOOM_COLL_ALLREDUCE, LOOM_COLL_BROADCAST, LOOM_COLL_REDUCE, LOOM_COLL_ALLGATHER,
-    LOOM_COLL_ALLGATHERV, LOOM_COLL_REDUCE_SCATTER, LOOM_COLL_ALLTOALL, LOOM_COLL_ALLTOALLV,
-    LOOM_COLL_GATHER, LOOM_COLL_SCATTER, LOOM_COLL_BARRIER, LOOM_COLL_COUNT
-} loom_coll_t;
-
-/* Arguments of one collective, already checked and normalised by the core:
- *  - sendbuf is never LOOM_IN_PLACE: in-place calls arrive with sendbuf == recvbuf
- *    (reduce_scatter in place: sendbuf == recvbuf holding size*count elements;
- *    allgather in place: sendbuf == recvbuf + rank*count*esize);
- *  - count is the count the user passed (elements; per-rank block for allgather,
- *    reduce_scatter, alltoall, gather, scatter);
- *  - esize is the element size in bytes;
- *  - counts/displs are recvcounts/displs (allgatherv) or recvcounts/rdispls
- *    (alltoallv); scounts/sdispls the send side of alltoallv. */
-typedef struct loom_coll_args {
-    loom_coll_t coll;
-    const void *sendbuf;
-    void *recvbuf;
-    size_t count;
-    size_t esize;
-    loom_dtype_t dtype;
-    loom_op_t op;
-    int root;
-    const size_t *counts, *displs;
-    const size_t *scounts, *sdispls;
-} loom_coll_args_t;
 
 struct loom_timeline;
 
@@ -153,7 +126,6 @@ typedef struct loom_algo {
 extern const loom_algo_t loom_algorithms[];
 extern const size_t loom_num_algorithms;
 
-const char *loom_coll_name(loom_coll_t coll);
 /* The algorithm to run a: forced is the name LOOM_ALGO gives for this collective
  * (NULL or "auto": choose by size and rank count). NULL when the forced name is
  * unknown for this collective or cannot run these arguments (the caller reports it). */

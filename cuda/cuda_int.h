@@ -1,4 +1,5 @@
-/* cuda_int.h - the GPU side of Loom as the core (src/coll.c) and the tests see it.
+/* cuda_int.h - the GPU side of Loom as the tests see it; the core sees only its
+ * accelerator table, loom_accel_cuda (src/accel.h).
  *
  * Three layers, so that as much as possible runs without a GPU:
  *  - kernels.cu: the reduction kernels (nvcc), element code shared with the CPU
@@ -8,13 +9,16 @@
  *    host buffers" callback; the unit tests drive it with host memory standing
  *    in for device memory;
  *  - device.c / stream.c: the CUDA backend of that table, the per-communicator
- *    state (staging buffers, stream, stream-ordered worker) and loom_cuda.h.
+ *    state (staging buffers, stream, stream-ordered worker), the accelerator
+ *    table the core calls (device.c) and loom_cuda.h (stream.c, a layer above
+ *    the core: its stream worker calls the public collectives).
  */
 #ifndef LOOM_CUDA_INT_H
 #define LOOM_CUDA_INT_H
 
 #include <stddef.h>
-#include "algorithms.h"
+#include "accel.h"
+#include "coll_kind.h"
 #include "error.h"
 #include "loom.h"
 
@@ -67,37 +71,18 @@ typedef struct loom_staging {
 
 loom_status_t loom_staging_run(const loom_staging_t *s, const loom_coll_args_t *a);
 
-/* ---- device.c: what src/coll.c calls --------------------------------------- */
+/* ---- device.c: the accelerator table (src/accel.h) -------------------------- */
 
-/* Where the buffers of a collective live: 0 host, 1 device (then *device is its
- * CUDA device), or LOOM_ERR_INVALID_ARG (message in err) when host and device
- * buffers are mixed or the device buffers sit on different GPUs. Pinned and
- * managed memory count as host: the CPU can read them directly. */
+/* Buffer classification (the table's coll_memory and ptr_memory), with the
+ * CUDA driver's pointer attributes: pinned and managed memory count as host,
+ * the CPU can read them directly. */
 loom_status_t loom_cuda_args_on_device(const loom_coll_args_t *a, int nranks, int rank,
                                        int *on_device, int *device, loom_err_t *err);
-/* The same for one buffer of bytes (p2p). */
 int loom_cuda_ptr_on_device(const void *p, int *device);
 
-/* Run a collective whose buffers are on device (from loom_cuda_args_on_device)
- * through the communicator's staging buffers; run_host runs collectives on host
- * buffers (the core's executor). Called where the core would run the host
- * algorithm, so one at a time per communicator. */
-loom_status_t loom_cuda_execute(loom_comm_t c, int device, const loom_coll_args_t *a,
-                                loom_status_t (*run_host)(void *arg, const loom_coll_args_t *a),
-                                void *host_arg, loom_err_t *err);
-
-/* Blocking p2p on a device buffer: copy through a host buffer and call host(hbuf). */
-loom_status_t loom_cuda_p2p(loom_comm_t c, int device, int is_send, void *dbuf, size_t bytes,
-                            loom_status_t (*host)(void *hbuf, void *arg), void *arg,
-                            loom_err_t *err);
-
-/* loom_comm_destroy: first stop the stream-ordered worker (its jobs queue work on
- * the communicator), then, once nothing runs any more, free the GPU resources. */
-void loom_cuda_comm_quiesce(loom_comm_t c);
-void loom_cuda_comm_release(loom_comm_t c);
-
-/* loom-info: the GPUs this process sees, or why none ("2 GPUs: 0 NVIDIA H200, ..."). */
-void loom_cuda_describe(char *out, size_t len);
+/* Staging through the communicator's pinned buffers, device reductions,
+ * stream-ordered calls stopped at destroy and their state freed. */
+extern const loom_accel_ops_t loom_accel_cuda;
 
 /* ---- test hooks ------------------------------------------------------------
  * Replace pointer classification (so host tests can call host memory "device"

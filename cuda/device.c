@@ -1,5 +1,8 @@
 /* device.c - the CUDA backend: which buffers live on a GPU, the per-communicator
- * staging state, and the device operations staging.c is written against.
+ * staging state, the device operations staging.c is written against, and the
+ * accelerator table the core calls (loom_accel_cuda, src/accel.h). It sees a
+ * communicator only through the public calls (loom_comm_rank, loom_comm_size)
+ * and as the key of its state.
  *
  * Classifying a pointer goes through the driver API (libcuda.so.1, when the
  * process has already loaded it): cuPointerGetAttributes needs no context, so a
@@ -23,7 +26,6 @@
 
 #include <cuda.h>
 
-#include "comm.h"
 #include "cuda_state.h"
 
 __thread int loom_cuda_on_stream_worker;
@@ -247,7 +249,7 @@ static loom_status_t state_create(loom_comm_t c, int device, loom_cuda_state_t *
     pthread_cond_init(&st->cond, NULL);
     st->comm = c;
     st->device = device;
-    st->chunk_bytes = chunk_bytes_for(c->size);
+    st->chunk_bytes = chunk_bytes_for(loom_comm_size(c));
     int prev = -1;
     cudaError_t e = cudaGetDevice(&prev);
     const char *what = "cudaGetDevice";
@@ -311,14 +313,14 @@ loom_status_t loom_cuda_state_get(loom_comm_t c, int device, loom_cuda_state_t *
     return LOOM_SUCCESS;
 }
 
-void loom_cuda_comm_quiesce(loom_comm_t c)
+static void cuda_comm_quiesce(loom_comm_t c)
 {
     loom_cuda_state_t *st = loom_cuda_state_find(c);
     if (st)
         loom_cuda_stream_stop(st);
 }
 
-void loom_cuda_comm_release(loom_comm_t c)
+static void cuda_comm_release(loom_comm_t c)
 {
     pthread_mutex_lock(&registry_lock);
     loom_cuda_state_t **pp = &registry;
@@ -382,15 +384,16 @@ static const loom_dev_ops_t cuda_ops = {
 
 /* The test double's staging buffers: plain memory, per call. */
 static loom_status_t execute_test(loom_comm_t c, const loom_coll_args_t *a,
-                                  loom_status_t (*run_host)(void *, const loom_coll_args_t *),
-                                  void *host_arg, loom_err_t *err)
+                                  loom_accel_host_coll_fn run_host, void *host_arg,
+                                  loom_err_t *err)
 {
-    size_t chunk = chunk_bytes_for(c->size);
+    size_t chunk = chunk_bytes_for(loom_comm_size(c));
     char *mem = malloc(2 * chunk), *scratch = test_scratch_alloc(chunk);
     loom_status_t status = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
     if (mem && scratch) {
-        loom_staging_t s = {.rank = c->rank, .size = c->size, .err = err, .run_host = run_host,
-                            .host_arg = host_arg, .dev = test_ops, .dev_arg = test_ops_arg,
+        loom_staging_t s = {.rank = loom_comm_rank(c), .size = loom_comm_size(c), .err = err,
+                            .run_host = run_host, .host_arg = host_arg,
+                            .dev = test_ops, .dev_arg = test_ops_arg,
                             .host_send = mem, .host_recv = mem + chunk, .dev_scratch = scratch,
                             .chunk_bytes = chunk};
         status = loom_staging_run(&s, a);
@@ -401,9 +404,9 @@ static loom_status_t execute_test(loom_comm_t c, const loom_coll_args_t *a,
     return status;
 }
 
-loom_status_t loom_cuda_execute(loom_comm_t c, int device, const loom_coll_args_t *a,
-                                loom_status_t (*run_host)(void *arg, const loom_coll_args_t *a),
-                                void *host_arg, loom_err_t *err)
+static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_args_t *a,
+                                   int on_comm_worker, loom_accel_host_coll_fn run_host,
+                                   void *host_arg, loom_err_t *err)
 {
     if (test_ops)
         return execute_test(c, a, run_host, host_arg, err);
@@ -424,7 +427,6 @@ loom_status_t loom_cuda_execute(loom_comm_t c, int device, const loom_coll_args_
      * finish; and a non-blocking call runs later, on the communicator's worker,
      * where it could meet the same hold (loom_cuda.h asks for a synchronized
      * stream before a non-blocking call). */
-    int on_comm_worker = c->worker_started && pthread_equal(pthread_self(), c->worker);
     if (!loom_cuda_on_stream_worker && !on_comm_worker) {
         e = cudaEventRecord(st->legacy_ready, cudaStreamLegacy);
         if (e == cudaSuccess)
@@ -433,8 +435,9 @@ loom_status_t loom_cuda_execute(loom_comm_t c, int device, const loom_coll_args_
             status = loom_cuda_fail(err, e, "ordering after the default stream");
     }
     if (status == LOOM_SUCCESS) {
-        loom_staging_t s = {.rank = c->rank, .size = c->size, .err = err, .run_host = run_host,
-                            .host_arg = host_arg, .dev = &cuda_ops, .dev_arg = st,
+        loom_staging_t s = {.rank = loom_comm_rank(c), .size = loom_comm_size(c), .err = err,
+                            .run_host = run_host, .host_arg = host_arg,
+                            .dev = &cuda_ops, .dev_arg = st,
                             .host_send = st->host_send, .host_recv = st->host_recv,
                             .dev_scratch = st->dev_scratch, .chunk_bytes = st->chunk_bytes};
         status = loom_staging_run(&s, a);
@@ -446,15 +449,20 @@ loom_status_t loom_cuda_execute(loom_comm_t c, int device, const loom_coll_args_
     return status;
 }
 
-void loom_cuda_describe(char *out, size_t len)
+/* "CUDA (...); 2 GPUs: 0 NVIDIA H200 (sm_90), ...", or why there is none. */
+static void cuda_describe(char *out, size_t len)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
+    size_t off = (size_t)snprintf(out, len, "CUDA (GPU buffers, loom_cuda.h); ");
+    if (off >= len)
+        return;
     if (e != cudaSuccess || n == 0) {
-        snprintf(out, len, "no usable GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        snprintf(out + off, len - off, "no usable GPU (%s)",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "none found");
         return;
     }
-    size_t off = (size_t)snprintf(out, len, "%d GPU%s:", n, n > 1 ? "s" : "");
+    off += (size_t)snprintf(out + off, len - off, "%d GPU%s:", n, n > 1 ? "s" : "");
     for (int i = 0; i < n && off < len; i++) {
         struct cudaDeviceProp p;
         if (cudaGetDeviceProperties(&p, i) == cudaSuccess)
@@ -484,9 +492,9 @@ static loom_status_t p2p_copy(loom_cuda_state_t *st, void *dst, const void *src,
     return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "send/recv staging copy");
 }
 
-loom_status_t loom_cuda_p2p(loom_comm_t c, int device, int is_send, void *dbuf, size_t bytes,
-                            loom_status_t (*host)(void *hbuf, void *arg), void *arg,
-                            loom_err_t *err)
+static loom_status_t cuda_run_p2p(loom_comm_t c, int device, int is_send, void *dbuf,
+                                  size_t bytes, loom_accel_host_p2p_fn host, void *arg,
+                                  loom_err_t *err)
 {
     char *hbuf = malloc(bytes ? bytes : 1);
     if (!hbuf)
@@ -514,3 +522,22 @@ loom_status_t loom_cuda_p2p(loom_comm_t c, int device, int is_send, void *dbuf, 
     free(hbuf);
     return status;
 }
+
+/* ---- the accelerator table ----------------------------------------------- */
+
+static int cuda_ptr_memory(const void *p, int *device)
+{
+    return loom_cuda_ptr_on_device(p, device);
+}
+
+const loom_accel_ops_t loom_accel_cuda = {
+    .size = sizeof(loom_accel_ops_t),
+    .name = "cuda",
+    .coll_memory = loom_cuda_args_on_device,
+    .ptr_memory = cuda_ptr_memory,
+    .run_coll = cuda_run_coll,
+    .run_p2p = cuda_run_p2p,
+    .comm_quiesce = cuda_comm_quiesce,
+    .comm_release = cuda_comm_release,
+    .describe = cuda_describe,
+};

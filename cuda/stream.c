@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm.h"
 #include "cuda_state.h"
 #include "loom_cuda.h"
 #include "types.h"
@@ -79,7 +78,7 @@ static loom_status_t run_job(loom_cuda_job_t *job)
 {
     loom_comm_t c = job->comm;
     const size_t *a = job->arrays;
-    size_t n = c ? (size_t)c->size : 0;
+    size_t n = c ? (size_t)loom_comm_size(c) : 0;
     switch (job->kind) {
     case JOB_ALLREDUCE:
         return loom_allreduce(job->sendbuf, job->recvbuf, job->count, job->dt, job->op, c);
@@ -279,10 +278,10 @@ static loom_status_t job_new(loom_comm_t c, const char *fn, job_kind_t kind, loo
     if (needs_op && !loom_op_takes_dtype(op, dt))
         return loom_comm_fail(c, LOOM_ERR_INVALID_ARG, "%s: %s applies to integer dtypes, not %s",
                               fn, loom_op_name(op), loom_dtype_name(dt));
-    if (who && (rank < 0 || rank >= c->size))
+    if (who && (rank < 0 || rank >= loom_comm_size(c)))
         return loom_comm_fail(c, LOOM_ERR_INVALID_ARG,
                               "%s: %s %d is not a rank of this communicator (size %d)", fn, who,
-                              rank, c->size);
+                              rank, loom_comm_size(c));
     loom_cuda_job_t *job = calloc(1, sizeof(*job));
     if (!job)
         return loom_comm_fail(c, LOOM_ERR_NO_MEMORY, "%s: out of memory", fn);
@@ -303,7 +302,7 @@ static loom_status_t job_new(loom_comm_t c, const char *fn, job_kind_t kind, loo
  * time the stream reaches the call). */
 static int copy_arrays(loom_cuda_job_t *job, const size_t *const *src, int n, const char *fn)
 {
-    size_t size = (size_t)job->comm->size;
+    size_t size = (size_t)loom_comm_size(job->comm);
     for (int i = 0; i < n; i++)
         if (!src[i]) {
             loom_comm_fail(job->comm, LOOM_ERR_INVALID_ARG, "%s: NULL count or displacement array", fn);

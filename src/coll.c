@@ -14,15 +14,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "accel.h"
 #include "comm.h"
 #include "log.h"
 #include "timeline.h"
 #include "reduce.h"
 #include "types.h"
 #include "wire.h"
-#ifdef LOOM_HAVE_CUDA
-#include "cuda_int.h"
-#endif
 
 #define LOOM_DESC_P2P 0xff
 
@@ -105,12 +103,11 @@ static loom_status_t run_collective(loom_comm_t c, const loom_coll_args_t *a)
     return st;
 }
 
-#ifdef LOOM_HAVE_CUDA
+/* The executor the accelerator runs its staged passes through. */
 static loom_status_t run_collective_host(void *c, const loom_coll_args_t *a)
 {
     return run_collective(c, a);
 }
-#endif
 
 /* A receive from any rank takes the first rank, going round from the one
  * after the last chosen (so that no sender starves the others), that has a
@@ -166,20 +163,20 @@ loom_status_t loom_comm_execute(loom_comm_t c, struct loom_request *op, int wait
                             "the communicator failed earlier (%s) and can no longer be used: %s",
                             loom_strerror(c->broken), c->broken_msg);
     if (op->kind == LOOM_OP_COLL) {
-#ifdef LOOM_HAVE_CUDA
-        /* GPU buffers (checked at submission): staged through cuda/, which runs its
-         * host collectives through run_collective. */
+        /* Device buffers (checked at submission): staged by the accelerator,
+         * which runs its host collectives through run_collective. */
         int on_device = 0, device = -1;
-        loom_err_t ignored = {0};
-        if (loom_cuda_args_on_device(&op->args, c->size, c->rank, &on_device, &device,
-                                     &ignored) == LOOM_SUCCESS && on_device) {
-            loom_status_t st = loom_cuda_execute(c, device, &op->args, run_collective_host, c,
-                                                 &c->work_err);
+        loom_err_t ignored;
+        loom_err_clear(&ignored);
+        if (loom_accel->coll_memory(&op->args, c->size, c->rank, &on_device, &device,
+                                    &ignored) == LOOM_SUCCESS && on_device) {
+            int on_worker = c->worker_started && pthread_equal(pthread_self(), c->worker);
+            loom_status_t st = loom_accel->run_coll(c, device, &op->args, on_worker,
+                                                    run_collective_host, c, &c->work_err);
             if (st != LOOM_SUCCESS)
                 mark_broken(c, st);
             return st;
         }
-#endif
         return run_collective(c, &op->args);
     }
     loom_status_t st;
@@ -303,9 +300,6 @@ static loom_status_t enqueue(loom_comm_t c, struct loom_request *op)
 
 void loom_comm_stop_worker(loom_comm_t c)
 {
-#ifdef LOOM_HAVE_CUDA
-    loom_cuda_comm_quiesce(c); /* its stream-ordered calls queue work here */
-#endif
     pthread_mutex_lock(&c->qlock);
     int started = c->worker_started;
     c->stopping = 1;
@@ -313,9 +307,6 @@ void loom_comm_stop_worker(loom_comm_t c)
     pthread_mutex_unlock(&c->qlock);
     if (started)
         pthread_join(c->worker, NULL);
-#ifdef LOOM_HAVE_CUDA
-    loom_cuda_comm_release(c);
-#endif
 }
 
 /* Run op for a blocking caller (op lives on the caller's stack), or queue it
@@ -412,12 +403,11 @@ static loom_status_t check_common(loom_comm_t c, const char *fn, loom_dtype_t dt
 
 static loom_status_t run_or_queue(loom_comm_t c, const loom_coll_args_t *a, loom_request_t *req)
 {
-#ifdef LOOM_HAVE_CUDA
     int on_device, device;
-    loom_err_t err = {0};
-    if (loom_cuda_args_on_device(a, c->size, c->rank, &on_device, &device, &err) != LOOM_SUCCESS)
+    loom_err_t err;
+    loom_err_clear(&err);
+    if (loom_accel->coll_memory(a, c->size, c->rank, &on_device, &device, &err) != LOOM_SUCCESS)
         return loom_comm_fail(c, LOOM_ERR_INVALID_ARG, "%s", err.msg);
-#endif
     if (req) {
         struct loom_request *op = calloc(1, sizeof(*op));
         if (!op)
@@ -680,8 +670,7 @@ static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_d
                             int peer, int tag, int *source_out, loom_comm_t c,
                             loom_request_t *req);
 
-#ifdef LOOM_HAVE_CUDA
-/* A blocking send/recv of a GPU buffer, run again on the host copy. */
+/* A blocking send/recv of a device buffer, run again on the host copy. */
 struct p2p_host {
     loom_op_kind_t kind;
     size_t count;
@@ -695,7 +684,6 @@ static loom_status_t p2p_host_run(void *hbuf, void *arg)
     struct p2p_host *h = arg;
     return do_p2p(h->kind, hbuf, h->count, h->dt, h->peer, h->tag, NULL, h->c, NULL);
 }
-#endif
 
 static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_dtype_t dt,
                             int peer, int tag, int *source_out, loom_comm_t c,
@@ -716,9 +704,8 @@ static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_d
     CHECK(tag >= 0, "%s: tag %d is negative", fn, tag);
     CHECK(bytes_fit(count, 1, es), "%s: count %zu is too large", fn, count);
     CHECK(count == 0 || buf, "%s: NULL buffer", fn);
-#ifdef LOOM_HAVE_CUDA
     int device;
-    if (count > 0 && loom_cuda_ptr_on_device(buf, &device)) {
+    if (count > 0 && loom_accel->ptr_memory(buf, &device)) {
         if (any)
             return loom_comm_fail(c, LOOM_ERR_UNSUPPORTED, "recv_any: GPU buffers need a "
                                   "known source (loom_recv)");
@@ -728,11 +715,10 @@ static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_d
                                   fn, fn, fn);
         struct p2p_host h = {kind, count, dt, peer, tag, c};
         loom_err_t err = {0};
-        st = loom_cuda_p2p(c, device, kind == LOOM_OP_SEND, buf, count * es, p2p_host_run, &h,
-                           &err);
+        st = loom_accel->run_p2p(c, device, kind == LOOM_OP_SEND, buf, count * es, p2p_host_run,
+                                 &h, &err);
         return st != LOOM_SUCCESS && err.msg[0] ? loom_comm_fail(c, st, "%s: %s", fn, err.msg) : st;
     }
-#endif
     struct loom_request stack_op, *op = &stack_op;
     if (req && !(op = calloc(1, sizeof(*op))))
         return loom_comm_fail(c, LOOM_ERR_NO_MEMORY, "out of memory");

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "accel.h"
 #include "comm.h"
 #include "log.h"
 #include "timeline.h"
@@ -547,26 +548,10 @@ loom_status_t loom_comm_form(const loom_settings_t *cfg, int rank, int size,
     return LOOM_SUCCESS;
 }
 
-LOOM_API loom_status_t loom_init(loom_comm_t *comm)
+loom_status_t loom_comm_create_world(const loom_settings_t *cfg, int rank, int size,
+                                     const char *store_uri, loom_comm_t *out)
 {
-    if (!comm)
-        return loom_global_fail(LOOM_ERR_INVALID_ARG, "loom_init: NULL output pointer");
-    loom_err_t err = {0};
-    loom_settings_t cfg;
-    loom_bootstrap_t b;
-    loom_status_t st;
-    if ((st = loom_settings_load(&cfg, loom_getenv_process, NULL, &err)) != LOOM_SUCCESS ||
-        (st = loom_bootstrap_from_env(loom_getenv_process, NULL, &b, &err)) != LOOM_SUCCESS)
-        return loom_global_fail(st, "loom_init: %s", err.msg);
-    LOOM_INFO("init", "rank %d of %d from %s variables, store %s", b.rank, b.size, b.source,
-              b.store[0] ? b.store : "(none)");
-    const char *elastic = getenv("LOOM_ELASTIC");
-    if (elastic && strcmp(elastic, "1") == 0) {
-        if ((st = loom_elastic_init(&cfg, &b, comm, &err)) != LOOM_SUCCESS)
-            return loom_global_fail(st, "loom_init: %s", err.msg);
-        return LOOM_SUCCESS;
-    }
-    return create_from(&cfg, b.rank, b.size, b.store, NULL, comm);
+    return create_from(cfg, rank, size, store_uri, NULL, out);
 }
 
 LOOM_API loom_status_t loom_comm_create(const loom_config_t *ucfg, loom_comm_t *comm)
@@ -702,7 +687,8 @@ LOOM_API loom_status_t loom_comm_split(loom_comm_t c, int color, int key, loom_c
     }
     st = comm_finish(child);
     child->ctx.timeline_tid = (int)(c->ctx.timeline_tid * 16 + (int)split_id + 1);
-    if (st == LOOM_SUCCESS && (st = loom_elastic_inherit(c, child, &child->work_err)) != LOOM_SUCCESS) {
+    if (st == LOOM_SUCCESS && c->layer &&
+        (st = c->layer->inherit(c, child, &child->work_err)) != LOOM_SUCCESS) {
         loom_comm_fail(c, st, "loom_comm_split: %s", child->work_err.msg);
         loom_comm_destroy(child);
         goto out;
@@ -783,9 +769,17 @@ LOOM_API loom_status_t loom_comm_destroy(loom_comm_t c)
 {
     if (!c)
         return LOOM_SUCCESS;
-    loom_elastic_detach(c);   /* its watcher may still abort the transport */
-    /* Queued operations finish first (or fail within LOOM_TIMEOUT). */
+    /* The whole teardown, in order: each step may still use what the later
+     * ones free. A layer's threads (the elastic watcher) may abort the
+     * transport; the accelerator's stream-ordered calls queue work on c;
+     * queued operations finish (or fail within LOOM_TIMEOUT) before the
+     * accelerator frees its staging memory, the transport closes and the
+     * store is let go. */
+    if (c->layer)
+        c->layer->detach(c);
+    loom_accel->comm_quiesce(c);
     loom_comm_stop_worker(c);
+    loom_accel->comm_release(c);
     LOOM_INFO("coll", "rank %d: spin budget %d us at the end (LOOM_SPIN_US %d, %d CPUs, %d "
               "local ranks, %d runnable; waits took %.1f us spinning, %.1f us sleeping)",
               c->rank, loom_spin_decide(&c->spin.view), c->spin.view.setting_us,

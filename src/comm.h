@@ -22,6 +22,16 @@ typedef struct loom_store_ref {
 
 typedef enum { LOOM_OP_COLL, LOOM_OP_SEND, LOOM_OP_RECV } loom_op_kind_t;
 
+/* A layer built on communicators that keeps state on some of them (elastic.c:
+ * the epoch and its watcher). Set by that layer, called by comm.c, so the
+ * core does not depend on what is built on it: a split child inherits the
+ * state, and destroy detaches it before anything else (its threads may still
+ * use the transport). */
+typedef struct loom_comm_layer {
+    loom_status_t (*inherit)(loom_comm_t parent, loom_comm_t child, loom_err_t *err);
+    void (*detach)(loom_comm_t c);
+} loom_comm_layer_t;
+
 /* One queued operation: a non-blocking call, or a blocking one that had to
  * queue behind non-blocking ones to keep the order every rank agreed on. */
 struct loom_request {
@@ -71,15 +81,10 @@ struct loom_comm {
     pthread_t worker;
     _Atomic int aborted;
     int any_next;                 /* the rank a receive from any rank probes first */
+    const loom_comm_layer_t *layer;   /* NULL, or the layer holding state on it */
     struct loom_elastic *elastic; /* epoch and watcher of an elastic communicator (elastic.c) */
 };
 
-/* Record a failure of a public call as the communicator's last error. */
-loom_status_t loom_comm_fail(loom_comm_t c, loom_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* The calling thread's last error when there is no communicator to hold it. */
-loom_status_t loom_global_fail(loom_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
 /* Copy c->work_err into the last error (after an operation failed). */
 void loom_comm_publish_error(loom_comm_t c, loom_status_t st);
 
@@ -90,18 +95,19 @@ loom_status_t loom_comm_execute(loom_comm_t c, struct loom_request *op, int wait
 /* Stop the worker after it finished everything queued (destroy). */
 void loom_comm_stop_worker(loom_comm_t c);
 
+/* A world communicator: rank of size, rendezvous through the store at
+ * store_uri (init.c, loom_comm_create). */
+loom_status_t loom_comm_create_world(const loom_settings_t *cfg, int rank, int size,
+                                     const char *store_uri, loom_comm_t *out);
+
 /* Form a communicator on an open store under prefix (elastic.c forms each
  * epoch this way); takes its own reference on store. */
 loom_status_t loom_comm_form(const loom_settings_t *cfg, int rank, int size,
                              loom_store_ref_t *store, const char *prefix, loom_comm_t *out,
                              loom_err_t *err);
 void loom_store_ref_release(loom_store_ref_t *ref);
-/* elastic.c: the world communicator of an elastic job (LOOM_ELASTIC=1), and
- * the release of a communicator's elastic state (its watcher thread). */
+/* elastic.c: the world communicator of an elastic job (LOOM_ELASTIC=1; init.c). */
 loom_status_t loom_elastic_init(const loom_settings_t *cfg, const loom_bootstrap_t *b,
                                 loom_comm_t *out, loom_err_t *err);
-void loom_elastic_detach(loom_comm_t c);
-/* A split of an elastic communicator joins its parent's epoch (revocation both ways). */
-loom_status_t loom_elastic_inherit(loom_comm_t parent, loom_comm_t child, loom_err_t *err);
 
 #endif

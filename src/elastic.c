@@ -464,6 +464,8 @@ static void *watcher_main(void *arg)
 
 /* ---- attaching to a communicator ---------------------------------------------- */
 
+static const loom_comm_layer_t elastic_layer;
+
 static loom_status_t attach(loom_comm_t c, const struct loom_elastic *tmpl, uint64_t epoch,
                             loom_err_t *err)
 {
@@ -491,6 +493,7 @@ static loom_status_t attach(loom_comm_t c, const struct loom_elastic *tmpl, uint
         return loom_err_set(err, LOOM_ERR_NO_MEMORY, "cannot start the elastic watcher thread");
     }
     e->watcher_started = 1;
+    c->layer = &elastic_layer;
     return LOOM_SUCCESS;
 }
 
@@ -498,7 +501,7 @@ static loom_status_t attach(loom_comm_t c, const struct loom_elastic *tmpl, uint
  * revoked key ends its calls, and its own failure revokes the epoch, so a
  * rank blocked on a split (the Python engine's, say) is freed as fast as one
  * blocked on the world. */
-loom_status_t loom_elastic_inherit(loom_comm_t parent, loom_comm_t child, loom_err_t *err)
+static loom_status_t elastic_inherit(loom_comm_t parent, loom_comm_t child, loom_err_t *err)
 {
     if (!parent->elastic || child->size < 2)
         return LOOM_SUCCESS;
@@ -508,7 +511,7 @@ loom_status_t loom_elastic_inherit(loom_comm_t parent, loom_comm_t child, loom_e
     return st;
 }
 
-void loom_elastic_detach(loom_comm_t c)
+static void elastic_detach(loom_comm_t c)
 {
     struct loom_elastic *e = c->elastic;
     if (!e)
@@ -519,7 +522,13 @@ void loom_elastic_detach(loom_comm_t c)
     loom_store_close(e->watch_store);
     free(e);
     c->elastic = NULL;
+    c->layer = NULL;
 }
+
+static const loom_comm_layer_t elastic_layer = {
+    .inherit = elastic_inherit,
+    .detach = elastic_detach,
+};
 
 /* ---- forming an epoch ----------------------------------------------------------- */
 

@@ -20,4 +20,12 @@ loom_status_t loom_err_set(loom_err_t *err, loom_status_t status, const char *fm
 /* Forget a recorded message (start of a new public call). */
 void loom_err_clear(loom_err_t *err);
 
+/* The message loom_comm_last_error returns (comm.c), for public calls:
+ * record a failure as the communicator's last error, or as the calling
+ * thread's when there is no communicator to hold it. */
+loom_status_t loom_comm_fail(loom_comm_t c, loom_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+loom_status_t loom_global_fail(loom_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 #endif

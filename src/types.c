@@ -1,6 +1,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "coll_kind.h"
 #include "types.h"
 
 static const struct {
@@ -78,4 +79,25 @@ int loom_op_parse(const char *name)
         if (strcasecmp(name, ops[i]) == 0)
             return i;
     return -1;
+}
+
+static const char *const coll_names[LOOM_COLL_COUNT] = {
+    [LOOM_COLL_ALLREDUCE] = "allreduce",
+    [LOOM_COLL_BROADCAST] = "broadcast",
+    [LOOM_COLL_REDUCE] = "reduce",
+    [LOOM_COLL_ALLGATHER] = "allgather",
+    [LOOM_COLL_ALLGATHERV] = "allgatherv",
+    [LOOM_COLL_REDUCE_SCATTER] = "reduce_scatter",
+    [LOOM_COLL_ALLTOALL] = "alltoall",
+    [LOOM_COLL_ALLTOALLV] = "alltoallv",
+    [LOOM_COLL_GATHER] = "gather",
+    [LOOM_COLL_SCATTER] = "scatter",
+    [LOOM_COLL_BARRIER] = "barrier",
+};
+
+const char *loom_coll_name(loom_coll_t coll)
+{
+    if ((unsigned)coll >= LOOM_COLL_COUNT)
+        return "unknown";
+    return coll_names[coll];
 }

@@ -1,7 +1,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "algorithms.h"
+#include "coll_kind.h"
 #include "sha256.h"
 #include "types.h"
 #include "wire.h"

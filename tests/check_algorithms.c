@@ -24,6 +24,7 @@
 
 #include "check_suites.h"
 #include "thread_harness.h"
+#include "accel.h"
 
 #define MAX_RANKS 8
 #define BIG_COUNT 100003
@@ -1241,11 +1242,63 @@ START_TEST(test_harness_stray_and_timeout)
 }
 END_TEST
 
+/* The core calls every entry of its accelerator table without checking it; the
+ * host-only table (present in every build) calls everything host memory and
+ * refuses to stage. */
+static loom_status_t host_coll(void *arg, const loom_coll_args_t *a)
+{
+    (void)arg, (void)a;
+    ck_abort_msg("the null accelerator ran a host collective");
+    return LOOM_ERR_INTERNAL;
+}
+
+static loom_status_t host_p2p(void *hbuf, void *arg)
+{
+    (void)hbuf, (void)arg;
+    ck_abort_msg("the null accelerator ran a host send/recv");
+    return LOOM_ERR_INTERNAL;
+}
+
+START_TEST(test_accel_tables)
+{
+    const loom_accel_ops_t *tables[2] = {loom_accel, &loom_accel_null};
+    for (int i = 0; i < 2; i++) {
+        const loom_accel_ops_t *t = tables[i];
+        ck_assert_uint_eq(t->size, sizeof(loom_accel_ops_t));
+        ck_assert_msg(t->name && t->coll_memory && t->ptr_memory && t->run_coll && t->run_p2p &&
+                          t->comm_quiesce && t->comm_release && t->describe,
+                      "accelerator table %d (%s) misses an entry", i, t->name);
+        char text[256] = "";
+        t->describe(text, sizeof(text));
+        ck_assert_msg(text[0], "%s: describe wrote nothing", t->name);
+    }
+    const loom_accel_ops_t *n = &loom_accel_null;
+    ck_assert_str_eq(n->name, "null");
+    float buf[8] = {0};
+    loom_coll_args_t a = {.coll = LOOM_COLL_ALLREDUCE, .sendbuf = buf, .recvbuf = buf + 4,
+                          .count = 4, .esize = 4, .dtype = LOOM_FLOAT32};
+    int on_device = -1, device = 7;
+    loom_err_t err;
+    loom_err_clear(&err);
+    ck_assert_int_eq(n->coll_memory(&a, 2, 0, &on_device, &device, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(on_device, 0);
+    ck_assert_int_eq(n->ptr_memory(buf, &device), 0);
+    ck_assert_int_eq(n->run_coll(NULL, 0, &a, 0, host_coll, NULL, &err),
+                     LOOM_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "accelerator"), "%s", err.msg);
+    loom_err_clear(&err);
+    ck_assert_int_eq(n->run_p2p(NULL, 0, 1, buf, 16, host_p2p, NULL, &err), LOOM_ERR_UNSUPPORTED);
+    n->comm_quiesce(NULL);
+    n->comm_release(NULL);
+}
+END_TEST
+
 Suite *loom_algorithms_suite(void)
 {
     Suite *s = suite_create("algorithms");
     TCase *tc = tcase_create("table");
     tcase_add_test(tc, test_table);
+    tcase_add_test(tc, test_accel_tables);
     tcase_add_test(tc, test_select);
     tcase_add_test(tc, test_harness_mismatch);
     tcase_add_test(tc, test_harness_stray_and_timeout);

@@ -759,6 +759,36 @@ START_TEST(test_stream_argument_errors)
 }
 END_TEST
 
+/* A CUDA build's core calls the CUDA table, which classifies through the
+ * same code as loom_cuda_*_on_device (here with the double). */
+START_TEST(test_accel_table_is_cuda)
+{
+    ck_assert_ptr_eq(loom_accel, &loom_accel_cuda);
+    ck_assert_str_eq(loom_accel->name, "cuda");
+    char text[256] = "";
+    loom_accel->describe(text, sizeof(text));
+    ck_assert_msg(strncmp(text, "CUDA", 4) == 0, "%s", text);
+    loom_cuda_test_backend(fake_on_device, &fake_ops, NULL, fake_scratch_alloc, fake_scratch_free);
+    float *d = malloc(64), h[16];
+    region_add(d, 64);
+    int device = -1, on_device = -1;
+    ck_assert_int_eq(loom_accel->ptr_memory(d, &device), 1);
+    ck_assert_int_eq(loom_accel->ptr_memory(h, &device), 0);
+    loom_coll_args_t a = {.coll = LOOM_COLL_ALLREDUCE, .sendbuf = d, .recvbuf = d, .count = 16,
+                          .esize = 4, .dtype = LOOM_FLOAT32};
+    loom_err_t err;
+    loom_err_clear(&err);
+    ck_assert_int_eq(loom_accel->coll_memory(&a, 2, 0, &on_device, &device, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(on_device, 1);
+    a.recvbuf = h;
+    ck_assert_int_eq(loom_accel->coll_memory(&a, 2, 0, &on_device, &device, &err),
+                     LOOM_ERR_INVALID_ARG);
+    loom_cuda_test_backend(NULL, NULL, NULL, NULL, NULL);
+    region_remove(d);
+    free(d);
+}
+END_TEST
+
 /* Without a driver (this machine, CI) every buffer is host memory. */
 START_TEST(test_without_driver_all_host)
 {
@@ -787,6 +817,7 @@ Suite *loom_cuda_suite(void)
     TCase *core = tcase_create("core");
     tcase_set_timeout(core, 120);
     tcase_add_test(core, test_core_dispatch);
+    tcase_add_test(core, test_accel_table_is_cuda);
     tcase_add_test(core, test_without_driver_all_host);
     tcase_add_test(core, test_stream_argument_errors);
     suite_add_tcase(s, core);

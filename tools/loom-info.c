@@ -18,9 +18,7 @@
 #ifdef LOOM_HAVE_VERBS
 #include "ibverbs/ibverbs.h"
 #endif
-#ifdef LOOM_HAVE_CUDA
-#include "cuda_int.h"
-#endif
+#include "accel.h"
 
 static void usage(void)
 {
@@ -48,13 +46,9 @@ int main(int argc, char **argv)
     printf("#   stores:          tcp file\n");
 #endif
     printf("#   CPU reductions:  %s\n", loom_reduce_isa());
-#ifdef LOOM_HAVE_CUDA
-    char gpus[512];
-    loom_cuda_describe(gpus, sizeof(gpus));
-    printf("#   CUDA:            built (GPU buffers, loom_cuda.h); %s\n", gpus);
-#else
-    printf("#   CUDA:            not built\n");
-#endif
+    char accel[512];
+    loom_accel->describe(accel, sizeof(accel));
+    printf("#   accelerator:     %s\n", accel);
 #ifdef LOOM_HAVE_VERBS
     printf("#   verbs:           built (libibverbs.so.1 loaded at run time)\n");
 #else
