@@ -158,6 +158,7 @@ int loom_direct_can_run(const loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_allreduce_direct(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_broadcast_direct(loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_allgather_direct(loom_ctx_t *ctx, const loom_coll_args_t *a);
+/* Inside one node, through the transport's staging windows (algorithms/allreduce_staged.c). */
 int loom_staged_can_run(const loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_allreduce_staged(loom_ctx_t *ctx, const loom_coll_args_t *a);
 

@@ -45,23 +45,8 @@
  * only, 2L size_t for (c), and whatever the inter-node algorithm needs.
  */
 #include "algorithms.h"
+#include "blocks.h"
 #include "reduce.h"
-
-static int mod(int x, int n)
-{
-    return ((x % n) + n) % n;
-}
-
-static size_t block_count(size_t count, int n, int b)
-{
-    return count / (size_t)n + ((size_t)b < count % (size_t)n ? 1 : 0);
-}
-
-static size_t block_offset(size_t count, int n, int b)
-{
-    size_t rem = count % (size_t)n;
-    return (size_t)b * (count / (size_t)n) + ((size_t)b < rem ? (size_t)b : rem);
-}
 
 /* Phase (a) on the local view v: afterwards out holds block v->rank reduced
  * over the node (and, out of place, partial results in other blocks). */
@@ -74,20 +59,20 @@ static loom_status_t local_reduce_scatter(loom_ctx_t *v, const loom_coll_args_t 
     char *tmp = NULL;
 
     /* In place a received block cannot land on the input it is reduced with. */
-    if (in == out && (tmp = loom_ctx_scratch(v, block_count(count, n, 0) * es)) == NULL)
+    if (in == out && (tmp = loom_ctx_scratch(v, loom_block_count(count, n, 0) * es)) == NULL)
         return LOOM_ERR_NO_MEMORY;
-    const int right = mod(r + 1, n), left = mod(r - 1, n);
+    const int right = loom_mod(r + 1, n), left = loom_mod(r - 1, n);
     for (int s = 0; s < n - 1; s++) {
-        int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n);
-        size_t sc = block_count(count, n, sb), rc = block_count(count, n, rb);
-        const char *src = (s == 0 ? in : out) + block_offset(count, n, sb) * es;
-        char *dst = tmp ? tmp : out + block_offset(count, n, rb) * es;
+        int sb = loom_mod(r - s - 1, n), rb = loom_mod(r - s - 2, n);
+        size_t sc = loom_block_count(count, n, sb), rc = loom_block_count(count, n, rb);
+        const char *src = (s == 0 ? in : out) + loom_block_offset(count, n, sb) * es;
+        char *dst = tmp ? tmp : out + loom_block_offset(count, n, rb) * es;
         loom_status_t st = loom_p2p_sendrecv(v, sc ? right : -1, src, sc * es, rc ? left : -1,
                                              dst, rc * es, (uint32_t)s);
         if (st != LOOM_SUCCESS)
             return st;
         if (rc > 0) {
-            size_t off = block_offset(count, n, rb) * es;
+            size_t off = loom_block_offset(count, n, rb) * es;
             loom_ctx_reduce(v, out + off, in + off, dst, rc, a->dtype, op);
         }
     }
@@ -111,8 +96,8 @@ loom_status_t loom_allreduce_hierarchical(loom_ctx_t *ctx, const loom_coll_args_
     const int L = h.L, l = h.l;
 
     const loom_op_t op = a->op == LOOM_AVG ? LOOM_SUM : a->op;
-    const size_t count = a->count, mine = block_count(count, L, l);
-    char *const block = (char *)a->recvbuf + block_offset(count, L, l) * es;
+    const size_t count = a->count, mine = loom_block_count(count, L, l);
+    char *const block = (char *)a->recvbuf + loom_block_offset(count, L, l) * es;
 
     loom_ctx_t lv = loom_hier_local_view(ctx, &h, 0);
     st = local_reduce_scatter(&lv, a, op);
@@ -148,8 +133,8 @@ loom_status_t loom_allreduce_hierarchical(loom_ctx_t *ctx, const loom_coll_args_
     }
     size_t *displs = counts + L;
     for (int b = 0; b < L; b++) {
-        counts[b] = block_count(count, L, b);
-        displs[b] = block_offset(count, L, b);
+        counts[b] = loom_block_count(count, L, b);
+        displs[b] = loom_block_offset(count, L, b);
     }
     loom_coll_args_t ga = *a;
     ga.coll = LOOM_COLL_ALLGATHERV;

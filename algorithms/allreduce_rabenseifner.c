@@ -35,19 +35,13 @@
 #include <string.h>
 
 #include "algorithms.h"
+#include "blocks.h"
 #include "reduce.h"
 
 #define STEP_FOLD 0u
 #define STEP_HALVE(k) (1u + (uint32_t)(k))
 #define STEP_DOUBLE(k) (32u + (uint32_t)(k))
 #define STEP_UNFOLD 64u
-
-/* First element of block b when count is split into p2 blocks as evenly as possible. */
-static size_t block_offset(size_t count, int p2, int b)
-{
-    size_t rem = count % (size_t)p2;
-    return (size_t)b * (count / (size_t)p2) + ((size_t)b < rem ? (size_t)b : rem);
-}
 
 static int real_rank(int v, int rem)
 {
@@ -69,10 +63,10 @@ static loom_status_t halve_double(loom_ctx_t *ctx, const loom_coll_args_t *a, in
         int half = len / 2;
         int keep_lo = (v & dist) ? lo + half : lo;
         int give_lo = (v & dist) ? lo : lo + half;
-        size_t koff = block_offset(count, p2, keep_lo);
-        size_t kcnt = block_offset(count, p2, keep_lo + half) - koff;
-        size_t goff = block_offset(count, p2, give_lo);
-        size_t gcnt = block_offset(count, p2, give_lo + half) - goff;
+        size_t koff = loom_block_offset(count, p2, keep_lo);
+        size_t kcnt = loom_block_offset(count, p2, keep_lo + half) - koff;
+        size_t goff = loom_block_offset(count, p2, give_lo);
+        size_t gcnt = loom_block_offset(count, p2, give_lo + half) - goff;
         /* Both partners compute the same sizes, so empty halves are skipped on both. */
         st = loom_p2p_sendrecv(ctx, gcnt ? peer : -1, in + goff * es, gcnt * es,
                                kcnt ? peer : -1, tmp, kcnt * es, STEP_HALVE(k));
@@ -89,19 +83,19 @@ static loom_status_t halve_double(loom_ctx_t *ctx, const loom_coll_args_t *a, in
     }
 
     if (a->op == LOOM_AVG) {
-        size_t off = block_offset(count, p2, v);
-        loom_reduce_avg_finalize(out + off * es, block_offset(count, p2, v + 1) - off, a->dtype,
-                                 ctx->size);
+        size_t off = loom_block_offset(count, p2, v);
+        loom_reduce_avg_finalize(out + off * es, loom_block_offset(count, p2, v + 1) - off,
+                                 a->dtype, ctx->size);
     }
 
     for (int dist = 1, k = 0; dist < p2; dist *= 2, k++) {
         int pv = v ^ dist;
         int peer = real_rank(pv, rem);
         int plo = (v & dist) ? lo - len : lo + len;
-        size_t moff = block_offset(count, p2, lo);
-        size_t mcnt = block_offset(count, p2, lo + len) - moff;
-        size_t poff = block_offset(count, p2, plo);
-        size_t pcnt = block_offset(count, p2, plo + len) - poff;
+        size_t moff = loom_block_offset(count, p2, lo);
+        size_t mcnt = loom_block_offset(count, p2, lo + len) - moff;
+        size_t poff = loom_block_offset(count, p2, plo);
+        size_t pcnt = loom_block_offset(count, p2, plo + len) - poff;
         st = loom_p2p_sendrecv(ctx, mcnt ? peer : -1, out + moff * es, mcnt * es,
                                pcnt ? peer : -1, out + poff * es, pcnt * es, STEP_DOUBLE(k));
         if (st != LOOM_SUCCESS)
@@ -146,7 +140,7 @@ loom_status_t loom_allreduce_rabenseifner(loom_ctx_t *ctx, const loom_coll_args_
         st = loom_p2p_sendrecv(ctx, -1, NULL, 0, rank - 1, out, bytes, STEP_UNFOLD);
     } else {
         /* The first halving step keeps at most the lower half, the larger one. */
-        size_t need = rank < 2 * rem ? bytes : block_offset(a->count, p2, p2 / 2) * a->esize;
+        size_t need = rank < 2 * rem ? bytes : loom_block_offset(a->count, p2, p2 / 2) * a->esize;
         char *tmp = loom_ctx_scratch(ctx, need);
         if (tmp == NULL) {
             st = LOOM_ERR_NO_MEMORY;

@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "algorithms.h"
+#include "blocks.h"
 #include "reduce.h"
 
 #define RING_WINDOW 8
@@ -44,20 +45,14 @@ typedef struct ring {
     size_t count, seg;
 } ring_t;
 
-static int mod(int x, int n)
-{
-    return ((x % n) + n) % n;
-}
-
 static size_t block_count(const ring_t *r, int b)
 {
-    return r->count / (size_t)r->n + ((size_t)b < r->count % (size_t)r->n ? 1 : 0);
+    return loom_block_count(r->count, r->n, b);
 }
 
 static size_t block_offset(const ring_t *r, int b)
 {
-    size_t rem = r->count % (size_t)r->n;
-    return (size_t)b * (r->count / (size_t)r->n) + ((size_t)b < rem ? (size_t)b : rem);
+    return loom_block_offset(r->count, r->n, b);
 }
 
 static size_t nsegs(const ring_t *r, int b)
@@ -67,7 +62,8 @@ static size_t nsegs(const ring_t *r, int b)
 
 static int recv_block(const ring_t *r, int s)
 {
-    return s < r->n - 1 ? mod(r->rank - s - 1, r->n) : mod(r->rank - (s - r->n + 1), r->n);
+    return s < r->n - 1 ? loom_mod(r->rank - s - 1, r->n)
+                        : loom_mod(r->rank - (s - r->n + 1), r->n);
 }
 
 static int send_block(const ring_t *r, int s)
@@ -140,7 +136,7 @@ loom_status_t loom_allreduce_ring(loom_ctx_t *ctx, const loom_coll_args_t *a)
     for (int s = 0; s < nsteps; s++)
         total_recvs += nsegs(&r, recv_block(&r, s));
 
-    const int right = mod(r.rank + 1, r.n), left = mod(r.rank - 1, r.n);
+    const int right = loom_mod(r.rank + 1, r.n), left = loom_mod(r.rank - 1, r.n);
     loom_tp_req_t sreq[RING_WINDOW], rreq[RING_WINDOW];
     cursor_t rpost = {0, 0}, rdone = {0, 0}, spost = {0, 0};
     cursor_settle(&r, &rpost, recv_block);

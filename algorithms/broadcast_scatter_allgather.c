@@ -33,20 +33,10 @@
 #include <stdlib.h>
 
 #include "algorithms.h"
+#include "blocks.h"
 
 #define STACK_REQS 64
 #define PHASE_STEPS (UINT32_C(1) << 20)
-
-static size_t block_count(size_t count, int n, int b)
-{
-    return count / (size_t)n + ((size_t)b < count % (size_t)n ? 1 : 0);
-}
-
-static size_t block_offset(size_t count, int n, int b)
-{
-    size_t rem = count % (size_t)n;
-    return (size_t)b * (count / (size_t)n) + ((size_t)b < rem ? (size_t)b : rem);
-}
 
 loom_status_t loom_broadcast_scatter_allgather(loom_ctx_t *ctx, const loom_coll_args_t *a)
 {
@@ -63,16 +53,16 @@ loom_status_t loom_broadcast_scatter_allgather(loom_ctx_t *ctx, const loom_coll_
             return loom_err_set(ctx->err, LOOM_ERR_NO_MEMORY, "broadcast: out of memory");
         int nreq = 0;
         for (int b = 0; b < n && st == LOOM_SUCCESS; b++)
-            if (b != me && block_count(count, n, b) > 0)
-                st = loom_p2p_isend(ctx, b, 0, buf + block_offset(count, n, b) * es,
-                                    block_count(count, n, b) * es, &reqs[nreq++]);
+            if (b != me && loom_block_count(count, n, b) > 0)
+                st = loom_p2p_isend(ctx, b, 0, buf + loom_block_offset(count, n, b) * es,
+                                    loom_block_count(count, n, b) * es, &reqs[nreq++]);
         if (st == LOOM_SUCCESS)
             st = loom_p2p_waitall(ctx, reqs, nreq);
         if (reqs != stack_reqs)
             free(reqs);
-    } else if (block_count(count, n, me) > 0) {
-        st = loom_p2p_irecv(ctx, a->root, 0, buf + block_offset(count, n, me) * es,
-                            block_count(count, n, me) * es, &reqs[0]);
+    } else if (loom_block_count(count, n, me) > 0) {
+        st = loom_p2p_irecv(ctx, a->root, 0, buf + loom_block_offset(count, n, me) * es,
+                            loom_block_count(count, n, me) * es, &reqs[0]);
         if (st == LOOM_SUCCESS)
             st = loom_p2p_wait(ctx, &reqs[0]);
     }
@@ -84,8 +74,8 @@ loom_status_t loom_broadcast_scatter_allgather(loom_ctx_t *ctx, const loom_coll_
         return LOOM_ERR_NO_MEMORY;
     size_t *displs = counts + n;
     for (int b = 0; b < n; b++) {
-        counts[b] = block_count(count, n, b);
-        displs[b] = block_offset(count, n, b);
+        counts[b] = loom_block_count(count, n, b);
+        displs[b] = loom_block_offset(count, n, b);
     }
     loom_ctx_t v = *ctx;
     v.step_base = ctx->step_base + PHASE_STEPS;

@@ -1,7 +1,7 @@
 /* store.c - the generic half of the rendezvous store: URI parsing, backend
  * selection, argument checks, deadlines and the messages users read when a key
- * never shows up. The backends (store_tcp.c, store_file.c, store_redis.c) only
- * move bytes. */
+ * never shows up. The backends (store_tcp_client.c, store_file.c, store_redis.c)
+ * only move bytes. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif

@@ -1,8 +1,9 @@
 /* store.h - the rendezvous key-value store: set, get, wait, add, compare-and-set,
- * delete. Backends: tcp:// (store_tcp.c, served by rank 0, loomrun or loom-store),
- * file:// (store_file.c, a shared directory) and redis:// (store_redis.c, a
- * redis server). All calls are thread-safe and bounded in time; a timeout
- * message names the keys that never appeared. Calls on
+ * delete. Backends: tcp:// (store_tcp_client.c; the server, store_tcp_server.c,
+ * runs in rank 0, loomrun or loom-store), file:// (store_file.c, a shared
+ * directory) and redis:// (store_redis.c, a redis server). All calls are
+ * thread-safe and bounded in time; a timeout message names the keys that never
+ * appeared. Calls on
  * one handle are serialised (a wait holds up the other calls on that handle), so
  * threads that must not wait for each other use separate handles. */
 #ifndef LOOM_STORE_H
@@ -93,7 +94,7 @@ loom_status_t loom_store_server_start_auth(const char *host, int port, const voi
 int loom_store_server_port(const loom_store_server_t *srv);
 void loom_store_server_stop(loom_store_server_t *srv);
 
-/* ---- Backend ops table (store_tcp.c, store_file.c, store_redis.c). -------- */
+/* ---- Backend ops table (store_tcp_client.c, store_file.c, store_redis.c). - */
 typedef struct loom_store_ops {
     size_t size;
     const char *scheme;  /* "tcp", "file", "redis" */

@@ -1,4 +1,5 @@
-/* store_proto.h - the wire protocol of the tcp:// store (store_tcp.c).
+/* store_proto.h - the wire protocol of the tcp:// store (store_tcp_client.c,
+ * store_tcp_server.c; encoded by store_proto.c).
  *
  * One TCP connection per client; all integers big-endian.
  *

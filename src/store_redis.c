@@ -42,7 +42,7 @@
 #define POLL_MIN_S     0.001
 #define POLL_MAX_S     0.050
 /* How long past a wait's own deadline one EXISTS may take to be answered
- * before the server counts as stalled (as WAIT_GRACE_S in store_tcp.c). */
+ * before the server counts as stalled (as WAIT_GRACE_S in store_tcp_client.c). */
 #define WAIT_GRACE_S   5.0
 #define PING_WORD      "loom-store-hello"
 

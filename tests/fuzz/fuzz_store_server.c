@@ -3,7 +3,9 @@
  * server with no thread, through a socketpair, with small limits so the
  * quota, discard and drop paths are reached. The server's source is included
  * to drive its state machine by hand. */
-#include "store_tcp.c"
+#include "store_tcp_server.c"
+
+#include <sys/eventfd.h>
 
 static void pump(loom_store_server_t *srv, srv_client_t *c, int peer)
 {
@@ -57,6 +59,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         expire(srv);
     }
     close(sv[1]);
-    server_free(srv);
+    loom_store_server_free(srv);
     return 0;
 }

@@ -10,8 +10,8 @@
 # A new target is one file, tests/fuzz/fuzz_<name>.c defining
 # LLVMFuzzerTestOneInput, plus a seed corpus in tests/fuzz/corpus/<name>/; it
 # links with the whole library, instrumented (a target that #includes a
-# source file, as fuzz_store_server.c does store_tcp.c, gets that file left out
-# of its link: see own_source).
+# source file, as fuzz_store_server.c does store_tcp_server.c, gets that file
+# left out of its link: see own_source).
 # Exit: 0 all clean, 1 a build failed or a target crashed, 77 no clang/libFuzzer.
 
 srcdir=${1:?usage: run.sh SRCDIR BUILDDIR}
