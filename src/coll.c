@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "accel.h"
 #include "comm.h"
 #include "log.h"
@@ -23,13 +24,6 @@
 #include "wire.h"
 
 #define LOOM_DESC_P2P 0xff
-
-static double monotonic_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- execution ------------------------------------------------------------ */
 
@@ -132,7 +126,7 @@ static loom_status_t any_source_try(loom_comm_t c, struct loom_request *op)
  * without progress, as every wait is. */
 static loom_status_t any_source_wait(loom_comm_t c, struct loom_request *op)
 {
-    double last_moved = monotonic_s();
+    double last_moved = loom_now_s();
     loom_status_t st = any_source_try(c, op);
     while (st == LOOM_SUCCESS && !op->posted) {
         if (atomic_load(&c->aborted))
@@ -140,7 +134,7 @@ static loom_status_t any_source_wait(loom_comm_t c, struct loom_request *op)
         int moved = 0;
         if ((st = c->tp_ops->progress(c->tp, 1, &moved)) != LOOM_SUCCESS)
             break;
-        double now = monotonic_s();
+        double now = loom_now_s();
         if (moved)
             last_moved = now;
         else if (now - last_moved > c->ctx.timeout_s)
@@ -222,7 +216,7 @@ static void reap_active(loom_comm_t c, loom_status_t failure)
 static void *worker_main(void *arg)
 {
     loom_comm_t c = arg;
-    double last_moved = monotonic_s();
+    double last_moved = loom_now_s();
     pthread_mutex_lock(&c->qlock);
     for (;;) {
         if (c->qhead) {
@@ -238,7 +232,7 @@ static void *worker_main(void *arg)
             if (op->kind != LOOM_OP_COLL && st == LOOM_SUCCESS && !op->tp_req.done) {
                 op->next = c->active;
                 c->active = op;
-                last_moved = monotonic_s();
+                last_moved = loom_now_s();
             } else {
                 complete(c, op, st);
             }
@@ -250,7 +244,7 @@ static void *worker_main(void *arg)
             int moved = 0;
             loom_err_clear(&c->work_err);
             loom_status_t st = c->broken ? c->broken : c->tp_ops->progress(c->tp, 1, &moved);
-            double now = monotonic_s();
+            double now = loom_now_s();
             if (moved)
                 last_moved = now;
             /* Receives from any rank still waiting for a sender: only this

@@ -45,6 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "comm.h"
 #include "log.h"
 
@@ -70,13 +71,6 @@ typedef struct entry {
     int cls;
     long long key;
 } entry_t;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int key_exists(loom_store_t *s, const char *key)
 {
@@ -218,7 +212,7 @@ static loom_status_t run_round(struct loom_elastic *e, loom_store_t *s, uint64_t
      * close an incomplete round: a newcomer may have waited far longer than
      * the members that are just arriving. */
     int may_force = prev == NULL || cls == 0;
-    double deadline = now_s() + e->timeout_s, unwritten_since = -1;
+    double deadline = loom_now_s() + e->timeout_s, unwritten_since = -1;
     for (;;) {
         snprintf(k, sizeof(k), "%s/members", rkey);
         if (key_exists(s, k)) {
@@ -297,10 +291,10 @@ static loom_status_t run_round(struct loom_elastic *e, loom_store_t *s, uint64_t
         if (!unwritten)
             unwritten_since = -1;
         else if (unwritten_since < 0)
-            unwritten_since = now_s();
-        if (unwritten && now_s() - unwritten_since < 1.0)
+            unwritten_since = loom_now_s();
+        if (unwritten && loom_now_s() - unwritten_since < 1.0)
             complete = 0;
-        int expired = now_s() > deadline;
+        int expired = loom_now_s() > deadline;
         int enough = nseen >= e->min_np && (prev == NULL || nold > 0);
         if (complete || (expired && may_force && enough)) {
             if (!complete)
@@ -367,7 +361,7 @@ static loom_status_t ready_barrier(struct loom_elastic *e, loom_store_t *s, uint
     if (st != LOOM_SUCCESS)
         return st;
     *lost = 0;
-    double deadline = now_s() + e->timeout_s;
+    double deadline = loom_now_s() + e->timeout_s;
     for (;;) {
         int missing = -1;
         for (int i = 0; i < n && missing < 0; i++) {
@@ -384,7 +378,7 @@ static loom_status_t ready_barrier(struct loom_elastic *e, loom_store_t *s, uint
         }
         if (missing < 0)
             return LOOM_SUCCESS;
-        if (now_s() > deadline) {
+        if (loom_now_s() > deadline) {
             *lost = 1;   /* a member that vanished unnoticed: try without it */
             LOOM_WARN("elastic", "id %lld: rank %d (id %lld) of epoch %llu never said it was "
                       "ready within %.1f s", e->id, missing, m[missing].id,
@@ -587,7 +581,7 @@ static loom_status_t form_epoch(struct loom_elastic *e, loom_store_ref_t *sref,
     loom_store_t *s = sref->store;
     entry_t *owned_prev = NULL;
     loom_status_t st = LOOM_SUCCESS;
-    double give_up = now_s() + 4 * e->timeout_s;
+    double give_up = loom_now_s() + 4 * e->timeout_s;
     int attempt = 0;
     for (;; R++) {
         int me = prev ? find_id(prev, nprev, e->id) : -1;
@@ -607,7 +601,7 @@ static loom_status_t form_epoch(struct loom_elastic *e, loom_store_ref_t *sref,
                                   (unsigned long long)R - 1, (unsigned long long)R);
                 break;
             }
-            if (now_s() > give_up) {
+            if (loom_now_s() > give_up) {
                 st = loom_err_set(err, LOOM_ERR_TIMEOUT, "elastic join: every round closed "
                                   "before id %lld could register, up to epoch %llu", e->id,
                                   (unsigned long long)R);
@@ -691,7 +685,7 @@ static loom_status_t form_epoch(struct loom_elastic *e, loom_store_ref_t *sref,
             /* Tell the members that did connect to move on too. */
             revoke_publish(e->base, R, s, rank, ferr.msg);
         }
-        if (now_s() > give_up) {
+        if (loom_now_s() > give_up) {
             st = loom_err_set(err, LOOM_ERR_TIMEOUT, "elastic: no epoch could be connected "
                               "within %.1f s (last tried: %llu)", 4 * e->timeout_s,
                               (unsigned long long)R);

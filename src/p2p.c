@@ -12,17 +12,11 @@
 #include <sched.h>
 #include <time.h>
 
+#include "clock.h"
 #include "algorithms.h"
 #include "reduce.h"
 #include "spin.h"
 #include "timeline.h"
-
-static double monotonic_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 #define LOOM_COLL_TAG_BIT (UINT64_C(1) << 63)
 
@@ -173,7 +167,7 @@ static loom_status_t wait_loop(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n,
             if (first_pending == n)
                 break;
         }
-        double now = monotonic_s();
+        double now = loom_now_s();
         if (spin_us < 0) {   /* something to wait for after all */
             started = last_moved = now;
             spin_us = ctx->spin ? loom_spin_begin(ctx->spin, now) : ctx->spin_us;
@@ -189,7 +183,7 @@ static loom_status_t wait_loop(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n,
         if (!moved && timeout_ms == 0 && ctx->spin_yield)
             sched_yield();   /* a rank sharing our core may be the one we wait for */
         if (moved) {
-            last_moved = monotonic_s();
+            last_moved = loom_now_s();
         } else if (idle_s > ctx->timeout_s) {
             const loom_tp_req_t *r = any_of ? any_of[first_pending < n ? first_pending : 0]
                                             : &reqs[first_pending];
@@ -201,7 +195,7 @@ static loom_status_t wait_loop(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n,
         }
     }
     if (spin_us >= 0 && ctx->spin)
-        loom_spin_end(ctx->spin, (monotonic_s() - started) * 1e6);
+        loom_spin_end(ctx->spin, (loom_now_s() - started) * 1e6);
     loom_status_t st = LOOM_SUCCESS;
     for (int i = 0; i < n; i++) {
         loom_tp_req_t *r = any_of ? any_of[i] : &reqs[i];

@@ -53,13 +53,6 @@ static const loom_store_ops_t *const store_backends[] = {
 #define STORE_SCHEMES "tcp:// and file://"
 #endif
 
-double loom_store_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 loom_status_t loom_store_parse_hostport(const char *hostport, const char *uri, char *host,
                                         size_t hostlen, int *port_p, loom_err_t *err)
 {
@@ -468,7 +461,7 @@ static loom_status_t wait_locked(loom_store_t *s, const char *const *keys, size_
     for (size_t i = 0; i < nkeys; i++) {
         loom_err_t inner;
         loom_err_clear(&inner);
-        double left = deadline - loom_store_now();
+        double left = deadline - loom_now_s();
         loom_status_t st = s->ops->wait(s->impl, keys[i], left > 0 ? left : 0.0, &inner);
         if (st == LOOM_ERR_TIMEOUT) {
             char missing[320];
@@ -500,7 +493,7 @@ loom_status_t loom_store_get(loom_store_t *s, const char *key, void **val_p, siz
         return st;
     if (!(timeout_s >= 0))
         timeout_s = 0;
-    double deadline = loom_store_now() + timeout_s;
+    double deadline = loom_now_s() + timeout_s;
     const char *keys[1] = { key };
 
     pthread_mutex_lock(&s->mu);
@@ -541,7 +534,7 @@ loom_status_t loom_store_wait(loom_store_t *s, const char *const *keys, size_t n
             return st;
     if (!(timeout_s >= 0))
         timeout_s = 0;
-    double deadline = loom_store_now() + timeout_s;
+    double deadline = loom_now_s() + timeout_s;
     pthread_mutex_lock(&s->mu);
     st = wait_locked(s, keys, nkeys, timeout_s, deadline, err);
     pthread_mutex_unlock(&s->mu);

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "clock.h"
 #include "error.h"
 
 typedef struct loom_store loom_store_t;
@@ -134,8 +135,6 @@ loom_status_t loom_store_wrap(const loom_store_ops_t *ops, void *impl, const cha
 #define LOOM_STORE_KEY_MAX   1024u         /* bytes, without the NUL */
 #define LOOM_STORE_VALUE_MAX (64u << 20)   /* bytes */
 
-/* Seconds on CLOCK_MONOTONIC, for deadlines. */
-double loom_store_now(void);
 /* Split "host:port" or "[v6addr]:port" into host (brackets removed) and port
  * (0..65535). The message names uri, the full URI, when it is not NULL. */
 loom_status_t loom_store_parse_hostport(const char *hostport, const char *uri, char *host,

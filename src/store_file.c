@@ -246,7 +246,7 @@ static loom_status_t lock_key(const file_store_t *fs, const key_path_t *kp, int 
     if (create && fs->group)
         (void)fchmod(fd, FILE_MODE(fs->group));   /* past the umask; fails on another's: fine */
     /* Non-blocking attempts with backoff, so the wait stays bounded. */
-    double deadline = loom_store_now() + fs->op_timeout, backoff = POLL_MIN_S;
+    double deadline = loom_now_s() + fs->op_timeout, backoff = POLL_MIN_S;
     for (;;) {
         if (flock(fd, LOCK_EX | LOCK_NB) == 0)
             break;
@@ -259,7 +259,7 @@ static loom_status_t lock_key(const file_store_t *fs, const key_path_t *kp, int 
                                 "cannot lock %s: %s (on NFS, is the lock manager running?)",
                                 kp->lock, strerror(e));
         }
-        double left = deadline - loom_store_now();
+        double left = deadline - loom_now_s();
         if (left <= 0) {
             close(fd);
             return loom_err_set(err, LOOM_ERR_TIMEOUT,
@@ -539,7 +539,7 @@ static loom_status_t file_wait(void *impl, const char *key, double timeout_s, lo
     loom_status_t st = key_path_make(impl, key, &kp, err);
     if (st != LOOM_SUCCESS)
         return st;
-    double deadline = loom_store_now() + timeout_s, backoff = POLL_MIN_S;
+    double deadline = loom_now_s() + timeout_s, backoff = POLL_MIN_S;
     for (;;) {
         if (access(kp.file, F_OK) == 0)
             break;
@@ -548,7 +548,7 @@ static loom_status_t file_wait(void *impl, const char *key, double timeout_s, lo
                               strerror(errno));
             break;
         }
-        double left = deadline - loom_store_now();
+        double left = deadline - loom_now_s();
         if (left <= 0) {
             st = loom_err_set(err, LOOM_ERR_TIMEOUT,
                               "timed out after %.1f s waiting for store key %s", timeout_s, key);

@@ -222,7 +222,7 @@ static loom_status_t handshake(redis_store_t *r, double deadline, int *retry_p, 
 {
     redisReply *reply;
     int e;
-    double left = deadline - loom_store_now();
+    double left = deadline - loom_now_s();
 
     if (set_timeout(r, left) != 0)
         return handshake_fail(r, "the socket timeout", errno, left, err);
@@ -290,12 +290,12 @@ static loom_status_t handshake(redis_store_t *r, double deadline, int *retry_p, 
  * may come up after the ranks. Without, one attempt. */
 static loom_status_t rd_connect(redis_store_t *r, double timeout_s, int retry, loom_err_t *err)
 {
-    double deadline = loom_store_now() + timeout_s;
+    double deadline = loom_now_s() + timeout_s;
     double backoff = 0.01;
     char why[160] = "no attempt";
 
     for (;;) {
-        double left = deadline - loom_store_now();
+        double left = deadline - loom_now_s();
         /* At least 10 ms: an attempt made as the deadline passes still gets a
          * fair chance on a near server. */
         r->ctx = redisConnectWithTimeout(r->host, r->port, to_timeval(left > 0.01 ? left : 0.01));
@@ -317,7 +317,7 @@ static loom_status_t rd_connect(redis_store_t *r, double timeout_s, int retry, l
             if (!again)
                 return loom_err_set(err, st, "%s", herr.msg);
         }
-        double now = loom_store_now();
+        double now = loom_now_s();
         if (!retry || now >= deadline)
             break;
         sleep_s(backoff < deadline - now ? backoff : deadline - now);
@@ -604,13 +604,13 @@ static loom_status_t redis_wait(void *impl, const char *key, double timeout_s, l
 
     if (!(timeout_s > 0))
         timeout_s = 0;
-    double deadline = loom_store_now() + timeout_s;
+    double deadline = loom_now_s() + timeout_s;
     for (;;) {
         const char *argv[2] = { "EXISTS" };
         size_t argvlen[2] = { 6 };
         redisReply *reply;
         /* EXISTS, not GET: a large value would cross the wire at every poll. */
-        double left = deadline - loom_store_now();
+        double left = deadline - loom_now_s();
         double bound = (left > 0 ? left : 0) + WAIT_GRACE_S;
         loom_status_t st = rd_call(r, bound < r->op_timeout ? bound : r->op_timeout, key, 1,
                                    2, argv, argvlen, &reply, err);
@@ -622,7 +622,7 @@ static loom_status_t redis_wait(void *impl, const char *key, double timeout_s, l
         freeReplyObject(reply);
         if (n > 0)
             return LOOM_SUCCESS;
-        double now = loom_store_now();
+        double now = loom_now_s();
         if (now >= deadline)
             return loom_err_set(err, LOOM_ERR_TIMEOUT,
                                 "timed out after %.1f s waiting for store key %s at %s",

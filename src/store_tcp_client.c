@@ -36,7 +36,7 @@ typedef enum { IO_OK, IO_TIMEOUT, IO_EOF, IO_ERRNO } io_rc_t;
 
 static int ms_until(double deadline)
 {
-    double left = deadline - loom_store_now();
+    double left = deadline - loom_now_s();
     if (left <= 0)
         return 0;
     if (left > (double)INT_MAX / 1000.0)
@@ -64,7 +64,7 @@ static io_rc_t wait_fd(int fd, short events, double deadline)
         if (n > 0)
             return IO_OK;  /* POLLERR and POLLHUP surface in the next send/recv */
         if (n == 0) {
-            if (loom_store_now() >= deadline)
+            if (loom_now_s() >= deadline)
                 return IO_TIMEOUT;
             continue;
         }
@@ -301,7 +301,7 @@ static loom_status_t auth_exchange(tcp_store_t *t, int fd, const uint8_t *nonce_
  * backoff until the deadline (the server may not be up yet); without, one try. */
 static loom_status_t tcp_connect(tcp_store_t *t, double timeout_s, int retry, loom_err_t *err)
 {
-    double deadline = loom_store_now() + timeout_s;
+    double deadline = loom_now_s() + timeout_s;
     double backoff = 0.01;
     char why[256] = "no attempt";
 
@@ -319,7 +319,7 @@ static loom_status_t tcp_connect(tcp_store_t *t, double timeout_s, int retry, lo
             t->fd = fd;
             return LOOM_SUCCESS;
         }
-        double now = loom_store_now();
+        double now = loom_now_s();
         if (!retry || now >= deadline)
             break;
         sleep_s(backoff < deadline - now ? backoff : deadline - now);
@@ -384,7 +384,7 @@ static loom_status_t tcp_call(tcp_store_t *t, uint32_t op, const char *key, cons
             LOOM_SUCCESS)
         return st;
 
-    double deadline = loom_store_now() + timeout_s;
+    double deadline = loom_now_s() + timeout_s;
     size_t klen = strlen(key);
     loom_store_req_t req = { .op = op, .klen = (uint32_t)klen, .alen = (uint32_t)alen,
                              .blen = (uint32_t)blen, .arg = arg };

@@ -187,7 +187,7 @@ static void unpark(loom_store_server_t *srv, srv_client_t *c)
     c->parked = NULL;
     c->wprev = c->wnext = NULL;
     srv->n_parked--;
-    c->last_active = loom_store_now();   /* its idle time starts when the WAIT ends */
+    c->last_active = loom_now_s();   /* its idle time starts when the WAIT ends */
 }
 
 static int can_read(const srv_client_t *c)
@@ -376,7 +376,7 @@ static int execute(loom_store_server_t *srv, srv_client_t *c)
             return reply(srv, c, LOOM_STORE_RC_TIMEOUT, 0, NULL);
         if (e == NULL && (e = entry_find(srv, key, r->klen, h, 1)) == NULL)
             return -1;
-        park(srv, c, e, loom_store_now() + (double)r->arg / 1000.0);
+        park(srv, c, e, loom_now_s() + (double)r->arg / 1000.0);
         return 0;
 
     case LOOM_STORE_OP_ADD: {
@@ -526,7 +526,7 @@ static int process(loom_store_server_t *srv, srv_client_t *c)
         return -1;
     int rc = execute(srv, c);
     reset_input(srv, c);
-    c->last_active = loom_store_now();
+    c->last_active = loom_now_s();
     return rc;
 }
 
@@ -548,7 +548,7 @@ static int discard_input(loom_store_server_t *srv, srv_client_t *c)
         c->discard -= (uint64_t)r;
     }
     reset_input(srv, c);
-    c->last_active = loom_store_now();
+    c->last_active = loom_now_s();
     return reply(srv, c, LOOM_STORE_RC_FULL, 0, NULL);
 }
 
@@ -692,7 +692,7 @@ static void accept_clients(loom_store_server_t *srv)
                  * watching it for a moment instead of spinning. */
                 struct epoll_event ev = { .events = 0, .data.ptr = &srv->lfd };
                 epoll_ctl(srv->ep, EPOLL_CTL_MOD, srv->lfd, &ev);
-                srv->accept_resume = loom_store_now() + 0.1;
+                srv->accept_resume = loom_now_s() + 0.1;
             }
             return;
         }
@@ -716,7 +716,7 @@ static void accept_clients(loom_store_server_t *srv)
         c->fd = fd;
         c->need = LOOM_STORE_HELLO_LEN;
         c->events = EPOLLIN | EPOLLRDHUP;
-        c->since = c->last_active = loom_store_now();
+        c->since = c->last_active = loom_now_s();
         memcpy(c->src, src, sizeof(src));
         c->src_len = src_len;
         struct epoll_event ev = { .events = c->events, .data.ptr = c };
@@ -763,7 +763,7 @@ restart:
  * the next deadline, -1 for none. */
 static int expire(loom_store_server_t *srv)
 {
-    double now = loom_store_now(), next = -1;
+    double now = loom_now_s(), next = -1;
 
     if (srv->clients != NULL) {
         if (now >= srv->next_sweep) {

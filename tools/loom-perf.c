@@ -31,6 +31,7 @@
 #include <loom_cuda.h>
 #endif
 
+#include "clock.h"
 #include "perf.h"
 
 /* ---- element values ----------------------------------------------------------
@@ -193,13 +194,6 @@ static void loom_fail(const bench_t *b, const char *what, loom_status_t st)
         if (st_ != LOOM_SUCCESS)                                                             \
             loom_fail((b), (what), st_);                                                     \
     } while (0)
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Ranks past this many contribute the op's neutral value, so that sums stay within
  * int8 and within the integers bfloat16 holds exactly (256) on any rank count. */
@@ -588,11 +582,11 @@ static void time_test(bench_t *b, int type, int op, int root)
             }
 
             LCHECK(b, "barrier", loom_barrier(b->comm));
-            double t0 = now_s();
+            double t0 = loom_now_s();
             for (int i = 0; i < b->o.iters; i++)
                 issue(b, m);
             complete(b);
-            double t = (now_s() - t0) / b->o.iters;
+            double t = (loom_now_s() - t0) / b->o.iters;
             combine(b, &t, &wrong);
 
             w.time[m] = t * 1e6;
@@ -640,7 +634,7 @@ static void run_p2p(bench_t *b, p2p_row_t **rows_out, size_t *nrows_out)
             double t0 = 0;
             for (int it = 0; it < rounds; it++) {
                 if (it == rounds - b->o.iters)
-                    t0 = now_s();
+                    t0 = loom_now_s();
                 if (b->rank == 0) {
                     LCHECK(b, "send", loom_send(sb, size, LOOM_UINT8, peer, TAG_PING, comm));
                     LCHECK(b, "recv", loom_recv(rb, size, LOOM_UINT8, peer, TAG_PONG, comm));
@@ -652,7 +646,7 @@ static void run_p2p(bench_t *b, p2p_row_t **rows_out, size_t *nrows_out)
                     for (size_t i = 0; i < size; i++)
                         wrong += rb[i] != (uint8_t)data_value(peer, i);
             }
-            lat = (now_s() - t0) / b->o.iters / 2 * 1e6;
+            lat = (loom_now_s() - t0) / b->o.iters / 2 * 1e6;
 
             /* Large messages take fewer windows, as osu_bw does: about 1 GiB per size. */
             long windows = b->o.iters;
@@ -663,7 +657,7 @@ static void run_p2p(bench_t *b, p2p_row_t **rows_out, size_t *nrows_out)
             int warm = b->o.warmup < windows ? b->o.warmup : (int)windows;
             for (long it = 0; it < warm + windows; it++) {
                 if (it == warm)
-                    t0 = now_s();
+                    t0 = loom_now_s();
                 for (int k = 0; k < P2P_WINDOW; k++) {
                     loom_status_t st = b->rank == 0
                         ? loom_isend(sb, size, LOOM_UINT8, peer, TAG_WINDOW, comm, &b->reqs[k])
@@ -679,7 +673,7 @@ static void run_p2p(bench_t *b, p2p_row_t **rows_out, size_t *nrows_out)
                 else
                     LCHECK(b, "send", loom_send(&ack, 1, LOOM_UINT32, peer, TAG_ACK, comm));
             }
-            double t = now_s() - t0;
+            double t = loom_now_s() - t0;
             bw = (double)size * P2P_WINDOW * (double)windows / t / 1e6;
         }
         double v[3] = {b->rank == 0 ? lat : 0, b->rank == 0 ? bw : 0, (double)wrong};

@@ -35,7 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     c->fd = sv[0];
     c->need = LOOM_STORE_HELLO_LEN;
     c->events = EPOLLIN | EPOLLRDHUP;
-    c->since = c->last_active = loom_store_now();
+    c->since = c->last_active = loom_now_s();
     struct epoll_event ev = { .events = c->events, .data.ptr = c };
     epoll_ctl(srv->ep, EPOLL_CTL_ADD, sv[0], &ev);
     srv->clients = c;

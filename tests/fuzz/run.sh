@@ -41,11 +41,12 @@ san="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
 cflags="-std=gnu11 -g -O1 -fno-omit-frame-pointer -Wall -Wno-unused-function $san"
 # The host-memory library: the build's configuration without CUDA and verbs
 # (their code needs nvcc or a device, and nothing fuzzed reaches it).
-grep -v 'define LOOM_HAVE_CUDA\|define LOOM_HAVE_VERBS' "$builddir/config.h" >"$out/config.h.new"
+{ grep -v 'define LOOM_HAVE_CUDA\|define LOOM_HAVE_VERBS\|define LOOM_ACCEL_TABLE' "$builddir/config.h"
+  echo '#define LOOM_ACCEL_TABLE loom_accel_null'; } >"$out/config.h.new"
 cmp -s "$out/config.h.new" "$out/config.h" || mv "$out/config.h.new" "$out/config.h"
 cppflags="-include $out/config.h -DLOOM_BUILDING -I$srcdir/include -I$srcdir/src \
 -I$srcdir/transports -I$srcdir/algorithms -I$builddir"
-common=$(cd "$srcdir" && ls src/*.c algorithms/*.c transports/tp_util.c transports/tcp/tcp.c \
+common=$(cd "$srcdir" && ls src/*.c algorithms/*.c transports/tp_util.c transports/tp_mux.c transports/tcp/tcp.c \
     transports/shm/shm.c transports/ibverbs/ib_util.c transports/ibverbs/ib_regcache.c)
 libs="-lpthread -lm -ldl"
 if grep -q '^#define HAVE_HIREDIS 1' "$out/config.h"; then

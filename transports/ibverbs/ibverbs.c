@@ -77,6 +77,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "ib_api.h"
 #include "ib_regcache.h"
 #include "ib_util.h"
@@ -240,13 +241,6 @@ struct loom_tp {
     int announced;           /* the peers were told of our failure */
     _Atomic int owner;       /* 1: a thread is in isend/irecv/progress, 2: abort */
 };
-
-static double monotonic_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 #define tp_fail(tp, st, ...) \
     loom_tp_fail(&(tp)->failed, (tp)->err, "ibverbs", (tp)->rank, st, __VA_ARGS__)
@@ -816,7 +810,7 @@ static loom_status_t create_qp(loom_tp_t *tp, ib_peer_t *p)
     if (rc)
         return tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: QP for rank %d to INIT: %s", p->rank,
                        strerror(rc));
-    p->psn = (uint32_t)(((uintptr_t)p ^ (uint64_t)(monotonic_s() * 1e9)) & 0xffffff);
+    p->psn = (uint32_t)(((uintptr_t)p ^ (uint64_t)(loom_now_s() * 1e9)) & 0xffffff);
     return LOOM_SUCCESS;
 }
 
@@ -1170,7 +1164,7 @@ static loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeou
     struct sockaddr_storage *ss = calloc((size_t)(tp->rank ? tp->rank : 1), sizeof(*ss));
     socklen_t *sslen = calloc((size_t)(tp->rank ? tp->rank : 1), sizeof(*sslen));
     int nconn = 0, established = 0;
-    double deadline = monotonic_s() + timeout_s;
+    double deadline = loom_now_s() + timeout_s;
     if (!conns || !pfds || !ss || !sslen) {
         tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory");
         goto out;
@@ -1195,7 +1189,7 @@ static loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeou
     }
     double stranger_s = timeout_s / 3 < HS_STRANGER_S ? timeout_s / 3 : HS_STRANGER_S;
     while (established < nout + nin && !tp->failed) {
-        double now = monotonic_s();
+        double now = loom_now_s();
         for (int i = nout; i < nconn; i++)
             if (conns[i].state == HS_EXCHANGE && !conns[i].dialer && !conns[i].up &&
                 now - conns[i].since > stranger_s)
@@ -1233,7 +1227,7 @@ static loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeou
             tp_fail(tp, LOOM_ERR_TRANSPORT, "poll: %s", strerror(errno));
             break;
         }
-        now = monotonic_s();
+        now = loom_now_s();
         for (int i = 0; i < nconn && !tp->failed; i++) {
             hs_conn_t *c = &conns[i];
             if (c->state == HS_CONNECTING && c->fd < 0 && c->retry_at <= now) {
@@ -1334,7 +1328,7 @@ static loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeou
                     continue;
                 }
                 conns[slot] = (hs_conn_t){.fd = fd, .peer = -1, .state = HS_EXCHANGE,
-                                          .since = monotonic_s()};
+                                          .since = loom_now_s()};
             }
         }
     }
@@ -1853,7 +1847,7 @@ static void find_cause(loom_tp_t *tp, struct ibv_wc *first, int *is_recv)
 {
     if (first->status != IBV_WC_WR_FLUSH_ERR)
         return;
-    double until = monotonic_s() + 0.05;
+    double until = loom_now_s() + 0.05;
     do {
         struct ibv_wc wc[32];
         int got = 0;
@@ -1869,7 +1863,7 @@ static void find_cause(loom_tp_t *tp, struct ibv_wc *first, int *is_recv)
         }
         if (!got)
             sched_yield();
-    } while (monotonic_s() < until);
+    } while (loom_now_s() < until);
 }
 
 static loom_status_t report_wc(loom_tp_t *tp, const struct ibv_wc *wcp, int is_recv);
@@ -1999,7 +1993,7 @@ static void check_sockets(loom_tp_t *tp, long timeout_us)
         for (ssize_t k = 0; k < got; k++) {
             if (buf[k] == 'G') {
                 if (!p->gave_up)
-                    p->gave_up_at = monotonic_s();
+                    p->gave_up_at = loom_now_s();
                 p->gave_up = 1;
                 continue;
             }
@@ -2009,7 +2003,7 @@ static void check_sockets(loom_tp_t *tp, long timeout_us)
                 return;
             }
             if (!p->said_bye)
-                p->bye_at = monotonic_s();
+                p->bye_at = loom_now_s();
             p->said_bye = 1;
         }
         if (got < 0 && (errno == EAGAIN || errno == EINTR))
@@ -2021,7 +2015,7 @@ static void check_sockets(loom_tp_t *tp, long timeout_us)
              * went, a mismatch it found for instance, may still be on its way. */
             if (!p->said_bye) {
                 p->hung_up = 1;
-                p->hangup_at = monotonic_s();
+                p->hangup_at = loom_now_s();
             }
         }
     }
@@ -2107,12 +2101,12 @@ static loom_status_t progress_owned(loom_tp_t *tp, int timeout_ms, int *moved_p)
     }
     if (tp->failed)
         return tp->failed;
-    double now = monotonic_s();
+    double now = loom_now_s();
     double deadline = now + (timeout_ms > 0 ? timeout_ms / 1000.0 : 0);
     long nap_us = 0;
     for (;;) {
         int moved = service(tp);
-        now = monotonic_s();
+        now = loom_now_s();
         if (!tp->failed && (now >= tp->next_sock_check || nap_us)) {
             check_sockets(tp, 0);
             check_goodbyes(tp, now);
@@ -2254,7 +2248,7 @@ static void drain_sends(loom_tp_t *tp, double deadline)
             ib_peer_t *p = &tp->peers[tp->active[i]];
             busy = !p->said_bye && !p->hung_up && p->sq_done < p->sq_last_sig;
         }
-        if (!busy || monotonic_s() > deadline)
+        if (!busy || loom_now_s() > deadline)
             return;
         struct ibv_wc wc[32];
         int n = ibv_poll_cq(tp->scq, 32, wc);
@@ -2300,7 +2294,7 @@ static void ib_destroy(loom_tp_t *tp, double timeout_s)
                       (unsigned long long)p->freed, (unsigned long long)p->advertised,
                       (unsigned long long)p->sq_posted, (unsigned long long)p->sq_done);
     }
-    double deadline = monotonic_s() + (timeout_s < 5 ? timeout_s : 5);
+    double deadline = loom_now_s() + (timeout_s < 5 ? timeout_s : 5);
     if (tp->pfds)
         drain_sends(tp, deadline);
     for (int i = 0; i < tp->nactive; i++) {

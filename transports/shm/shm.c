@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 #include "settings.h"
 #include "tp_util.h"
@@ -138,13 +139,6 @@ struct loom_tp {
     double next_liveness;
     _Atomic int abort_why;
 };
-
-static double monotonic_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void futex_wake(_Atomic uint32_t *word)
 {
@@ -286,13 +280,13 @@ static loom_status_t shm_connect(loom_tp_t *tp, char *const *addrs, double timeo
     }
     /* Each peer must have checked whether it can read us before we choose how
      * to send it large messages. */
-    double deadline = monotonic_s() + timeout_s;
+    double deadline = loom_now_s() + timeout_s;
     for (int r = 0; r < tp->size; r++) {
         shm_peer_t *peer = &tp->peers[r];
         if (!peer->local)
             continue;
         while (!atomic_load(&tp->seg->rings[r].attached)) {
-            if (monotonic_s() > deadline)
+            if (loom_now_s() > deadline)
                 return tp_fail(tp, LOOM_ERR_TIMEOUT, "rank %d timed out after %.1f s waiting "
                                "for rank %d to map its shared memory", tp->rank, timeout_s, r);
             if (kill(peer->pid, 0) != 0 && errno == ESRCH)
@@ -304,7 +298,7 @@ static loom_status_t shm_connect(loom_tp_t *tp, char *const *addrs, double timeo
             LOOM_INFO("shm", "rank %d: rank %d cannot read our memory (cross-memory attach "
                       "refused); large messages go through the ring", tp->rank, r);
     }
-    tp->next_liveness = monotonic_s() + LIVENESS_CHECK_S;
+    tp->next_liveness = loom_now_s() + LIVENESS_CHECK_S;
     return LOOM_SUCCESS;
 }
 
@@ -947,7 +941,7 @@ static loom_status_t shm_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
     if ((why = atomic_load(&tp->abort_why)) != 0)
         return tp_fail(tp, (loom_status_t)why, "communicator aborted");
     poll_once(tp, moved_p);
-    double now = monotonic_s();
+    double now = loom_now_s();
     if (!*moved_p && !tp->failed && now >= tp->next_liveness) {
         tp->next_liveness = now + LIVENESS_CHECK_S;
         check_liveness(tp);
@@ -978,7 +972,7 @@ static void shm_destroy(loom_tp_t *tp, double timeout_s)
     /* Say goodbye so a peer still waiting for us fails at once. The ring may
      * be full of messages the peer never received; then it learns from our
      * closed flag or our pid. */
-    double deadline = monotonic_s() + timeout_s;
+    double deadline = loom_now_s() + timeout_s;
     uint32_t open = SEG_OPEN;
     atomic_compare_exchange_strong(&tp->seg->closed, &open, (uint32_t)SEG_DESTROYED);
     for (int r = 0; r < tp->size; r++) {
@@ -988,7 +982,7 @@ static void shm_destroy(loom_tp_t *tp, double timeout_s)
         if (!tp->failed) {
             ring_t *ring = &peer->seg->rings[tp->rank];
             rec_t *rec;
-            while ((rec = ring_reserve(ring, 0)) == NULL && monotonic_s() < deadline &&
+            while ((rec = ring_reserve(ring, 0)) == NULL && loom_now_s() < deadline &&
                    !(kill(peer->pid, 0) != 0 && errno == ESRCH)) {
                 int moved = 0;
                 drain(tp, peer, &moved);

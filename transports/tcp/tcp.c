@@ -56,6 +56,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 #include "settings.h"
 #include "sha256.h"
@@ -211,13 +212,6 @@ struct loom_tp {
     int announced;                 /* the peers were told of our failure */
     _Atomic int owner;             /* 1: a thread is in isend/irecv/progress, 2: abort */
 };
-
-static double monotonic_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* What epoll tells us for each socket: its rank and stream (0: the wake fd). */
 #define EV_KEY(rank, stream) ((((uint64_t)(rank) + 1) << 8) | (uint64_t)(stream))
@@ -632,7 +626,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
     /* Why we last refused a connection that looked like one of ours. */
     loom_ack_code_t refused = LOOM_ACK_OK;
     loom_status_t refused_st = LOOM_ERR_TIMEOUT;
-    double deadline = monotonic_s() + timeout_s;
+    double deadline = loom_now_s() + timeout_s;
     if (!conns || !peer_ss || !peer_sslen || !pfds) {
         st = loom_err_set(tp->err, LOOM_ERR_NO_MEMORY, "out of memory");
         goto out;
@@ -661,7 +655,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
 
     double stranger_s = timeout_s / 3 < HS_STRANGER_S ? timeout_s / 3 : HS_STRANGER_S;
     while (established < (nout + nin) * nstreams) {
-        double now = monotonic_s();
+        double now = loom_now_s();
         for (int i = nout_c; i < nconn; i++)
             if ((conns[i].state == HS_WAIT_HELLO || conns[i].state == HS_WAIT_PROOF) &&
                 now - conns[i].since > stranger_s) {
@@ -706,7 +700,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
             st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT, "poll: %s", strerror(errno));
             goto out;
         }
-        now = monotonic_s();
+        now = loom_now_s();
         for (int i = 0; i < nconn; i++) {
             hs_conn_t *c = &conns[i];
             short re = pfds[i + 1].revents;
@@ -977,7 +971,7 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                     continue;
                 }
                 conns[slot] = (hs_conn_t){.fd = fd, .peer = -1, .state = HS_WAIT_HELLO,
-                                          .need = LOOM_HELLO_BYTES, .since = monotonic_s()};
+                                          .need = LOOM_HELLO_BYTES, .since = loom_now_s()};
                 /* An honest rank spoke as it connected: read it now, so that it is not
                  * the one evicted when a crowd of silent strangers follows. */
                 if (hs_read(&conns[slot]) < 0) {
@@ -2208,7 +2202,7 @@ static int send_all(int fd, const void *buf, size_t len, double deadline)
         }
         if (n < 0 && errno != EAGAIN && errno != EINTR)
             return -1;
-        int ms = (int)((deadline - monotonic_s()) * 1000);
+        int ms = (int)((deadline - loom_now_s()) * 1000);
         if (ms <= 0)
             return -1;
         struct pollfd pfd = {.fd = fd, .events = POLLOUT};
@@ -2226,7 +2220,7 @@ static void tcp_destroy(loom_tp_t *tp, double timeout_s)
         LOOM_INFO("tcp", "rank %d striped %llu messages it sent and %llu it received across %d "
                   "streams per peer", tp->rank, (unsigned long long)tp->nstriped_sent,
                   (unsigned long long)tp->nstriped_recv, tp->nstreams);
-    double deadline = monotonic_s() + (timeout_s < 5 ? timeout_s : 5);
+    double deadline = loom_now_s() + (timeout_s < 5 ? timeout_s : 5);
     if (tp->failed || atomic_load(&tp->abort_why))
         announce_failure(tp);
     for (int j = 0; j < tp->size; j++) {
