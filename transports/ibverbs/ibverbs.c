@@ -84,6 +84,7 @@
 #include "ibverbs.h"
 #include "log.h"
 #include "settings.h"
+#include "sha256.h"
 #include "tp_util.h"
 #include "transport.h"
 #include "wire.h"
@@ -998,14 +999,6 @@ static void make_proof(const loom_tp_t *tp, char role, int dialer_rank, int acce
     loom_auth_proof(tp->auth_key, tp->auth_keylen, role, hello, dr.nonce, ar.nonce, bind, out);
 }
 
-static int proof_ok(const uint8_t a[32], const uint8_t b[32])
-{
-    uint8_t diff = 0;   /* constant time: a timing oracle would leak the proof */
-    for (int i = 0; i < 32; i++)
-        diff |= (uint8_t)(a[i] ^ b[i]);
-    return diff == 0;
-}
-
 static int fresh_nonce(uint8_t out[16])
 {
     return getrandom(out, 16, 0) == 16 ? 0 : -1;
@@ -1100,7 +1093,7 @@ static loom_status_t hs_advance(loom_tp_t *tp, hs_conn_t *c, char *const *addrs,
                 uint8_t want[32], mine[32];
                 make_proof(tp, 'A', tp->rank, c->peer, tp->my_addr, c->myrec, addrs[c->peer],
                            c->buf, want);
-                if (!proof_ok(want, c->buf + REC_BYTES))
+                if (!loom_equal_ct(want, c->buf + REC_BYTES, LOOM_SHA256_BYTES))
                     return tp_fail(tp, LOOM_ERR_AUTH, "ibverbs: rank %d cannot prove "
                                    "LOOM_AUTH_KEY for this connection: a different key, or a "
                                    "relay (its record or published address was changed)",
@@ -1120,7 +1113,7 @@ static loom_status_t hs_advance(loom_tp_t *tp, hs_conn_t *c, char *const *addrs,
             uint8_t want[32];
             make_proof(tp, 'C', c->peer, tp->rank, addrs[c->peer], c->buf, tp->my_addr,
                        c->myrec, want);
-            if (!proof_ok(want, c->buf + REC_BYTES)) {
+            if (!loom_equal_ct(want, c->buf + REC_BYTES, LOOM_SHA256_BYTES)) {
                 hs_refuse(tp, c, NULL, 1);
                 return LOOM_SUCCESS;
             }
