@@ -18,6 +18,13 @@ loom_status_t loom_tp_fail(loom_status_t *failed, loom_err_t *err, const char *s
 loom_status_t loom_tp_fail_gave_up(loom_status_t *failed, loom_err_t *err, const char *subsys,
                                    int rank, int peer);
 
+/* The numeric host a network transport listens on: the interface
+ * LOOM_SOCKET_IFNAME names (its IPv4 address, else its IPv6 one), else the
+ * address that reaches the store, else loopback where the launcher says every
+ * rank runs on this node, else the first IPv4 interface that is up and not
+ * loopback. Sets p->err when the named interface has no address. */
+loom_status_t loom_tp_choose_host(const loom_tp_params_t *p, char *host, size_t hostlen);
+
 /* The sockets and queues of an instance belong to the one thread inside its
  * isend/irecv/progress (the caller runs one at a time); an abort, from any
  * thread, may use them only while none is inside. owner: 0 free, 1 taken by

@@ -409,50 +409,6 @@ static int rec_decode(const uint8_t in[REC_BYTES], ib_rec_t *r)
     return 0;
 }
 
-/* The numeric host for the side channel: the named interface, else the
- * address that reaches the store, else the first interface that is up. */
-static int choose_host(const loom_tp_params_t *p, char *host, size_t hostlen)
-{
-    struct ifaddrs *ifs, *ifa;
-    if (p->ifname && *p->ifname) {
-        int found = -1;
-        if (getifaddrs(&ifs) != 0)
-            return -1;
-        for (int fam = 0; fam < 2 && found; fam++)
-            for (ifa = ifs; ifa && found; ifa = ifa->ifa_next) {
-                if (!ifa->ifa_addr || strcmp(ifa->ifa_name, p->ifname) != 0)
-                    continue;
-                int af = fam == 0 ? AF_INET : AF_INET6;
-                if (ifa->ifa_addr->sa_family != af)
-                    continue;
-                const struct sockaddr *sa = ifa->ifa_addr;
-                const void *a = af == AF_INET
-                                    ? (const void *)&((const struct sockaddr_in *)sa)->sin_addr
-                                    : (const void *)&((const struct sockaddr_in6 *)sa)->sin6_addr;
-                if (inet_ntop(af, a, host, (socklen_t)hostlen))
-                    found = 0;
-            }
-        freeifaddrs(ifs);
-        return found;
-    }
-    if (p->bind_host && *p->bind_host) {
-        snprintf(host, hostlen, "%s", p->bind_host);
-        return 0;
-    }
-    snprintf(host, hostlen, "127.0.0.1");
-    if (getifaddrs(&ifs) == 0) {
-        for (ifa = ifs; ifa; ifa = ifa->ifa_next)
-            if (ifa->ifa_addr && ifa->ifa_addr->sa_family == AF_INET &&
-                (ifa->ifa_flags & IFF_UP) && !(ifa->ifa_flags & IFF_LOOPBACK)) {
-                inet_ntop(AF_INET, &((struct sockaddr_in *)ifa->ifa_addr)->sin_addr, host,
-                          (socklen_t)hostlen);
-                break;
-            }
-        freeifaddrs(ifs);
-    }
-    return 0;
-}
-
 /* "ibv1 HOST PORT ..." -> a socket address of the side channel. */
 static int parse_addr(const char *text, struct sockaddr_storage *ss, socklen_t *len)
 {
@@ -707,12 +663,11 @@ static loom_status_t ib_create(const loom_tp_params_t *p, char *addr, size_t add
                       : tp->pinned_cache ? "pinned and cached (LOOM_IB_REG_CACHE: stale if freed)"
                                          : "pinned per message, unless registered by the user");
 
-    char host[INET6_ADDRSTRLEN + 1];
-    if (choose_host(p, host, sizeof(host)) != 0) {
-        st = loom_err_set(p->err, LOOM_ERR_INVALID_ARG, "LOOM_SOCKET_IFNAME=%s: no such "
-                          "interface with an IPv4 or IPv6 address", p->ifname);
+    char host[INET6_ADDRSTRLEN + IF_NAMESIZE + 2];
+    if ((st = loom_tp_choose_host(p, host, sizeof(host))) != LOOM_SUCCESS)
         goto err_dereg_ctrl;
-    }
+    /* The side channel's record carries a bare address (GID choice reads it too). */
+    host[strcspn(host, "%")] = '\0';
     struct sockaddr_storage ss;
     socklen_t sslen;
     char tmp[128];

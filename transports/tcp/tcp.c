@@ -281,79 +281,6 @@ static int parse_addr(const char *text, struct sockaddr_storage *ss, socklen_t *
     return 0;
 }
 
-/* The numeric host to listen on: the named interface, else the address that
- * reaches the store, else the first interface that is up and not loopback. */
-static loom_status_t choose_host(const loom_tp_params_t *p, char *host, size_t hostlen)
-{
-    if (p->ifname && *p->ifname) {
-        struct ifaddrs *ifs, *ifa;
-        if (getifaddrs(&ifs) != 0)
-            return loom_err_set(p->err, LOOM_ERR_TRANSPORT, "getifaddrs: %s", strerror(errno));
-        const struct sockaddr *v4 = NULL, *v6 = NULL;
-        for (ifa = ifs; ifa; ifa = ifa->ifa_next) {
-            if (!ifa->ifa_addr || strcmp(ifa->ifa_name, p->ifname) != 0)
-                continue;
-            if (ifa->ifa_addr->sa_family == AF_INET && !v4)
-                v4 = ifa->ifa_addr;
-            if (ifa->ifa_addr->sa_family == AF_INET6 && !v6)
-                v6 = ifa->ifa_addr;
-        }
-        const struct sockaddr *pick = v4 ? v4 : v6;
-        int rc = -1;
-        if (pick) {
-            char buf[INET6_ADDRSTRLEN + 32];
-            struct sockaddr_storage ss;
-            memcpy(&ss, pick, pick->sa_family == AF_INET ? sizeof(struct sockaddr_in)
-                                                         : sizeof(struct sockaddr_in6));
-            ((struct sockaddr_in *)&ss)->sin_port = 0;
-            rc = format_addr((struct sockaddr *)&ss, buf, sizeof(buf));
-            /* Keep only the host part: strip ":0" and IPv6 brackets. */
-            char *colon = strrchr(buf, ':');
-            if (colon)
-                *colon = '\0';
-            const char *h = buf[0] == '[' ? buf + 1 : buf;
-            size_t hl = strlen(h);
-            if (buf[0] == '[' && hl > 0)
-                hl--;
-            if (hl < hostlen) {
-                memcpy(host, h, hl);
-                host[hl] = '\0';
-            } else {
-                rc = -1;
-            }
-        }
-        freeifaddrs(ifs);
-        if (rc != 0)
-            return loom_err_set(p->err, LOOM_ERR_INVALID_ARG,
-                                "LOOM_SOCKET_IFNAME=%s: no such interface with an IPv4 or IPv6 "
-                                "address", p->ifname);
-        return LOOM_SUCCESS;
-    }
-    if (p->bind_host && *p->bind_host) {
-        snprintf(host, hostlen, "%s", p->bind_host);
-        return LOOM_SUCCESS;
-    }
-    snprintf(host, hostlen, "127.0.0.1");
-    /* Nothing says which interface the others reach (a file:// store) and
-     * the launcher says they all run here: loopback, which no other machine
-     * reaches. */
-    if (p->settings && p->settings->single_node)
-        return LOOM_SUCCESS;
-    struct ifaddrs *ifs, *ifa;
-    if (getifaddrs(&ifs) == 0) {
-        for (ifa = ifs; ifa; ifa = ifa->ifa_next) {
-            if (ifa->ifa_addr && ifa->ifa_addr->sa_family == AF_INET &&
-                (ifa->ifa_flags & IFF_UP) && !(ifa->ifa_flags & IFF_LOOPBACK)) {
-                inet_ntop(AF_INET, &((struct sockaddr_in *)ifa->ifa_addr)->sin_addr, host,
-                          (socklen_t)hostlen);
-                break;
-            }
-        }
-        freeifaddrs(ifs);
-    }
-    return LOOM_SUCCESS;
-}
-
 /* ---- create --------------------------------------------------------------- */
 
 static loom_status_t tcp_create(const loom_tp_params_t *p, char *addr, size_t addrlen,
@@ -406,7 +333,7 @@ static loom_status_t tcp_create(const loom_tp_params_t *p, char *addr, size_t ad
     }
 
     char host[INET6_ADDRSTRLEN + IF_NAMESIZE + 2];
-    if ((st = choose_host(p, host, sizeof(host))) != LOOM_SUCCESS)
+    if ((st = loom_tp_choose_host(p, host, sizeof(host))) != LOOM_SUCCESS)
         goto err_free_peers;
     struct sockaddr_storage ss;
     socklen_t sslen;
