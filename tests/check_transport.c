@@ -163,6 +163,7 @@ static int case_order(tph_rank_t *r, void *arg)
         }
     }
 out:
+    tph_end(r);
     for (int i = 0; i < MAX_PEERS * NORDER; i++)
         free(bufs[i]);
     return rc;
@@ -214,6 +215,7 @@ static int case_self(tph_rank_t *r, void *arg)
     }
     rc = 0;
 out:
+    tph_end(r);
     for (int i = 0; i < 2; i++) {
         free(out[i]);
         free(in[i]);
@@ -303,6 +305,7 @@ static int case_sizes(tph_rank_t *r, void *arg)
 post_failed:
     tph_fail(r, "posting: %s: %s", st_name(st), r->err->msg);
 out:
+    tph_end(r);
     free(out);
     for (int p = 0; p < MAX_PEERS; p++)
         free(in[p]);
@@ -348,7 +351,7 @@ static int case_mismatch(tph_rank_t *r, void *arg)
     size_t len = m->send_len > m->recv_len ? m->send_len : m->recv_len;
 
     if (!(buf = rmalloc(r, len)))
-        return -1;
+        goto out;
     memset(buf, 1, len);
     if (r->rank == 0) {
         for (int k = 1; k < r->size; k++) {
@@ -394,6 +397,7 @@ static int case_mismatch(tph_rank_t *r, void *arg)
     }
     rc = 0;
 out:
+    tph_end(r);
     free(buf);
     return rc;
 }
@@ -437,44 +441,56 @@ static int case_peer_lost(tph_rank_t *r, void *arg)
         tph_destroy(r, 5.0);
         return 0;
     }
-    if (mode == LOST_SEND && !(big = rmalloc(r, LARGE)))
-        return -1;
+    int rc = -1;
+    loom_tp_req_t again;
+    loom_tp_req_t *ap = &again;
+    if (mode == LOST_SEND) {
+        if (!(big = rmalloc(r, LARGE)))
+            goto out;
+        memset(big, 6, LARGE);
+    }
     for (int k = 1; k < r->size; k++) {
         rp[k - 1] = &reqs[k - 1];
         st = mode == LOST_SEND ? tph_isend(r, &reqs[k - 1], k, big, LARGE, 3)
                                : tph_irecv(r, &reqs[k - 1], k, buf[k - 1], 64, 3);
         if (st != LOOM_SUCCESS) {
-            free(big);
-            return tph_fail(r, "posting: %s: %s", st_name(st), r->err->msg);
+            tph_fail(r, "posting: %s: %s", st_name(st), r->err->msg);
+            goto out;
         }
     }
-    if (tph_barrier(r) != 0) {
-        free(big);
-        return -1;
-    }
+    if (tph_barrier(r) != 0)
+        goto out;
     double t0 = tph_now();
     st = tph_wait(r, rp, r->size - 1, WAIT_S);
     double waited = tph_now() - t0;
-    free(big);
     /* A send may also complete: the transport buffered it (the harness's
      * eager copy), which is all a send promises. */
-    if (mode == LOST_SEND && st == LOOM_SUCCESS)
-        return 0;
-    if (st != LOOM_ERR_PEER_LOST)
-        return tph_fail(r, "%s: %s after %.1f s (%s), not LOOM_ERR_PEER_LOST", lost_what[mode],
-                        st_name(st), waited, r->err->msg);
-    if (strstr(r->err->msg, "rank ") == NULL)
-        return tph_fail(r, "the PEER_LOST message names no rank: \"%s\"", r->err->msg);
+    if (mode == LOST_SEND && st == LOOM_SUCCESS) {
+        rc = 0;
+        goto out;
+    }
+    if (st != LOOM_ERR_PEER_LOST) {
+        tph_fail(r, "%s: %s after %.1f s (%s), not LOOM_ERR_PEER_LOST", lost_what[mode],
+                 st_name(st), waited, r->err->msg);
+        goto out;
+    }
+    if (strstr(r->err->msg, "rank ") == NULL) {
+        tph_fail(r, "the PEER_LOST message names no rank: \"%s\"", r->err->msg);
+        goto out;
+    }
     /* Later requests fail the same way (a lost peer is sticky). */
-    loom_tp_req_t again;
-    loom_tp_req_t *ap = &again;
     st = tph_irecv(r, &again, 1, buf[0], 64, 4);
     if (st == LOOM_SUCCESS)
         st = tph_wait(r, &ap, 1, WAIT_S);
     if (st != LOOM_ERR_PEER_LOST)
-        return tph_fail(r, "a receive from the lost rank posted afterwards ended with %s",
-                        st_name(st));
-    return 0;
+        tph_fail(r, "a receive from the lost rank posted afterwards ended with %s", st_name(st));
+    else
+        rc = 0;
+out:
+    /* The requests and buffer stay valid until the endpoint is gone. */
+    tph_destroy(r, 5.0);
+    free(big);
+    return rc;
 }
 
 START_TEST(test_peer_lost)
@@ -515,7 +531,7 @@ static int case_abort(tph_rank_t *r, void *arg)
 {
     (void)arg;
     if (r->rank != 1)
-        return tph_barrier(r);
+        return tph_end(r);
 
     aborter_t a = {.r = r, .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
     pthread_t tid;
@@ -526,12 +542,12 @@ static int case_abort(tph_rank_t *r, void *arg)
 
     if ((st = tph_irecv(r, &req, 0, buf, sizeof(buf), 77)) != LOOM_SUCCESS) {
         tph_fail(r, "irecv: %s: %s", st_name(st), r->err->msg);
-        tph_barrier(r);
+        tph_end(r);
         return -1;
     }
     if (pthread_create(&tid, NULL, aborter_main, &a) != 0) {
         tph_fail(r, "cannot start the aborting thread");
-        tph_barrier(r);
+        tph_end(r);
         return -1;
     }
     pthread_mutex_lock(&a.lock);
@@ -564,8 +580,7 @@ static int case_abort(tph_rank_t *r, void *arg)
         else
             rc = 0;
     }
-    if (tph_barrier(r) != 0)
-        rc = -1;
+    tph_end(r);   /* the request on our stack stays valid until the endpoint is gone */
     return rc;
 }
 

@@ -223,6 +223,13 @@ int tph_barrier(tph_rank_t *r)
     return 0;
 }
 
+int tph_end(tph_rank_t *r)
+{
+    int rc = r->destroyed ? 0 : barrier(r->run, 0);
+    tph_destroy(r, 10.0);
+    return rc;
+}
+
 /* ---- the thread harness's transport ------------------------------------------------ */
 
 static void harness_rank(loom_ctx_t *ctx, void *arg)

@@ -72,6 +72,10 @@ loom_status_t tph_irecv_match(tph_rank_t *r, loom_tp_req_t *req, int peer, void 
  * fails, at most limit_s. Returns LOOM_SUCCESS when all completed well, the
  * status of the endpoint or of the first failed request, or LOOM_ERR_TIMEOUT. */
 loom_status_t tph_wait(tph_rank_t *r, loom_tp_req_t *const *reqs, int n, double limit_s);
+/* End a case: wait (bounded) for the other ranks, then destroy r's endpoint,
+ * while the requests and buffers of the case are still valid (a transport
+ * may touch pending ones until destroy returns). 0, or -1 when a rank left. */
+int tph_end(tph_rank_t *r);
 /* Destroy r's endpoint now (bounded by timeout_s). */
 void tph_destroy(tph_rank_t *r, double timeout_s);
 /* Wait until all ranks of the run got here (bounded; 0 on success). */
