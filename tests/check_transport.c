@@ -3,8 +3,9 @@
  * the ops table of transport.h, against every transport (the thread harness's
  * in-memory double, tcp, shm, the mux of shm and tcp, ibverbs over the
  * libibverbs test double): ordering per tag, sends to self, 0-byte and large
- * messages, length and descriptor mismatches, a lost peer, an abort from
- * another thread, destroy with requests pending. Ranks are threads of one
+ * messages, length and descriptor mismatches, a lost peer, a receiver that
+ * leaves as soon as it has its message, an abort from another thread, destroy
+ * with requests pending. Ranks are threads of one
  * process (tests/transport_harness.h); every wait is bounded and ends on an
  * event, never on the clock.
  */
@@ -500,6 +501,75 @@ START_TEST(test_peer_lost)
 }
 END_TEST
 
+/* ---- a receiver that leaves at once ---------------------------------------------- */
+
+/* Rank 0 sends every other rank a large message; each waits until it has
+ * arrived (probe, where the transport has one), posts its receive, waits
+ * only while the receive is not done, and destroys its endpoint right away,
+ * without another progress call. The sends complete: whatever the receiver
+ * still owed its sender (an acknowledgement) goes out before its goodbye. */
+static int case_leave_after_recv(tph_rank_t *r, void *arg)
+{
+    (void)arg;
+    loom_tp_req_t reqs[MAX_PEERS];
+    loom_tp_req_t *rp[MAX_PEERS];
+    uint8_t *buf = rmalloc(r, LARGE);
+    loom_status_t st;
+    int rc = -1;
+
+    if (!buf)
+        goto out;
+    if (r->rank == 0) {
+        fill(buf, LARGE, 77);
+        for (int k = 1; k < r->size; k++) {
+            rp[k - 1] = &reqs[k - 1];
+            if ((st = tph_isend(r, &reqs[k - 1], k, buf, LARGE, 12)) != LOOM_SUCCESS) {
+                tph_fail(r, "isend: %s: %s", st_name(st), r->err->msg);
+                goto out;
+            }
+        }
+        if ((st = tph_wait(r, rp, r->size - 1, WAIT_S)) != LOOM_SUCCESS) {
+            tph_fail(r, "sends to receivers that left once they had them: %s (%s)",
+                     st_name(st), r->err->msg);
+            goto out;
+        }
+        rc = 0;
+        goto out;
+    }
+    double t0 = tph_now();
+    while (r->ops->probe && !r->ops->probe(r->tp, 0, 12)) {
+        int moved = 0;
+        if ((st = r->ops->progress(r->tp, 50, &moved)) != LOOM_SUCCESS || tph_now() - t0 > WAIT_S) {
+            tph_fail(r, "the message never arrived: %s (%s)", st_name(st), r->err->msg);
+            goto out;
+        }
+    }
+    rp[0] = &reqs[0];
+    memset(buf, 0, LARGE);
+    if ((st = tph_irecv(r, &reqs[0], 0, buf, LARGE, 12)) != LOOM_SUCCESS ||
+        (st = tph_wait(r, rp, 1, WAIT_S)) != LOOM_SUCCESS) {
+        tph_fail(r, "receive: %s: %s", st_name(st), r->err->msg);
+        goto out;
+    }
+    size_t bad = 0;
+    if (check_fill(buf, LARGE, 77, &bad) != 0) {
+        tph_fail(r, "the message differs at byte %zu", bad);
+        goto out;
+    }
+    rc = 0;
+out:
+    /* No barrier: the receivers leave as soon as they have the message. */
+    tph_destroy(r, 10.0);
+    free(buf);
+    return rc;
+}
+
+START_TEST(test_leave_after_recv)
+{
+    run_case(_i, case_leave_after_recv, NULL, "a receiver that leaves once it has the message");
+}
+END_TEST
+
 /* ---- abort from another thread ----------------------------------------------------- */
 
 typedef struct aborter {
@@ -660,6 +730,7 @@ static Suite *transport_suite(void)
         {"sizes", test_zero_and_large},
         {"mismatch", test_mismatch},
         {"peer_lost", test_peer_lost},
+        {"leave_after_recv", test_leave_after_recv},
         {"abort", test_abort_from_thread},
         {"destroy_pending", test_destroy_pending},
     };
