@@ -707,6 +707,7 @@ static int case_destroy_pending(tph_rank_t *r, void *arg)
     else
         rc = 0;
 out:
+    tph_destroy(r, 5.0);   /* done already, unless posting failed */
     /* A transport that still touched them now would be a use after free
      * under AddressSanitizer or valgrind. */
     free(reqs);
