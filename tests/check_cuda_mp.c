@@ -18,7 +18,7 @@
 
 #include "check_cuda_fake.h"
 #include "loom.h"
-#include "mp_common.h"
+#include "mp_util.h"
 
 static int failures;
 

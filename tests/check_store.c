@@ -1,6 +1,9 @@
-/* check_store.c - unit tests of the rendezvous store: both backends through the
- * generic API, the tcp server against strangers and forged requests, and the
- * protocol parser. Network use is limited to 127.0.0.1 and ::1. */
+/* check_store.c - unit tests of the rendezvous store: one body per test over
+ * every backend through the generic API (tcp://, file://, and redis:// on a
+ * redis-server of its own where hiredis and redis-server are there), the tcp
+ * server against strangers and forged requests, and the protocol parser.
+ * What only redis:// has is in check_store_redis.c. Network use is limited
+ * to 127.0.0.1 and ::1. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -24,22 +27,44 @@
 #include "store.h"
 #include "store_proto.h"
 
-enum { BK_TCP, BK_FILE, BK_COUNT };
+enum { BK_TCP, BK_FILE, BK_REDIS, BK_COUNT };
 
 typedef struct backend {
     int kind;
     loom_store_server_t *srv;
+    redis_server_t redis;
     char dir[64];
     char uri[128];
 } backend_t;
 
-static void backend_up(backend_t *b, int kind)
+/* Whether redis:// can run here; else why not (said once, by the suite). */
+static int redis_usable(char *why, size_t whylen)
+{
+#ifdef HAVE_HIREDIS
+    if (have_redis_server())
+        return 1;
+    snprintf(why, whylen, "redis-server not installed");
+#else
+    snprintf(why, whylen, "this build has no redis:// store (libhiredis-dev)");
+#endif
+    return 0;
+}
+
+/* 0 when the backend cannot run here: the test passes without it (the
+ * suite printed why). */
+static int backend_up(backend_t *b, int kind)
 {
     loom_err_t err;
+    char why[128];
     loom_err_clear(&err);
     memset(b, 0, sizeof(*b));
     b->kind = kind;
-    if (kind == BK_TCP) {
+    if (kind == BK_REDIS) {
+        if (!redis_usable(why, sizeof(why)))
+            return 0;
+        redis_start(&b->redis, 0, NULL);
+        snprintf(b->uri, sizeof(b->uri), "%s", b->redis.uri);
+    } else if (kind == BK_TCP) {
         ck_assert_msg(loom_store_server_start("127.0.0.1", 0, &err, &b->srv) == LOOM_SUCCESS,
                       "server start: %s", err.msg);
         snprintf(b->uri, sizeof(b->uri), "tcp://127.0.0.1:%d", loom_store_server_port(b->srv));
@@ -49,7 +74,14 @@ static void backend_up(backend_t *b, int kind)
         /* A subdirectory that does not exist yet: open must create it. */
         snprintf(b->uri, sizeof(b->uri), "file://%s/sub/dir", b->dir);
     }
+    return 1;
 }
+
+#define BACKEND_UP(b, kind)           \
+    do {                              \
+        if (!backend_up(&(b), kind))  \
+            return;                   \
+    } while (0)
 
 static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
 {
@@ -60,6 +92,7 @@ static void backend_down(backend_t *b)
 {
     if (b->srv != NULL)
         loom_store_server_stop(b->srv);
+    redis_stop(&b->redis);
     if (b->dir[0] != '\0')
         nftw(b->dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
@@ -85,12 +118,12 @@ static void *setter_main(void *arg)
     return rc == LOOM_SUCCESS ? NULL : (void *)1;
 }
 
-/* ---- Tests run on both backends (_i selects the backend). ----------------- */
+/* ---- Tests run on every backend (_i selects it). --------------------------- */
 
 START_TEST(test_set_get)
 {
     backend_t b;
-    backend_up(&b, _i);
+    BACKEND_UP(b, _i);
     loom_store_t *s = open_uri(b.uri);
     put_str(s, "loom/job/addr/0", "10.0.0.1:4242");
     expect_str(s, "loom/job/addr/0", "10.0.0.1:4242");
@@ -107,6 +140,15 @@ START_TEST(test_set_get)
     expect_str(s, "a%2Fb", "percent");
     expect_str(s, "a_b", "underscore");
     expect_str(s, "..", "dotdot");
+    put_str(s, "a b\tc", "spaces");
+    expect_str(s, "a b\tc", "spaces");
+    if (b.kind != BK_FILE) {
+        /* The address our connection to the store leaves from. */
+        char host[64];
+        ck_assert_int_eq(loom_store_local_host(s, host, sizeof(host)), 0);
+        ck_assert_str_eq(host, "127.0.0.1");
+        ck_assert_int_eq(loom_store_local_host(s, host, 3), -1);
+    }
     loom_store_close(s);
     backend_down(&b);
 }
@@ -115,7 +157,7 @@ END_TEST
 START_TEST(test_get_missing_times_out)
 {
     backend_t b;
-    backend_up(&b, _i);
+    BACKEND_UP(b, _i);
     loom_store_t *s = open_uri(b.uri);
     loom_err_t err;
     void *val = (void *)&err;
@@ -143,7 +185,7 @@ END_TEST
 START_TEST(test_wait_several)
 {
     backend_t b;
-    backend_up(&b, _i);
+    BACKEND_UP(b, _i);
     loom_store_t *s = open_uri(b.uri);
     put_str(s, "loom/job/addr/0", "a");
     put_str(s, "loom/job/addr/1", "b");
@@ -171,7 +213,7 @@ END_TEST
 START_TEST(test_wait_lists_missing)
 {
     backend_t b;
-    backend_up(&b, _i);
+    BACKEND_UP(b, _i);
     loom_store_t *s = open_uri(b.uri);
     put_str(s, "loom/job/addr/1", "x");
     const char *keys[4] = { "loom/job/addr/0", "loom/job/addr/1", "loom/job/addr/2",
@@ -219,7 +261,7 @@ START_TEST(test_wait_wakes_many)
 {
     enum { N = 8 };
     backend_t b;
-    backend_up(&b, _i);
+    BACKEND_UP(b, _i);
     pthread_t th[N];
     waiter_t w[N];
     for (int i = 0; i < N; i++) {
@@ -244,7 +286,7 @@ END_TEST
 START_TEST(test_add)
 {
     backend_t b;
-    backend_up(&b, _i);
+    BACKEND_UP(b, _i);
     loom_store_t *s = open_uri(b.uri);
     loom_err_t err;
     int64_t v = 0;
@@ -267,7 +309,8 @@ START_TEST(test_add)
     v = 99;
     ck_assert_int_eq(loom_store_add(s, "text", 1, &v, &err), LOOM_ERR_INVALID_ARG);
     ck_assert_int_eq(v, 99);
-    ck_assert_msg(strstr(err.msg, "text") != NULL, "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "text") != NULL && strstr(err.msg, "decimal integer") != NULL,
+                  "%s", err.msg);
     expect_str(s, "text", "hello");
 
     loom_err_clear(&err);
@@ -316,9 +359,9 @@ static int cmp_i64(const void *x, const void *y)
 START_TEST(test_add_concurrent)
 {
     enum { T = 8 };
-    int n = _i == BK_TCP ? 200 : 40;
+    int n = _i == BK_FILE ? 40 : 200;
     backend_t b;
-    backend_up(&b, _i);
+    BACKEND_UP(b, _i);
     int64_t *seen = calloc((size_t)(T * n), sizeof(*seen));
     ck_assert_ptr_nonnull(seen);
     adder_t a[T];
@@ -363,7 +406,7 @@ static void cas(loom_store_t *s, const char *key, const char *expected, const ch
 START_TEST(test_cas)
 {
     backend_t b;
-    backend_up(&b, _i);
+    BACKEND_UP(b, _i);
     loom_store_t *s = open_uri(b.uri);
     /* Absent and a non-empty expectation: nothing happens, the key stays absent. */
     cas(s, "leader", "someone", "me", "");
@@ -379,6 +422,10 @@ START_TEST(test_cas)
     /* Match: swapped. */
     cas(s, "leader", "rank3", "rank5", "rank5");
     expect_str(s, "leader", "rank5");
+    /* Swapping to the empty value, then from it. */
+    cas(s, "leader", "rank5", "", "");
+    expect_str(s, "leader", "");
+    cas(s, "leader", "", "back", "back");
     /* Binary values compare on every byte. */
     loom_err_t err;
     void *val;
@@ -390,11 +437,11 @@ START_TEST(test_cas)
     ck_assert_uint_eq(len, 3);
     ck_assert(memcmp(val, "a\0b", 3) == 0);
     free(val);
-    ck_assert_int_eq(loom_store_cas(s, "bin", "a\0b", 3, "x", 1, &val, &len, &err),
+    ck_assert_int_eq(loom_store_cas(s, "bin", "a\0b", 3, "x\0y", 3, &val, &len, &err),
                      LOOM_SUCCESS);
-    ck_assert_uint_eq(len, 1);
+    ck_assert_uint_eq(len, 3);
     free(val);
-    expect_str(s, "bin", "x");
+    expect(s, "bin", "x\0y", 3);
     loom_store_close(s);
     backend_down(&b);
 }
@@ -403,7 +450,7 @@ END_TEST
 START_TEST(test_delete)
 {
     backend_t b;
-    backend_up(&b, _i);
+    BACKEND_UP(b, _i);
     loom_store_t *s = open_uri(b.uri);
     loom_err_t err;
     int existed = -1;
@@ -436,15 +483,17 @@ END_TEST
 START_TEST(test_binary_and_big_values)
 {
     backend_t b;
-    backend_up(&b, _i);
+    BACKEND_UP(b, _i);
     loom_store_t *s = open_uri(b.uri);
     unsigned char bin[256];
     for (int i = 0; i < 256; i++)
-        bin[i] = (unsigned char)(255 - i);  /* includes NUL bytes and 0xff */
+        bin[i] = (unsigned char)(255 - i);  /* includes NUL bytes, CR, LF and 0xff */
     put(s, "bin", bin, sizeof(bin));
     expect(s, "bin", bin, sizeof(bin));
     put(s, "nuls", "\0\0\0", 3);
     expect(s, "nuls", "\0\0\0", 3);
+    put(s, "crlf", "$3\r\n+OK\r\n", 9);  /* looks like a protocol, is only bytes */
+    expect(s, "crlf", "$3\r\n+OK\r\n", 9);
 
     size_t big = 1u << 20;
     unsigned char *v = malloc(big);
@@ -471,7 +520,7 @@ END_TEST
 START_TEST(test_keys)
 {
     backend_t b;
-    backend_up(&b, _i);
+    BACKEND_UP(b, _i);
     loom_store_t *s = open_uri(b.uri);
     loom_err_t err;
     char key[LOOM_STORE_KEY_MAX + 2];
@@ -623,20 +672,6 @@ START_TEST(test_bad_uris)
 END_TEST
 
 /* ---- tcp: connecting, rank 0, strangers, forged requests. ----------------- */
-
-/* A socket bound to 127.0.0.1:port and not listening: connections to that
- * port are refused, and nobody else can take the port meanwhile. */
-static int reserve_port(int *port_p)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_int_ge(fd, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    socklen_t sl = sizeof(a);
-    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &sl), 0);
-    *port_p = ntohs(a.sin_port);
-    return fd;
-}
 
 START_TEST(test_connect_nobody_listening)
 {
@@ -1228,12 +1263,12 @@ START_TEST(test_auth_server)
 END_TEST
 
 /* Signed values: a reader with the key accepts only values written with it,
- * under the key name they were written for; on both backends. */
+ * under the key name they were written for; on every backend. */
 START_TEST(test_signed_values)
 {
     static const char key[] = "correct horse";
     backend_t b;
-    backend_up(&b, _i);
+    BACKEND_UP(b, _i);
     loom_err_t err;
     loom_err_clear(&err);
     loom_store_t *s, *plain = open_uri(b.uri);
@@ -1386,6 +1421,9 @@ END_TEST
 Suite *loom_store_suite(void)
 {
     Suite *su = suite_create("store");
+    char why[128];
+    if (!redis_usable(why, sizeof(why)))
+        printf("SKIP: the store tests over redis:// (%s)\n", why);
 
     TCase *tc = tcase_create("backends");
     tcase_set_timeout(tc, 120);

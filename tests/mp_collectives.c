@@ -9,7 +9,7 @@
  *   automatic choice.
  * LOOM_MP_SIZES="4 6" runs those rank counts instead; LOOM_MP_DTYPES="int32
  * float32" only those dtypes (for slow links: tests/rxe); LOOM_MP_NODES=k acts out
- * nodes of k ranks each (LOOM_HOST_ID, see mp_common.h), which the topology
+ * nodes of k ranks each (LOOM_HOST_ID, see mp_util.h), which the topology
  * check expects and the hierarchical algorithms use.
  * Inputs are small integers, so every reduction is exact in every type and a
  * result must match the reference bit for bit.
@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "comm.h"
-#include "mp_common.h"
+#include "mp_util.h"
 #include "reduce.h"
 #include "types.h"
 

@@ -20,7 +20,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "mp_common.h"
+#include "mp_util.h"
 #include "store.h"
 
 #define TIMEOUT_S 6.0

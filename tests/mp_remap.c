@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "loom.h"
-#include "mp_common.h"
+#include "mp_util.h"
 
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000

@@ -1,6 +1,6 @@
 #!/bin/sh
 # The collective matrix on emulated nodes (LOOM_HOST_ID per rank, see
-# tests/mp_common.h): 2x2 and 3x2 ranks, every algorithm forced (hierarchical
+# tests/mp_util.h): 2x2 and 3x2 ranks, every algorithm forced (hierarchical
 # takes its two-level path here, the flat ones ignore the topology) and
 # allreduce once more with the automatic choice, which picks hierarchical from
 # 256 KiB. About 40 s on 2 cores.

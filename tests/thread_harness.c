@@ -31,14 +31,17 @@ struct loom_tp {
     loom_err_t *err;
     /* Requests other threads completed or paired; the owner marks them done in progress. */
     loom_tp_req_t *matched;
+    int gone;                  /* destroyed: its peers' waits for it fail */
+    loom_status_t aborted;     /* set by abort (any thread) */
+    loom_status_t failed;      /* sticky failure, described in err (owner's thread) */
 };
 
 struct world {
     pthread_mutex_t lock;
-    pthread_cond_t cond;       /* a receive was matched, or the world failed */
+    pthread_cond_t cond;       /* a receive was matched, or a rank failed or left */
     int n;
     int rendezvous;            /* sends complete only once matched */
-    loom_status_t failed;      /* set by abort: every later call fails with it */
+    int gave_up;               /* the first rank aborted, -1: none */
     hmsg_t **queue;            /* [src * n + dst]: FIFO of unexpected messages */
     loom_tp_req_t **posted;    /* [dst * n + src]: FIFO of receives not matched yet */
     int nposted;               /* receives posted and not matched yet, in all lists */
@@ -67,6 +70,8 @@ static void deliver(loom_tp_req_t *r, const loom_tp_match_t *m, const void *data
  * (lock held). */
 static void hand_to(world_t *w, int rank, loom_tp_req_t *r)
 {
+    if (w->tps[rank].gone)
+        return;   /* destroyed: its requests are forgotten */
     r->next = w->tps[rank].matched;
     w->tps[rank].matched = r;
     w->nmatched++;
@@ -127,16 +132,54 @@ static void complete(loom_tp_t *tp, loom_tp_req_t *r)
     r->done = 1;
 }
 
+/* The failure state of tp, as a real transport's: its own abort fails it
+ * with the abort's status; any other rank's abort fails it with PEER_LOST
+ * (that rank gave up, and says so to its peers). Lock held, on tp's own
+ * thread, which alone writes tp->err. */
+static loom_status_t state(loom_tp_t *tp)
+{
+    world_t *w = tp->w;
+    if (tp->failed != LOOM_SUCCESS)
+        return tp->failed;
+    if (tp->aborted != LOOM_SUCCESS)
+        tp->failed = loom_err_set(tp->err, tp->aborted, "rank %d: aborted", tp->rank);
+    else if (w->gave_up >= 0)
+        tp->failed = loom_err_set(tp->err, LOOM_ERR_PEER_LOST,
+                                  "rank %d lost rank %d: rank %d gave up (aborted)", tp->rank,
+                                  w->gave_up, w->gave_up);
+    return tp->failed;
+}
+
+/* A peer that destroyed its instance fails whoever still needs it, as a
+ * real transport's goodbye does (lock held, tp's own thread). */
+static loom_status_t peer_gone(loom_tp_t *tp, int peer)
+{
+    if (state(tp) == LOOM_SUCCESS && peer != tp->rank && tp->w->tps[peer].gone)
+        tp->failed = loom_err_set(tp->err, LOOM_ERR_PEER_LOST,
+                                  "rank %d lost rank %d: it destroyed its transport while rank "
+                                  "%d still needs it", tp->rank, peer, tp->rank);
+    return tp->failed;
+}
+
+/* Whether tp has failed, or has a receive posted from a peer that is gone
+ * (lock held, tp's own thread). */
+static loom_status_t waits_for_gone(loom_tp_t *tp)
+{
+    world_t *w = tp->w;
+    for (int src = 0; src < w->n && state(tp) == LOOM_SUCCESS; src++)
+        if (w->posted[tp->rank * w->n + src] != NULL)
+            peer_gone(tp, src);
+    return tp->failed;
+}
+
 static loom_status_t h_isend(loom_tp_t *tp, loom_tp_req_t *req)
 {
     world_t *w = tp->w;
     loom_status_t st = LOOM_SUCCESS;
 
     pthread_mutex_lock(&w->lock);
-    if (w->failed != LOOM_SUCCESS) {
-        st = w->failed;
+    if ((st = peer_gone(tp, req->peer)) != LOOM_SUCCESS)
         goto out;
-    }
     loom_tp_req_t **pp = &w->posted[req->peer * w->n + tp->rank];
     while (*pp != NULL && (*pp)->match.tag != req->match.tag)
         pp = &(*pp)->next;
@@ -189,13 +232,13 @@ static loom_status_t h_irecv(loom_tp_t *tp, loom_tp_req_t *req)
     loom_status_t st = LOOM_SUCCESS;
 
     pthread_mutex_lock(&w->lock);
-    if (w->failed != LOOM_SUCCESS) {
-        st = w->failed;
+    if ((st = state(tp)) != LOOM_SUCCESS)
         goto out;
-    }
     hmsg_t **qp = &w->queue[req->peer * w->n + tp->rank];
     while (*qp != NULL && (*qp)->match.tag != req->match.tag)
         qp = &(*qp)->next;
+    if (*qp == NULL && (st = peer_gone(tp, req->peer)) != LOOM_SUCCESS)
+        goto out;
     if (*qp != NULL) {
         hmsg_t *m = *qp;
         *qp = m->next;
@@ -249,14 +292,14 @@ static loom_status_t h_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
             *moved_p = 1;
             break;
         }
-        if (w->failed != LOOM_SUCCESS || timeout_ms == 0)
+        if (waits_for_gone(tp) != LOOM_SUCCESS || timeout_ms == 0)
             break;
         if (timeout_ms < 0)
             pthread_cond_wait(&w->cond, &w->lock);
         else if (pthread_cond_timedwait(&w->cond, &w->lock, &until) == ETIMEDOUT)
             timeout_ms = 0;   /* one last look, then leave */
     }
-    st = w->failed;
+    st = state(tp);
     pthread_mutex_unlock(&w->lock);
     return st;
 }
@@ -265,15 +308,54 @@ static void h_abort(loom_tp_t *tp, loom_status_t why)
 {
     world_t *w = tp->w;
     pthread_mutex_lock(&w->lock);
-    if (w->failed == LOOM_SUCCESS)
-        w->failed = why;
+    if (tp->aborted == LOOM_SUCCESS)
+        tp->aborted = why;
+    if (w->gave_up < 0)
+        w->gave_up = tp->rank;
     pthread_cond_broadcast(&w->cond);
     pthread_mutex_unlock(&w->lock);
 }
 
-/* The world owns everything; loom_harness_run frees it after the threads end. */
+/* Drop every request of tp's from the world, as a real transport forgets
+ * them at destroy (lock held): its posted receives, the requests handed to
+ * it, the messages sent to it, and its rendezvous sends nobody read yet. */
+static void forget(world_t *w, loom_tp_t *tp)
+{
+    for (int src = 0; src < w->n; src++)
+        for (loom_tp_req_t **pp = &w->posted[tp->rank * w->n + src]; *pp != NULL;) {
+            *pp = (*pp)->next;
+            w->nposted--;
+        }
+    while (tp->matched != NULL) {
+        tp->matched = tp->matched->next;
+        w->nmatched--;
+    }
+    for (int i = 0; i < w->n * w->n; i++) {
+        int to_us = i % w->n == tp->rank;
+        for (hmsg_t **qp = &w->queue[i]; *qp != NULL;) {
+            hmsg_t *m = *qp;
+            if (to_us || (m->sreq != NULL && i / w->n == tp->rank)) {
+                *qp = m->next;
+                free(m);
+            } else {
+                qp = &m->next;
+            }
+        }
+    }
+}
+
+/* The world owns the instances; loom_harness_run frees them after the threads
+ * end. Destroying one forgets its requests and fails the peers that wait for
+ * it (their next progress, irecv or isend says PEER_LOST). */
 static void h_destroy(loom_tp_t *tp, double timeout_s)
 {
+    world_t *w = tp->w;
+    (void)timeout_s;
+    pthread_mutex_lock(&w->lock);
+    forget(w, tp);
+    tp->gone = 1;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
 }
 
 /* Small, so the staged algorithms go through many chunks even in unit tests. */
@@ -357,6 +439,7 @@ int loom_harness_run_nodes(int nranks, int flags, int per_node,
     memset(&w, 0, sizeof(w));
     w.n = nranks;
     w.rendezvous = (flags & LOOM_HARNESS_RENDEZVOUS) != 0;
+    w.gave_up = -1;
     w.queue = calloc((size_t)nranks * (size_t)nranks, sizeof(*w.queue));
     w.posted = calloc((size_t)nranks * (size_t)nranks, sizeof(*w.posted));
     w.tps = calloc((size_t)nranks, sizeof(*w.tps));

@@ -19,6 +19,12 @@
  * algorithm that rewrites a buffer whose send has not completed, or that
  * relies on the transport buffering to avoid a deadlock.
  *
+ * destroy forgets the instance's requests and fails every peer that still
+ * waits for it (a receive posted from it, a later irecv with nothing queued
+ * from it, an isend to it) with LOOM_ERR_PEER_LOST, as a real transport's
+ * goodbye does; a rendezvous send already paired with a receive is not
+ * withdrawn.
+ *
  * Limits: no create/connect, no registration; a request must stay valid until
  * it completes, so a rank that returns with a receive or (rendezvous) a send
  * still pending leaves a dangling pointer in the world (reported as stray).
@@ -40,7 +46,9 @@ extern const loom_transport_ops_t loom_harness_transport;
  * (small, so the pipelined algorithms cut even small tests into segments), seq,
  * desc and total 0 (a test sets them per collective, as the core does), and its
  * own loom_err_t. fn reports failures through arg; to stop the other ranks
- * early it can call ctx->tp_ops->abort(ctx->tp, status).
+ * early it can call ctx->tp_ops->abort(ctx->tp, status): as with a real
+ * transport, that rank fails with status and every other with
+ * LOOM_ERR_PEER_LOST (the rank gave up).
  *
  * Returns 0 when every thread ran and the world ended clean, -1 when the run
  * could not be set up, or the number of messages sent but never received plus

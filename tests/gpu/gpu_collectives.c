@@ -21,7 +21,7 @@
 #include "gpu_common.h"
 #include "loom.h"
 #include "loom_cuda.h"
-#include "../mp_common.h"
+#include "../mp_util.h"
 #include "reduce.h"
 
 typedef enum { MODE_PLAIN, MODE_STREAM, MODE_NONBLOCKING } mode_t_;

@@ -849,6 +849,11 @@ static loom_status_t drain(loom_tp_t *tp, shm_peer_t *peer, int *moved)
             if (peer->rq.head || peer->cur_req)
                 tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d destroyed its communicator while rank "
                         "%d still waits for a message from it", peer->rank, tp->rank);
+            /* A send it did not take (or whose FIN it will never write) would
+             * otherwise wait until the timeout. */
+            else if (peer->sq.head || peer->fin_wait)
+                tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d destroyed its communicator while rank "
+                        "%d still sends it a message", peer->rank, tp->rank);
             break;
         }
         tail += step;

@@ -1555,7 +1555,9 @@ static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_fra
     /* What it sent before still counts; an exchange with it from now on fails. */
     if (f->kind == LOOM_FRAME_GAVE_UP) {
         peer->gave_up = 1;
-        return peer->rq.head || peer->rx_head ? gave_up_fail(tp, peer) : LOOM_SUCCESS;
+        /* A send it will never read waits for nothing, as a receive would. */
+        return peer->rq.head || peer->rx_head || peer->sq.head || peer->sx_head
+                   ? gave_up_fail(tp, peer) : LOOM_SUCCESS;
     }
     if (f->kind == LOOM_FRAME_SLICE || (f->kind == LOOM_FRAME_STRIPED && tp->nstreams < 2))
         return tp_fail(tp, LOOM_ERR_TRANSPORT, "protocol error: rank %d sent a %s frame on its "
@@ -1568,6 +1570,11 @@ static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_fra
             return tp_fail(tp, LOOM_ERR_PEER_LOST,
                            "rank %d destroyed its communicator while rank %d still waits for a "
                            "message from it", peer->rank, tp->rank);
+        /* Bytes of a send still unwritten will never be read. */
+        if (peer->sq.head || peer->sx_head)
+            return tp_fail(tp, LOOM_ERR_PEER_LOST,
+                           "rank %d destroyed its communicator while rank %d still sends it a "
+                           "message", peer->rank, tp->rank);
         return LOOM_SUCCESS;
     }
     peer->cur = *f;

@@ -1,7 +1,7 @@
-/* mp_common.h - run a function on N ranks, each a forked process joined over
+/* mp_util.h - run a function on N ranks, each a forked process joined over
  * real loopback sockets through a store served by the parent (as loomrun does). */
-#ifndef LOOM_MP_COMMON_H
-#define LOOM_MP_COMMON_H
+#ifndef LOOM_MP_UTIL_H
+#define LOOM_MP_UTIL_H
 
 #include "loom.h"
 

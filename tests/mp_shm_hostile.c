@@ -1,4 +1,4 @@
-/* shm_hostile.c - a peer that writes forged records into a real shared-memory
+/* mp_shm_hostile.c - a peer that writes forged records into a real shared-memory
  * segment must fail the receiving rank with LOOM_ERR_TRANSPORT within a
  * second: never an overflow, a hang or a SIGBUS.
  *

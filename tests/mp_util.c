@@ -9,7 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "mp_common.h"
+#include "mp_util.h"
 #include "store.h"
 
 static char store_uri[128];
