@@ -437,6 +437,11 @@ static void init_ctx(loom_comm_t c)
     c->ctx.err = &c->work_err;
     c->ctx.segment_bytes = c->cfg.segment_bytes;
     loom_ctx_set_topology(&c->ctx, c->node_of, c->node_count);
+    /* loom_settings_load refused a LOOM_ALGO this cannot parse. */
+    char why[8];
+    if (loom_algo_rules_parse(c->cfg.algo, c->algo_rules, LOOM_ALGO_MAX_RULES, &c->n_algo_rules,
+                              why, sizeof(why)) != 0)
+        c->n_algo_rules = 0;
 }
 
 /* Everything after the store is open: shared by create and split. */

@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <sys/stat.h>
 
+#include "algorithms.h"
 #include "log.h"
 #include "settings.h"
 #include "store_proto.h"
@@ -42,6 +43,8 @@ static loom_status_t parse_transport(const loom_setting_t *, const char *, void 
                                      void *, loom_err_t *);
 static loom_status_t parse_spin_us(const loom_setting_t *, const char *, void *, loom_getenv_fn,
                                    void *, loom_err_t *);
+static loom_status_t parse_algo(const loom_setting_t *, const char *, void *, loom_getenv_fn,
+                                void *, loom_err_t *);
 static const char *const auth_mac_choices[] = {"full", "headers", NULL};
 
 /* Every LOOM_* variable Loom reads, in the order loom-info prints them; each
@@ -105,8 +108,8 @@ const loom_setting_t loom_settings_table[] = {
      COMM(spin_yield), INT(0, 1)},
     {"LOOM_SEGMENT_BYTES", "262144", "pipelining unit of ring algorithms",
      COMM(segment_bytes), INT(64, 1L << 30)},
-    {"LOOM_ALGO", NULL, "force algorithms, e.g. allreduce=ring,allgather=bruck",
-     COMM(algo), STRING},
+    {"LOOM_ALGO", NULL, "force algorithms, e.g. allreduce=ring,allgather=bruck; per byte range (the vector; allgather: the gathered total): allreduce=recdbl@-64K,allreduce=ring@1M- (K/M/G; LO inclusive, HI exclusive); the first item that covers a call decides, =auto leaves it to Loom",
+     COMM(algo), CUSTOM(parse_algo)},
     {"LOOM_HOST_ID", NULL, "host identity for topology (else hostname + boot id)",
      COMM(host_id), STRING},
     {"LOOM_ELASTIC", "0", "1: loom_init joins an elastic job through membership rounds in the store (loomrun --elastic sets it)",
@@ -315,6 +318,25 @@ static loom_status_t parse_transport(const loom_setting_t *r, const char *v, voi
     return LOOM_SUCCESS;
 }
 
+/* Kept as text (the communicator parses it into selection rows), but
+ * refused here when malformed, so a typo in a byte range fails loom_init. */
+static loom_status_t parse_algo(const loom_setting_t *r, const char *v, void *base,
+                                loom_getenv_fn get, void *arg, loom_err_t *err)
+{
+    (void)get;
+    (void)arg;
+    loom_settings_t *s = base;
+    loom_status_t st = copy_setting(s->algo, sizeof(s->algo), r->name, v, err);
+    if (st != LOOM_SUCCESS)
+        return st;
+    loom_algo_rule_t rules[LOOM_ALGO_MAX_RULES];
+    size_t n;
+    char why[256];
+    if (loom_algo_rules_parse(s->algo, rules, LOOM_ALGO_MAX_RULES, &n, why, sizeof(why)) != 0)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG, "%s=\"%s\": %s", r->name, s->algo, why);
+    return LOOM_SUCCESS;
+}
+
 /* "auto" or a number of microseconds (src/spin.h). */
 static loom_status_t parse_spin_us(const loom_setting_t *r, const char *v, void *base,
                                    loom_getenv_fn get, void *arg, loom_err_t *err)
@@ -431,25 +453,4 @@ loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *a
         return st;
     s->single_node = launcher_single_node(get, arg);
     return LOOM_SUCCESS;
-}
-
-int loom_settings_forced_algo(const loom_settings_t *s, const char *coll, char *out,
-                              size_t outlen)
-{
-    size_t clen = strlen(coll);
-    const char *p = s->algo;
-    while (*p) {
-        const char *comma = strchr(p, ',');
-        size_t itemlen = comma ? (size_t)(comma - p) : strlen(p);
-        if (itemlen > clen && strncmp(p, coll, clen) == 0 && p[clen] == '=') {
-            size_t vlen = itemlen - clen - 1;
-            if (vlen >= outlen)
-                vlen = outlen - 1;
-            memcpy(out, p + clen + 1, vlen);
-            out[vlen] = '\0';
-            return 1;
-        }
-        p += itemlen + (comma ? 1 : 0);
-    }
-    return 0;
 }

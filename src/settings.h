@@ -85,7 +85,7 @@ typedef struct loom_settings {
     int spin_us;               /* LOOM_SPIN_US; -1: auto (src/spin.h) */
     int spin_yield;            /* give the core away between polls */
     size_t segment_bytes;
-    char algo[512];            /* "allreduce=ring,broadcast=binomial" */
+    char algo[512];            /* "allreduce=ring,broadcast=binomial@1M-" (algorithms.h) */
     char host_id[256];         /* "" when unset: hostname + boot id */
     char job_id[128];
     char timeline[512];        /* LOOM_TIMELINE file pattern, "" when off */
@@ -121,10 +121,6 @@ typedef struct loom_log_env {
  * LOOM_ERR_INVALID_ARG naming the variable. */
 loom_status_t loom_settings_load(loom_settings_t *s, loom_getenv_fn get, void *arg,
                                  loom_err_t *err);
-/* The algorithm LOOM_ALGO forces for the named collective, copied into out;
- * returns 0 when none is forced. */
-int loom_settings_forced_algo(const loom_settings_t *s, const char *coll, char *out,
-                              size_t outlen);
 
 /* Rank, size and store of this process, as the launcher described them. */
 typedef struct loom_bootstrap {

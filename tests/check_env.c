@@ -173,13 +173,7 @@ START_TEST(test_settings_values)
     ck_assert(s.timeout_s == 2.5);
     ck_assert_str_eq(s.job_id, "991");
     ck_assert_str_eq(s.ifname, "eth1");
-    char name[32];
-    ck_assert(loom_settings_forced_algo(&s, "allreduce", name, sizeof(name)));
-    ck_assert_str_eq(name, "ring");
-    ck_assert(loom_settings_forced_algo(&s, "allgather", name, sizeof(name)));
-    ck_assert_str_eq(name, "bruck");
-    ck_assert(!loom_settings_forced_algo(&s, "allgatherv", name, sizeof(name)));
-    ck_assert(!loom_settings_forced_algo(&s, "broadcast", name, sizeof(name)));
+    ck_assert_str_eq(s.algo, "allreduce=ring,allgather=bruck");   /* rows: check_algorithms */
 }
 END_TEST
 
@@ -191,7 +185,9 @@ START_TEST(test_settings_rejects)
         {"LOOM_SPIN_US", "lots"}, {"LOOM_SEGMENT_BYTES", "1"},
         {"LOOM_SOCKETS_PER_PEER", "0"}, {"LOOM_SOCKETS_PER_PEER", "17"},
         {"LOOM_SOCKETS_PER_PEER", "four"}, {"LOOM_STRIPE_MIN_BYTES", "0"},
-        {"LOOM_STRIPE_MIN_BYTES", "1M"},
+        {"LOOM_STRIPE_MIN_BYTES", "1M"}, {"LOOM_ALGO", "allreduce=ring@1X-"},
+        {"LOOM_ALGO", "allreduce=ring@64K-1K"}, {"LOOM_ALGO", "allreduce=@1M-"},
+        {"LOOM_ALGO", "allreduce=ring@-"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         fake_env_t e = {{bad[i][0], bad[i][1], NULL}};

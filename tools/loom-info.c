@@ -86,7 +86,7 @@ int main(int argc, char **argv)
     loom_ibverbs_list_devices(stdout);
 #endif
 
-    printf("#\n# Algorithms (LOOM_ALGO=collective=name,...)\n");
+    printf("#\n# Algorithms (LOOM_ALGO=collective=name[@LO-HI],...)\n");
     for (int coll = 0; coll < LOOM_COLL_COUNT; coll++) {
         printf("#   %-15s", loom_coll_name((loom_coll_t)coll));
         for (size_t i = 0; i < loom_num_algorithms; i++)
