@@ -23,7 +23,8 @@
 #define FIELD(type, f) .offset = offsetof(type, f), .size = sizeof(((type *)0)->f)
 #define COMM(f) .group = LOOM_SG_COMM, FIELD(loom_settings_t, f)
 #define SERVER(f) .group = LOOM_SG_STORE_SERVER, FIELD(loom_store_limits_t, f)
-#define CLIENT(f) .group = LOOM_SG_STORE_CLIENT, FIELD(loom_store_env_t, f)
+#define FILE_STORE(f) .group = LOOM_SG_STORE_FILE, FIELD(loom_store_env_t, f)
+#define REDIS(f) .group = LOOM_SG_STORE_REDIS, FIELD(loom_store_env_t, f)
 #define LOG(f) .group = LOOM_SG_LOG, FIELD(loom_log_env_t, f)
 #define LISTED(g) .group = (g), .type = LOOM_SETTING_NONE
 #define INT(lo, hi) .type = LOOM_SETTING_INT, .min = (lo), .max = (hi)
@@ -83,11 +84,11 @@ const loom_setting_t loom_settings_table[] = {
     {"LOOM_STORE_IDLE_TIMEOUT", "120", "tcp:// store server: seconds a client with no WAIT parked may stay silent (clients reconnect on their own)",
      SERVER(idle_timeout_s), SECONDS},
     {"LOOM_FILE_STORE_GROUP", "0", "1: a file:// store directory shared by a group: creates 0770/0660 and accepts the group's files (else 0700/0600, only this user's)",
-     CLIENT(file_group), INT(0, 1)},
+     FILE_STORE(file_group), INT(0, 1)},
     {"LOOM_REDIS_USER", NULL, "redis:// store: the ACL user to authenticate as (with LOOM_REDIS_PASSWORD; else the default user)",
-     CLIENT(redis_user), STRREF},
+     REDIS(redis_user), STRREF},
     {"LOOM_REDIS_PASSWORD", NULL, "redis:// store: password sent with AUTH before any command (the URI never carries it); never printed",
-     CLIENT(redis_password), STRREF, .flags = LOOM_SETTING_SECRET},
+     REDIS(redis_password), STRREF, .flags = LOOM_SETTING_SECRET},
     {"LOOM_TRANSPORT", "auto", "network transport between nodes: auto (ibverbs when a device is up, else tcp), tcp or ibverbs",
      COMM(transport), CUSTOM(parse_transport)},
     {"LOOM_SHM", "1", "1: ranks on one node talk through shared memory; 0: through the network transport",

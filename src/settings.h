@@ -17,7 +17,8 @@ const char *loom_getenv_process(const char *name, void *arg);
 typedef enum loom_setting_group {
     LOOM_SG_COMM,          /* loom_settings_t, once per communicator */
     LOOM_SG_STORE_SERVER,  /* loom_store_limits_t, when a tcp:// store server starts */
-    LOOM_SG_STORE_CLIENT,  /* loom_store_env_t, when a file:// or redis:// store opens */
+    LOOM_SG_STORE_FILE,    /* loom_store_env_t, when a file:// store opens */
+    LOOM_SG_STORE_REDIS,   /* loom_store_env_t, when a redis:// store opens */
     LOOM_SG_LOG,           /* loom_log_env_t, once per process by the logger */
     LOOM_SG_BOOTSTRAP,     /* listed only: loom_bootstrap_from_env reads it with the
                               launchers' fallbacks, loomrun sets it for its children */
@@ -104,7 +105,8 @@ typedef struct loom_settings {
     int single_node;           /* the launcher says every rank runs on this node */
 } loom_settings_t;
 
-/* What opening a file:// or redis:// store reads (LOOM_SG_STORE_CLIENT). */
+/* What opening a file:// (LOOM_SG_STORE_FILE) or redis:// store
+ * (LOOM_SG_STORE_REDIS) reads. */
 typedef struct loom_store_env {
     int file_group;            /* LOOM_FILE_STORE_GROUP */
     const char *redis_user;    /* LOOM_REDIS_USER, NULL when unset */

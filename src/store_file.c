@@ -449,7 +449,7 @@ static loom_status_t file_open(const char *rest, int rank, double timeout_s, loo
             *p = '_';
 
     loom_store_env_t env = {0};
-    if ((st = loom_settings_load_group(LOOM_SG_STORE_CLIENT, &env, loom_getenv_process, NULL,
+    if ((st = loom_settings_load_group(LOOM_SG_STORE_FILE, &env, loom_getenv_process, NULL,
                                        err)) != LOOM_SUCCESS)
         goto free_dir;
     fs->group = env.file_group;

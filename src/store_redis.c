@@ -517,7 +517,7 @@ static loom_status_t redis_open(const char *rest, int rank, double timeout_s, lo
     r->prefix_len = plen + 1;
 
     loom_store_env_t env = {0};
-    st = loom_settings_load_group(LOOM_SG_STORE_CLIENT, &env, loom_getenv_process, NULL, err);
+    st = loom_settings_load_group(LOOM_SG_STORE_REDIS, &env, loom_getenv_process, NULL, err);
     if (st != LOOM_SUCCESS)
         goto fail;
     const char *pw = env.redis_password;

@@ -366,20 +366,28 @@ START_TEST(test_settings_groups)
     fake_env_t none = {{NULL}};
     loom_store_env_t se;
     memset(&se, 0x55, sizeof(se));
-    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_CLIENT, &se, fake_get, &none, &err),
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_FILE, &se, fake_get, &none, &err),
+                     LOOM_SUCCESS);
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_REDIS, &se, fake_get, &none, &err),
                      LOOM_SUCCESS);
     ck_assert_int_eq(se.file_group, 0);
     ck_assert_ptr_null(se.redis_user);
     ck_assert_ptr_null(se.redis_password);
     fake_env_t redis = {{"LOOM_REDIS_USER", "bob", "LOOM_REDIS_PASSWORD", "pw",
                          "LOOM_FILE_STORE_GROUP", "1", NULL}};
-    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_CLIENT, &se, fake_get, &redis, &err),
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_REDIS, &se, fake_get, &redis, &err),
                      LOOM_SUCCESS);
-    ck_assert_int_eq(se.file_group, 1);
+    ck_assert_int_eq(se.file_group, 0);   /* the file store's row, not the redis store's */
     ck_assert_str_eq(se.redis_user, "bob");
     ck_assert_str_eq(se.redis_password, "pw");
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_FILE, &se, fake_get, &redis, &err),
+                     LOOM_SUCCESS);
+    ck_assert_int_eq(se.file_group, 1);
+    /* A bad value fails the store that reads it, and only that one. */
     fake_env_t group = {{"LOOM_FILE_STORE_GROUP", "yes", NULL}};
-    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_CLIENT, &se, fake_get, &group, &err),
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_REDIS, &se, fake_get, &group, &err),
+                     LOOM_SUCCESS);
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_FILE, &se, fake_get, &group, &err),
                      LOOM_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(err.msg, "LOOM_FILE_STORE_GROUP"));
 
