@@ -126,9 +126,47 @@ typedef struct loom_algo {
 extern const loom_algo_t loom_algorithms[];
 extern const size_t loom_num_algorithms;
 
-/* The algorithm to run a: forced is the name LOOM_ALGO gives for this collective
- * (NULL or "auto": choose by size and rank count). NULL when the forced name is
- * unknown for this collective or cannot run these arguments (the caller reports it). */
+/* Where a selection row applies. */
+typedef enum {
+    LOOM_TOPO_ANY,
+    LOOM_TOPO_MULTI_NODE,   /* several nodes with the same number (> 1) of ranks each */
+} loom_topo_t;
+
+/* One row of algorithm selection, Loom's own (algorithms.c) or LOOM_ALGO's:
+ * for calls of coll on at least min_ranks ranks, in topology, moving bytes in
+ * [min_bytes, max_bytes) (max_bytes SIZE_MAX: no upper bound), run name.
+ * Bytes are loom_algo_bytes'. The first row that holds decides. */
+typedef struct loom_algo_rule {
+    loom_coll_t coll;
+    int min_ranks;
+    loom_topo_t topology;
+    size_t min_bytes, max_bytes;
+    char name[32];          /* LOOM_ALGO only: "auto" leaves the call to Loom's rows */
+} loom_algo_rule_t;
+
+#define LOOM_ALGO_MAX_RULES 32
+
+/* The size a selection row measures: the vector (count * esize); for
+ * allgather the gathered total (size * count * esize). Saturates. */
+size_t loom_algo_bytes(const loom_ctx_t *ctx, const loom_coll_args_t *a);
+
+/* Parse LOOM_ALGO: comma-separated coll=name[@LO-HI], LO and HI byte counts
+ * with an optional K, M or G (powers of 1024), either one left out for no
+ * bound (allreduce=recdbl@-64K,allreduce=ring@1M-). As before ranges existed,
+ * items without '=' or naming no collective are ignored, and names are
+ * checked only when a call needs them. Fills at most max rows; 0, or -1 with
+ * why filled in. */
+int loom_algo_rules_parse(const char *text, loom_algo_rule_t *rules, size_t max, size_t *n_p,
+                          char *why, size_t whylen);
+
+/* The first of rules (LOOM_ALGO's) that holds for a, or NULL: Loom chooses. */
+const loom_algo_rule_t *loom_algo_rule_match(const loom_algo_rule_t *rules, size_t n,
+                                             const loom_ctx_t *ctx, const loom_coll_args_t *a);
+
+/* The algorithm to run a: forced is the name LOOM_ALGO gives for this call
+ * (NULL or "auto": Loom's own rows choose by size, ranks and topology). NULL
+ * when the forced name is unknown for this collective or cannot run these
+ * arguments (the caller reports it). */
 const loom_algo_t *loom_algo_select(const loom_ctx_t *ctx, const loom_coll_args_t *a,
                                     const char *forced);
 /* The algorithm called name for coll, or NULL. */

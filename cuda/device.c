@@ -27,6 +27,7 @@
 #include <cuda.h>
 
 #include "cuda_state.h"
+#include "settings.h"
 
 __thread int loom_cuda_on_stream_worker;
 
@@ -187,16 +188,9 @@ static loom_cuda_state_t *registry;
 
 /* LOOM_CUDA_CHUNK_BYTES: bytes per staging pass (default 4 MiB). Every rank must
  * use the same value; at least 16 bytes per rank. */
-static size_t chunk_bytes_for(int nranks)
+static size_t chunk_bytes_for(const loom_settings_t *cfg, int nranks)
 {
-    size_t chunk = (size_t)4 << 20;
-    const char *env = getenv("LOOM_CUDA_CHUNK_BYTES");
-    if (env && *env) {
-        char *end;
-        unsigned long long v = strtoull(env, &end, 10);
-        if (*end == '\0' && v > 0 && v <= ((unsigned long long)1 << 32))
-            chunk = (size_t)v;
-    }
+    size_t chunk = cfg->cuda_chunk_bytes;
     size_t least = (size_t)16 * (size_t)nranks;
     if (chunk < least)
         chunk = least;
@@ -249,7 +243,7 @@ static loom_status_t state_create(loom_comm_t c, int device, loom_cuda_state_t *
     pthread_cond_init(&st->cond, NULL);
     st->comm = c;
     st->device = device;
-    st->chunk_bytes = chunk_bytes_for(loom_comm_size(c));
+    st->chunk_bytes = chunk_bytes_for(loom_comm_settings(c), loom_comm_size(c));
     int prev = -1;
     cudaError_t e = cudaGetDevice(&prev);
     const char *what = "cudaGetDevice";
@@ -387,7 +381,7 @@ static loom_status_t execute_test(loom_comm_t c, const loom_coll_args_t *a,
                                   loom_accel_host_coll_fn run_host, void *host_arg,
                                   loom_err_t *err)
 {
-    size_t chunk = chunk_bytes_for(loom_comm_size(c));
+    size_t chunk = chunk_bytes_for(loom_comm_settings(c), loom_comm_size(c));
     char *mem = malloc(2 * chunk), *scratch = test_scratch_alloc(chunk);
     loom_status_t status = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
     if (mem && scratch) {

@@ -58,10 +58,11 @@ static void mark_broken(loom_comm_t c, loom_status_t st)
 
 static loom_status_t run_collective(loom_comm_t c, const loom_coll_args_t *a)
 {
-    char forced[64];
     const char *cname = loom_coll_name(a->coll);
-    int is_forced = loom_settings_forced_algo(&c->cfg, cname, forced, sizeof(forced));
-    const loom_algo_t *algo = loom_algo_select(&c->ctx, a, is_forced ? forced : NULL);
+    const loom_algo_rule_t *rule =
+        loom_algo_rule_match(c->algo_rules, c->n_algo_rules, &c->ctx, a);
+    const char *forced = rule ? rule->name : NULL;
+    const loom_algo_t *algo = loom_algo_select(&c->ctx, a, forced);
     if (!algo) {
         char names[256] = "";
         size_t off = 0;

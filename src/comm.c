@@ -438,6 +438,11 @@ static void init_ctx(loom_comm_t c)
     c->ctx.err = &c->work_err;
     c->ctx.segment_bytes = c->cfg.segment_bytes;
     loom_ctx_set_topology(&c->ctx, c->node_of, c->node_count);
+    /* loom_settings_load refused a LOOM_ALGO this cannot parse. */
+    char why[8];
+    if (loom_algo_rules_parse(c->cfg.algo, c->algo_rules, LOOM_ALGO_MAX_RULES, &c->n_algo_rules,
+                              why, sizeof(why)) != 0)
+        c->n_algo_rules = 0;
 }
 
 /* Everything after the store is open: shared by create and split. */
@@ -546,6 +551,11 @@ loom_status_t loom_comm_form(const loom_settings_t *cfg, int rank, int size,
     }
     *out = c;
     return LOOM_SUCCESS;
+}
+
+const loom_settings_t *loom_comm_settings(loom_comm_t c)
+{
+    return &c->cfg;
 }
 
 loom_status_t loom_comm_create_world(const loom_settings_t *cfg, int rank, int size,

@@ -55,6 +55,8 @@ struct loom_comm {
     int local_rank, local_size, node_rank, node_count;
     int *node_of;                 /* [rank]: node index, as rendezvous numbers them */
     loom_settings_t cfg;
+    loom_algo_rule_t algo_rules[LOOM_ALGO_MAX_RULES];   /* LOOM_ALGO, parsed */
+    size_t n_algo_rules;
     loom_store_ref_t *store;      /* NULL for a single-rank communicator */
     char prefix[256];             /* its keys in the store */
     uint64_t job_hash, comm_hash;

@@ -81,26 +81,12 @@ static int key_exists(loom_store_t *s, const char *key)
 
 /* ---- settings ------------------------------------------------------------- */
 
-static double env_double(const char *name, double dflt)
+/* The LOOM_ELASTIC_* rows, validated when the settings were loaded. */
+static void elastic_settings(struct loom_elastic *e, const loom_settings_t *cfg)
 {
-    const char *v = getenv(name);
-    char *end;
-    double d = v && *v ? strtod(v, &end) : 0;
-    return v && *v && *end == '\0' && d > 0 ? d : dflt;
-}
-
-static loom_status_t elastic_settings(struct loom_elastic *e, const loom_settings_t *cfg,
-                                      loom_err_t *err)
-{
-    e->timeout_s = env_double("LOOM_ELASTIC_TIMEOUT", cfg->timeout_s);
-    const char *v = getenv("LOOM_ELASTIC_MIN_NP");
-    long n = 1;
-    if (v && *v && loom_parse_long(v, 1, 1 << 20, &n) != 0)
-        return loom_err_set(err, LOOM_ERR_INVALID_ARG,
-                            "LOOM_ELASTIC_MIN_NP=\"%s\" is not a rank count >= 1", v);
-    e->min_np = (int)n;
+    e->timeout_s = cfg->elastic_timeout_s > 0 ? cfg->elastic_timeout_s : cfg->timeout_s;
+    e->min_np = cfg->elastic_min_np;
     snprintf(e->base, sizeof(e->base), "loom/%s/elastic", cfg->job_id);
-    return LOOM_SUCCESS;
 }
 
 /* ---- the membership list -------------------------------------------------- */
@@ -705,9 +691,8 @@ loom_status_t loom_elastic_init(const loom_settings_t *cfg, const loom_bootstrap
 {
     struct loom_elastic e;
     memset(&e, 0, sizeof(e));
-    loom_status_t st = elastic_settings(&e, cfg, err);
-    if (st != LOOM_SUCCESS)
-        return st;
+    elastic_settings(&e, cfg);
+    loom_status_t st;
     if (!b->store[0])
         return loom_err_set(err, LOOM_ERR_INVALID_ARG,
                             "LOOM_ELASTIC=1 needs a store served outside the ranks (loomrun "
@@ -723,16 +708,9 @@ loom_status_t loom_elastic_init(const loom_settings_t *cfg, const loom_bootstrap
         free(sref);
         return st;
     }
-    const char *idv = getenv("LOOM_ELASTIC_ID");
-    long id;
     char k[320];
-    if (idv && *idv) {
-        if (loom_parse_long(idv, 0, 1L << 40, &id) != 0) {
-            st = loom_err_set(err, LOOM_ERR_INVALID_ARG,
-                              "LOOM_ELASTIC_ID=\"%s\" is not an integer >= 0", idv);
-            goto out;
-        }
-        e.id = id;
+    if (cfg->elastic_id >= 0) {
+        e.id = cfg->elastic_id;
     } else {
         int64_t v;
         snprintf(k, sizeof(k), "%s/ids", e.base);

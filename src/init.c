@@ -4,9 +4,6 @@
  * (LOOM_ELASTIC=1) joins the current epoch (elastic.c). Here, so that the
  * communicator code does not depend on the elastic layer built on it.
  */
-#include <stdlib.h>
-#include <string.h>
-
 #include "comm.h"
 #include "log.h"
 
@@ -23,8 +20,7 @@ LOOM_API loom_status_t loom_init(loom_comm_t *comm)
         return loom_global_fail(st, "loom_init: %s", err.msg);
     LOOM_INFO("init", "rank %d of %d from %s variables, store %s", b.rank, b.size, b.source,
               b.store[0] ? b.store : "(none)");
-    const char *elastic = getenv("LOOM_ELASTIC");
-    if (elastic && strcmp(elastic, "1") == 0) {
+    if (cfg.elastic) {
         if ((st = loom_elastic_init(&cfg, &b, comm, &err)) != LOOM_SUCCESS)
             return loom_global_fail(st, "loom_init: %s", err.msg);
         return LOOM_SUCCESS;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "settings.h"
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static loom_log_level_t log_level = LOOM_LOG_NONE;
@@ -38,7 +39,13 @@ static void expand_path(const char *pattern, char *out, size_t outlen)
 static void log_init(void)
 {
     gethostname(log_host, sizeof(log_host) - 1);
-    const char *level = getenv("LOOM_DEBUG");
+    /* Through the settings table so loom-info lists them; every string is
+     * taken as it is (an unknown level keeps the default), since the logger
+     * has nobody to report a bad value to. */
+    loom_log_env_t env = {0};
+    loom_err_t err = {0};
+    (void)loom_settings_load_group(LOOM_SG_LOG, &env, loom_getenv_process, NULL, &err);
+    const char *level = env.level;
     if (level) {
         if (strcasecmp(level, "WARN") == 0)
             log_level = LOOM_LOG_WARN;
@@ -47,11 +54,11 @@ static void log_init(void)
         else if (strcasecmp(level, "TRACE") == 0)
             log_level = LOOM_LOG_TRACE;
     }
-    const char *subsys = getenv("LOOM_DEBUG_SUBSYS");
+    const char *subsys = env.subsys;
     if (subsys)
         snprintf(log_subsys, sizeof(log_subsys), ",%s,", subsys);
     log_file = stderr;
-    const char *path = getenv("LOOM_DEBUG_FILE");
+    const char *path = env.file;
     if (path && *path) {
         char expanded[1024];
         expand_path(path, expanded, sizeof(expanded));

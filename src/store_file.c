@@ -40,6 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "settings.h"
 #include "store.h"
 
 #define PIECE_MAX      200
@@ -447,8 +448,11 @@ static loom_status_t file_open(const char *rest, int rank, double timeout_s, loo
         if (!keep_byte((unsigned char)*p))
             *p = '_';
 
-    const char *g = getenv("LOOM_FILE_STORE_GROUP");
-    fs->group = g != NULL && strcmp(g, "1") == 0;
+    loom_store_env_t env = {0};
+    if ((st = loom_settings_load_group(LOOM_SG_STORE_FILE, &env, loom_getenv_process, NULL,
+                                       err)) != LOOM_SUCCESS)
+        goto free_dir;
+    fs->group = env.file_group;
     if (mkdir_p(fs->dir, n, DIR_MODE(fs->group), n, fs->group) != 0) {
         st = loom_err_set(err, LOOM_ERR_INVALID_ARG, "cannot create store directory %s: %s",
                           fs->dir, strerror(errno));

@@ -34,6 +34,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include "settings.h"
 #include "store.h"
 
 #define DEFAULT_PREFIX "loom"
@@ -515,8 +516,12 @@ static loom_status_t redis_open(const char *rest, int rank, double timeout_s, lo
     r->prefix[plen + 1] = '\0';
     r->prefix_len = plen + 1;
 
-    const char *pw = getenv("LOOM_REDIS_PASSWORD");
-    const char *user = getenv("LOOM_REDIS_USER");
+    loom_store_env_t env = {0};
+    st = loom_settings_load_group(LOOM_SG_STORE_REDIS, &env, loom_getenv_process, NULL, err);
+    if (st != LOOM_SUCCESS)
+        goto fail;
+    const char *pw = env.redis_password;
+    const char *user = env.redis_user;
     if (pw != NULL && pw[0] != '\0') {
         r->password = strdup(pw);
         if (user != NULL && user[0] != '\0')

@@ -1157,6 +1157,82 @@ START_TEST(test_select)
 }
 END_TEST
 
+/* LOOM_ALGO's rows: the old coll=name items, byte ranges, auto, first match. */
+START_TEST(test_algo_rules)
+{
+    loom_algo_rule_t rules[LOOM_ALGO_MAX_RULES];
+    size_t n = 99;
+    char why[256];
+    ck_assert_int_eq(loom_algo_rules_parse("", rules, LOOM_ALGO_MAX_RULES, &n, why, sizeof(why)),
+                     0);
+    ck_assert_uint_eq(n, 0);
+    /* The old syntax, with what it always ignored: no '=', an unknown collective. */
+    ck_assert_int_eq(loom_algo_rules_parse("allreduce=ring,junk,frobnicate=x,allgather=bruck",
+                                           rules, LOOM_ALGO_MAX_RULES, &n, why, sizeof(why)), 0);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_int_eq(rules[0].coll, LOOM_COLL_ALLREDUCE);
+    ck_assert_str_eq(rules[0].name, "ring");
+    ck_assert_uint_eq(rules[0].min_bytes, 0);
+    ck_assert(rules[0].max_bytes == SIZE_MAX);
+    ck_assert_int_eq(rules[1].coll, LOOM_COLL_ALLGATHER);
+
+    ck_assert_int_eq(loom_algo_rules_parse("allreduce=ring@1M-,allreduce=recdbl@0-64K,"
+                                           "allreduce=auto@64K-128k,allreduce=rabenseifner,"
+                                           "allgather=ring@-1G", rules, LOOM_ALGO_MAX_RULES, &n,
+                                           why, sizeof(why)), 0);
+    ck_assert_uint_eq(n, 5);
+    ck_assert_uint_eq(rules[0].min_bytes, 1u << 20);
+    ck_assert(rules[0].max_bytes == SIZE_MAX);
+    ck_assert_uint_eq(rules[1].max_bytes, 64u << 10);
+    ck_assert_uint_eq(rules[2].max_bytes, 128u << 10);
+    ck_assert_uint_eq(rules[4].max_bytes, (size_t)1 << 30);
+
+    loom_ctx_t ctx;
+    memset(&ctx, 0, sizeof(ctx));
+    ctx.size = 4;
+    loom_coll_args_t a = { .coll = LOOM_COLL_ALLREDUCE, .esize = 4 };
+    static const struct { size_t bytes; const char *name; } want[] = {
+        { 0, "recdbl" }, { (64 << 10) - 4, "recdbl" }, { 64 << 10, "auto" },
+        { (128 << 10) - 4, "auto" }, { 128 << 10, "rabenseifner" },
+        { (1 << 20) - 4, "rabenseifner" }, { 1 << 20, "ring" }, { (size_t)1 << 33, "ring" },
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        a.count = want[i].bytes / 4;
+        const loom_algo_rule_t *r = loom_algo_rule_match(rules, n, &ctx, &a);
+        ck_assert_ptr_nonnull(r);
+        ck_assert_msg(strcmp(r->name, want[i].name) == 0, "%zu bytes: %s, not %s",
+                      want[i].bytes, r->name, want[i].name);
+    }
+    /* allgather measures the gathered total; others have no row: Loom chooses. */
+    loom_coll_args_t g = { .coll = LOOM_COLL_ALLGATHER, .esize = 4, .count = (1 << 28) };
+    ck_assert_ptr_null(loom_algo_rule_match(rules, n, &ctx, &g));   /* 4 GiB gathered */
+    g.count = 1 << 26;   /* 1 GiB gathered: HI is exclusive */
+    ck_assert_ptr_null(loom_algo_rule_match(rules, n, &ctx, &g));
+    g.count = (1 << 26) - 1;
+    ck_assert_ptr_nonnull(loom_algo_rule_match(rules, n, &ctx, &g));
+    loom_coll_args_t b = { .coll = LOOM_COLL_BROADCAST, .esize = 4, .count = 10 };
+    ck_assert_ptr_null(loom_algo_rule_match(rules, n, &ctx, &b));
+
+    static const char *const bad[] = {
+        "allreduce=ring@", "allreduce=ring@-", "allreduce=ring@1M", "allreduce=ring@x-",
+        "allreduce=ring@1T-", "allreduce=ring@64K-64K", "allreduce=ring@2M-1M", "allreduce=",
+        "allreduce=@1M-", "allreduce=a_name_longer_than_thirty_one_chars",
+        "allreduce=ring@99999999999999999999-",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        why[0] = '\0';
+        ck_assert_msg(loom_algo_rules_parse(bad[i], rules, LOOM_ALGO_MAX_RULES, &n, why,
+                                            sizeof(why)) == -1, "%s accepted", bad[i]);
+        ck_assert_msg(why[0] != '\0', "%s: no reason", bad[i]);
+    }
+    char many[(LOOM_ALGO_MAX_RULES + 1) * sizeof("barrier=dissemination,")] = "";
+    for (int i = 0; i < LOOM_ALGO_MAX_RULES + 1; i++)
+        strcat(many, "barrier=dissemination,");
+    ck_assert_int_eq(loom_algo_rules_parse(many, rules, LOOM_ALGO_MAX_RULES, &n, why,
+                                           sizeof(why)), -1);
+}
+END_TEST
+
 /* ---- the harness itself: it must be able to catch what it is for -------- */
 
 typedef struct mm_arg {
@@ -1300,6 +1376,7 @@ Suite *loom_algorithms_suite(void)
     tcase_add_test(tc, test_table);
     tcase_add_test(tc, test_accel_tables);
     tcase_add_test(tc, test_select);
+    tcase_add_test(tc, test_algo_rules);
     tcase_add_test(tc, test_harness_mismatch);
     tcase_add_test(tc, test_harness_stray_and_timeout);
     tcase_add_test(tc, test_harness_rendezvous);

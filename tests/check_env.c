@@ -2,12 +2,14 @@
  * variables, against a fake environment. */
 #include <check.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "check_suites.h"
 #include "settings.h"
+#include "store_proto.h"
 
 typedef struct fake_env {
     const char *kv[32];   /* name, value, name, value, ..., NULL */
@@ -171,13 +173,7 @@ START_TEST(test_settings_values)
     ck_assert(s.timeout_s == 2.5);
     ck_assert_str_eq(s.job_id, "991");
     ck_assert_str_eq(s.ifname, "eth1");
-    char name[32];
-    ck_assert(loom_settings_forced_algo(&s, "allreduce", name, sizeof(name)));
-    ck_assert_str_eq(name, "ring");
-    ck_assert(loom_settings_forced_algo(&s, "allgather", name, sizeof(name)));
-    ck_assert_str_eq(name, "bruck");
-    ck_assert(!loom_settings_forced_algo(&s, "allgatherv", name, sizeof(name)));
-    ck_assert(!loom_settings_forced_algo(&s, "broadcast", name, sizeof(name)));
+    ck_assert_str_eq(s.algo, "allreduce=ring,allgather=bruck");   /* rows: check_algorithms */
 }
 END_TEST
 
@@ -189,7 +185,9 @@ START_TEST(test_settings_rejects)
         {"LOOM_SPIN_US", "lots"}, {"LOOM_SEGMENT_BYTES", "1"},
         {"LOOM_SOCKETS_PER_PEER", "0"}, {"LOOM_SOCKETS_PER_PEER", "17"},
         {"LOOM_SOCKETS_PER_PEER", "four"}, {"LOOM_STRIPE_MIN_BYTES", "0"},
-        {"LOOM_STRIPE_MIN_BYTES", "1M"},
+        {"LOOM_STRIPE_MIN_BYTES", "1M"}, {"LOOM_ALGO", "allreduce=ring@1X-"},
+        {"LOOM_ALGO", "allreduce=ring@64K-1K"}, {"LOOM_ALGO", "allreduce=@1M-"},
+        {"LOOM_ALGO", "allreduce=ring@-"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         fake_env_t e = {{bad[i][0], bad[i][1], NULL}};
@@ -250,12 +248,176 @@ END_TEST
 
 START_TEST(test_settings_doc_table)
 {
-    /* loom-info prints this table: every entry needs a name and a help text. */
-    for (size_t i = 0; i < loom_num_setting_docs; i++) {
-        ck_assert_ptr_nonnull(loom_setting_docs[i].name);
-        ck_assert(strncmp(loom_setting_docs[i].name, "LOOM_", 5) == 0);
-        ck_assert(strlen(loom_setting_docs[i].help) > 5);
+    /* loom-info prints this table and the loaders walk it: every row needs a
+     * name, a help text and, where it has a field, one its type can fill. */
+    for (size_t i = 0; i < loom_num_settings; i++) {
+        const loom_setting_t *r = &loom_settings_table[i];
+        ck_assert_ptr_nonnull(r->name);
+        ck_assert_msg(strncmp(r->name, "LOOM_", 5) == 0, "%s", r->name);
+        ck_assert_msg(strlen(r->help) > 5, "%s", r->name);
+        ck_assert_msg(loom_setting_find(r->name) == r, "%s listed twice", r->name);
+        switch (r->type) {
+        case LOOM_SETTING_NONE:
+            ck_assert_msg(r->group == LOOM_SG_BOOTSTRAP || r->group == LOOM_SG_PYTHON, "%s",
+                          r->name);
+            break;
+        case LOOM_SETTING_INT:
+            ck_assert_msg(r->size == sizeof(int) || r->size == 8, "%s", r->name);
+            ck_assert_msg(r->min <= r->max, "%s", r->name);
+            ck_assert_msg(r->size == 8 || (r->min >= INT_MIN && r->max <= INT_MAX), "%s",
+                          r->name);
+            break;
+        case LOOM_SETTING_SECONDS:
+            ck_assert_msg(r->size == sizeof(double), "%s", r->name);
+            break;
+        case LOOM_SETTING_STRING:
+            ck_assert_msg(r->size > 1, "%s", r->name);
+            break;
+        case LOOM_SETTING_STRREF:
+            ck_assert_msg(r->size == sizeof(const char *), "%s", r->name);
+            break;
+        case LOOM_SETTING_CHOICE:
+            ck_assert_msg(r->size == sizeof(int) && r->choices && r->choices[0], "%s", r->name);
+            break;
+        case LOOM_SETTING_CUSTOM:
+            ck_assert_msg(r->parse != NULL, "%s", r->name);
+            break;
+        }
+        ck_assert_msg(r->type == LOOM_SETTING_NONE ||
+                      (r->group != LOOM_SG_BOOTSTRAP && r->group != LOOM_SG_PYTHON), "%s",
+                      r->name);
     }
+    /* The variables once read around the table, and the secrets loom-info hides. */
+    static const char *const listed[] = {
+        "LOOM_ELASTIC", "LOOM_ELASTIC_ID", "LOOM_ELASTIC_TIMEOUT", "LOOM_ELASTIC_MIN_NP",
+        "LOOM_CUDA_CHUNK_BYTES", "LOOM_DEBUG", "LOOM_DEBUG_SUBSYS", "LOOM_DEBUG_FILE",
+        "LOOM_REDIS_USER", "LOOM_REDIS_PASSWORD", "LOOM_FILE_STORE_GROUP", "LOOM_LOCAL_SIZE",
+    };
+    for (size_t i = 0; i < sizeof(listed) / sizeof(listed[0]); i++)
+        ck_assert_msg(loom_setting_find(listed[i]) != NULL, "%s", listed[i]);
+    ck_assert(loom_setting_find("LOOM_AUTH_KEY")->flags & LOOM_SETTING_SECRET);
+    ck_assert(loom_setting_find("LOOM_REDIS_PASSWORD")->flags & LOOM_SETTING_SECRET);
+    ck_assert(!(loom_setting_find("LOOM_REDIS_USER")->flags & LOOM_SETTING_SECRET));
+    ck_assert_ptr_null(loom_setting_find("LOOM_BOGUS"));
+}
+END_TEST
+
+START_TEST(test_settings_elastic_cuda)
+{
+    loom_settings_t s;
+    loom_err_t err = {0};
+    fake_env_t none = {{NULL}};
+    ck_assert_int_eq(loom_settings_load(&s, fake_get, &none, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(s.elastic, 0);
+    ck_assert(s.elastic_id == -1);
+    ck_assert(s.elastic_timeout_s == 0);   /* LOOM_TIMEOUT's, in elastic.c */
+    ck_assert_int_eq(s.elastic_min_np, 1);
+    ck_assert_uint_eq(s.cuda_chunk_bytes, 4u << 20);
+    ck_assert_int_eq(s.ib_gid_index, -1);
+    ck_assert_int_eq(s.net_gdr, -1);
+
+    fake_env_t set = {{"LOOM_ELASTIC", "1", "LOOM_ELASTIC_ID", "1099511627776",
+                       "LOOM_ELASTIC_TIMEOUT", "7.5", "LOOM_ELASTIC_MIN_NP", "3",
+                       "LOOM_CUDA_CHUNK_BYTES", "65536", "LOOM_IB_GID_INDEX", "3",
+                       "LOOM_NET_GDR", "0", "LOOM_AUTH_MAC", "HEADERS", NULL}};
+    ck_assert_int_eq(loom_settings_load(&s, fake_get, &set, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(s.elastic, 1);
+    ck_assert(s.elastic_id == 1LL << 40);
+    ck_assert(s.elastic_timeout_s == 7.5);
+    ck_assert_int_eq(s.elastic_min_np, 3);
+    ck_assert_uint_eq(s.cuda_chunk_bytes, 65536);
+    ck_assert_int_eq(s.ib_gid_index, 3);
+    ck_assert_int_eq(s.net_gdr, 0);
+    ck_assert_int_eq(s.auth_mac_headers_only, 1);
+
+    /* Each a malformed value, named in the message with the range it missed. */
+    static const char *const bad[][3] = {
+        {"LOOM_ELASTIC", "yes", "[0, 1]"},
+        {"LOOM_ELASTIC_ID", "-2", "[0, 1099511627776]"},
+        {"LOOM_ELASTIC_TIMEOUT", "soon", "seconds"},
+        {"LOOM_ELASTIC_MIN_NP", "0", "[1, 1048576]"},
+        {"LOOM_CUDA_CHUNK_BYTES", "0", "[1, 4294967296]"},
+        {"LOOM_CUDA_CHUNK_BYTES", "4294967297", "[1, 4294967296]"},
+        {"LOOM_IB_GID_INDEX", "256", "[0, 255]"},
+        {"LOOM_NET_GDR", "2", "[0, 1]"},
+        {"LOOM_IB_SL", "16", "[0, 15]"},
+        {"LOOM_AUTH_MAC", "none", "full, headers"},
+        {"LOOM_JOB_ID", "", NULL},   /* empty is unset: loads */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        fake_env_t e = {{bad[i][0], bad[i][1], NULL}};
+        loom_err_clear(&err);
+        if (!bad[i][2]) {
+            ck_assert_int_eq(loom_settings_load(&s, fake_get, &e, &err), LOOM_SUCCESS);
+            ck_assert_str_eq(s.job_id, "default");
+            continue;
+        }
+        ck_assert_int_eq(loom_settings_load(&s, fake_get, &e, &err), LOOM_ERR_INVALID_ARG);
+        ck_assert_msg(strstr(err.msg, bad[i][0]) && strstr(err.msg, bad[i][2]), "%s",
+                      err.msg);
+    }
+}
+END_TEST
+
+START_TEST(test_settings_groups)
+{
+    /* The store's and the logger's rows load into their own structs. */
+    loom_err_t err = {0};
+    fake_env_t none = {{NULL}};
+    loom_store_env_t se;
+    memset(&se, 0x55, sizeof(se));
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_FILE, &se, fake_get, &none, &err),
+                     LOOM_SUCCESS);
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_REDIS, &se, fake_get, &none, &err),
+                     LOOM_SUCCESS);
+    ck_assert_int_eq(se.file_group, 0);
+    ck_assert_ptr_null(se.redis_user);
+    ck_assert_ptr_null(se.redis_password);
+    fake_env_t redis = {{"LOOM_REDIS_USER", "bob", "LOOM_REDIS_PASSWORD", "pw",
+                         "LOOM_FILE_STORE_GROUP", "1", NULL}};
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_REDIS, &se, fake_get, &redis, &err),
+                     LOOM_SUCCESS);
+    ck_assert_int_eq(se.file_group, 0);   /* the file store's row, not the redis store's */
+    ck_assert_str_eq(se.redis_user, "bob");
+    ck_assert_str_eq(se.redis_password, "pw");
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_FILE, &se, fake_get, &redis, &err),
+                     LOOM_SUCCESS);
+    ck_assert_int_eq(se.file_group, 1);
+    /* A bad value fails the store that reads it, and only that one. */
+    fake_env_t group = {{"LOOM_FILE_STORE_GROUP", "yes", NULL}};
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_REDIS, &se, fake_get, &group, &err),
+                     LOOM_SUCCESS);
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_FILE, &se, fake_get, &group, &err),
+                     LOOM_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err.msg, "LOOM_FILE_STORE_GROUP"));
+
+    loom_store_limits_t lim;
+    memset(&lim, 0, sizeof(lim));
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_SERVER, &lim, fake_get, &none, &err),
+                     LOOM_SUCCESS);
+    ck_assert(lim.max_bytes == 268435456u);
+    ck_assert_int_eq(lim.max_clients, 8192);
+    ck_assert_int_eq(lim.max_clients_per_host, 2048);
+    ck_assert(lim.hello_timeout_s == 5 && lim.idle_timeout_s == 120);
+    fake_env_t big = {{"LOOM_STORE_MAX_BYTES", "9000000000", "LOOM_STORE_IDLE_TIMEOUT", "0.5",
+                       NULL}};
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_SERVER, &lim, fake_get, &big, &err),
+                     LOOM_SUCCESS);
+    ck_assert(lim.max_bytes == 9000000000u);
+    ck_assert(lim.idle_timeout_s == 0.5);
+    fake_env_t small = {{"LOOM_STORE_MAX_BYTES", "4095", NULL}};
+    loom_err_clear(&err);
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_STORE_SERVER, &lim, fake_get, &small, &err),
+                     LOOM_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err.msg, "LOOM_STORE_MAX_BYTES"));
+
+    loom_log_env_t le;
+    fake_env_t dbg = {{"LOOM_DEBUG", "bogus", "LOOM_DEBUG_FILE", "/tmp/x.%p", NULL}};
+    ck_assert_int_eq(loom_settings_load_group(LOOM_SG_LOG, &le, fake_get, &dbg, &err),
+                     LOOM_SUCCESS);
+    ck_assert_str_eq(le.level, "bogus");   /* the logger ignores what it cannot use */
+    ck_assert_ptr_null(le.subsys);
+    ck_assert_str_eq(le.file, "/tmp/x.%p");
 }
 END_TEST
 
@@ -277,6 +439,8 @@ Suite *loom_env_suite(void)
     tcase_add_test(ts, test_settings_rejects);
     tcase_add_test(ts, test_settings_doc_table);
     tcase_add_test(ts, test_settings_auth_key);
+    tcase_add_test(ts, test_settings_elastic_cuda);
+    tcase_add_test(ts, test_settings_groups);
     suite_add_tcase(s, ts);
     return s;
 }

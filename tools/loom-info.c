@@ -80,7 +80,7 @@ int main(int argc, char **argv)
     loom_ibverbs_list_devices(stdout);
 #endif
 
-    printf("#\n# Algorithms (LOOM_ALGO=collective=name,...)\n");
+    printf("#\n# Algorithms (LOOM_ALGO=collective=name[@LO-HI],...)\n");
     for (int coll = 0; coll < LOOM_COLL_COUNT; coll++) {
         printf("#   %-15s", loom_coll_name((loom_coll_t)coll));
         for (size_t i = 0; i < loom_num_algorithms; i++)
@@ -90,10 +90,10 @@ int main(int argc, char **argv)
     }
 
     printf("#\n# Settings (value in this environment, default, meaning)\n");
-    for (size_t i = 0; i < loom_num_setting_docs; i++) {
-        const loom_setting_doc_t *d = &loom_setting_docs[i];
+    for (size_t i = 0; i < loom_num_settings; i++) {
+        const loom_setting_t *d = &loom_settings_table[i];
         const char *v = getenv(d->name);
-        if (v && strcmp(d->name, "LOOM_AUTH_KEY") == 0)
+        if (v && (d->flags & LOOM_SETTING_SECRET))
             v = "(set, not shown)";
         printf("%-22s %-16s default %-10s %s\n", d->name, v ? v : "(unset)",
                d->default_value ? d->default_value : "-", d->help);

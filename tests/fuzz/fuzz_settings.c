@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "algorithms.h"
 #include "settings.h"
 
 #define MAX_VARS 64
@@ -48,11 +49,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     loom_settings_t *s = malloc(sizeof(*s));
     loom_err_t err = {0};
     if (loom_settings_load(s, get, &e, &err) == LOOM_SUCCESS) {
-        static const char *const colls[] = {"allreduce", "broadcast", "allgather", "x"};
-        char out[32];
-        for (size_t i = 0; i < sizeof(colls) / sizeof(colls[0]); i++)
-            if (loom_settings_forced_algo(s, colls[i], out, sizeof(out)) &&
-                strlen(out) >= sizeof(out))
+        /* Whatever the settings accepted, the communicator parses into rows. */
+        loom_algo_rule_t rules[LOOM_ALGO_MAX_RULES];
+        size_t n = 0;
+        char why[128];
+        if (loom_algo_rules_parse(s->algo, rules, LOOM_ALGO_MAX_RULES, &n, why, sizeof(why)) != 0)
+            abort();
+        for (size_t i = 0; i < n; i++)
+            if (rules[i].name[0] == '\0' || rules[i].min_bytes >= rules[i].max_bytes)
                 abort();
     } else if (err.status == LOOM_SUCCESS || err.msg[0] == '\0') {
         abort();   /* a refusal always says why */
