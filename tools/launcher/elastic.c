@@ -125,9 +125,27 @@ static int live_ranks(void)
     return n;
 }
 
+/* The state of an elastic job. */
+typedef struct ejob {
+    options_t *o;
+    int slots_dflt;        /* of a host the script lists without a count */
+    int np0, min_np, max_np;
+    double answer_s, etimeout_s, cooldown_s, interval_s;
+    int bl_failures;
+    strbuf_t wdir;         /* where remote ranks run */
+    int port;              /* of the store loomrun serves */
+    loom_store_server_t *srv;
+    loom_store_t *store;   /* loomrun's client of it */
+    char *local_store;     /* LOOM_STORE of the ranks on this machine */
+    char base[128];        /* loom/<job>/elastic */
+    envv_t env, xenv;      /* of local ranks (and ssh) / of remote ranks */
+    int exit_code, finishing, changes, nfailed, nremoved, nstarted0;
+    long long below_since, next_discovery;
+    evloop_t loop;
+} ejob_t;
+
 /* Start one process on host h; its id is its index in g_ranks. */
-static int elastic_start(int h, const options_t *o, envv_t *env, envv_t *xenv, int np0,
-                         const char *remote_wdir, int port, double answer_s)
+static int elastic_start(ejob_t *j, int h)
 {
     int r = g_np;
     g_ranks = xrealloc(g_ranks, (size_t)(r + 1) * sizeof(rank_t));
@@ -140,8 +158,8 @@ static int elastic_start(int h, const options_t *o, envv_t *env, envv_t *xenv, i
     rk->answer_by = -1;
     g_ep[r] = (eproc_t){ 0, -1, -1 };
     g_np++;
-    char *id_s = format_int(r), *rank_s = format_int(r % np0);
-    envv_t *e = rk->kind == RANK_LOCAL ? env : xenv;
+    char *id_s = format_int(r), *rank_s = format_int(r % j->np0);
+    envv_t *e = rk->kind == RANK_LOCAL ? &j->env : &j->xenv;
     env_set(e, "LOOM_ELASTIC_ID", id_s);
     env_set(e, "LOOM_RANK", rank_s);
     env_set(e, "LOOM_HOST_ID", g_hosts[h].name);
@@ -156,46 +174,12 @@ static int elastic_start(int h, const options_t *o, envv_t *env, envv_t *xenv, i
     sigprocmask(SIG_BLOCK, &block, &old);
     int rc;
     if (rk->kind == RANK_LOCAL) {
-        rc = start_rank(r, o->argv, env->v, o->wdir);
+        rc = start_rank(r, j->o->argv, j->env.v, j->o->wdir);
     } else {
-        strbuf_t script = { 0 }, secrets = { 0 };
-        remote_script(&script, remote_wdir, port, &g_hosts[h], xenv, &secrets);
-        for (char **p = o->argv; *p != NULL; p++) {
-            sb_add(&script, " ", 1);
-            sb_quote(&script, *p);
-        }
-        sb_str(&script, " 2>&4 4>&-\nexit $?\n");
         char timeout_opt[64];
-        snprintf(timeout_opt, sizeof(timeout_opt), "ConnectTimeout=%d", (int)answer_s + 1);
-        char *sargv[24];
-        int k = 0;
-        sargv[k++] = "ssh";
-        sargv[k++] = "-o";
-        sargv[k++] = "BatchMode=yes";
-        sargv[k++] = "-o";
-        sargv[k++] = "StrictHostKeyChecking=accept-new";
-        sargv[k++] = "-o";
-        sargv[k++] = timeout_opt;
-        sargv[k++] = "-o";
-        sargv[k++] = "LogLevel=ERROR";
-        if (o->ssh_port != NULL) {
-            sargv[k++] = "-p";
-            sargv[k++] = (char *)o->ssh_port;
-        }
-        if (o->ssh_identity != NULL) {
-            sargv[k++] = "-i";
-            sargv[k++] = (char *)o->ssh_identity;
-        }
-        sargv[k++] = "--";
-        sargv[k++] = g_hosts[h].name;
-        sargv[k++] = script.p;
-        sargv[k] = NULL;
-        rc = start_rank(r, sargv, env->v, NULL);
-        if (rc == 0)
-            send_secrets(rk, &secrets);
-        rk->answer_by = now_ms() + (long long)(answer_s * 1000);
-        sb_free(&script);
-        sb_free(&secrets);
+        snprintf(timeout_opt, sizeof(timeout_opt), "ConnectTimeout=%d", (int)j->answer_s + 1);
+        rc = start_ssh_rank(r, j->o, &j->env, &j->xenv, j->wdir.p, j->port, timeout_opt,
+                            j->answer_s);
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (rc < 0) {
@@ -209,8 +193,7 @@ static int elastic_start(int h, const options_t *o, envv_t *env, envv_t *xenv, i
 }
 
 /* Start processes on free, usable slots until the job has want live ranks. */
-static int fill_slots(int want, const options_t *o, envv_t *env, envv_t *xenv, int np0,
-                      const char *remote_wdir, int port, double answer_s)
+static int fill_slots(ejob_t *j, int want)
 {
     int started = 0;
     long long now = now_ms();
@@ -225,7 +208,7 @@ static int fill_slots(int want, const options_t *o, envv_t *env, envv_t *xenv, i
             g_eh[h].failures = 0;
         }
         while (running_on(h) < g_hosts[h].slots && live_ranks() < want) {
-            if (elastic_start(h, o, env, xenv, np0, remote_wdir, port, answer_s) < 0)
+            if (elastic_start(j, h) < 0)
                 break;
             started++;
         }
@@ -265,12 +248,14 @@ static int final_members(loom_store_t *st, const char *base, long long **ids_p)
     return n;
 }
 
-int elastic_main(options_t *o)
+/* The hosts (from the script, -H/--hostfile, or -np here) and the limits. */
+static void elastic_hosts(ejob_t *j)
 {
+    options_t *o = j->o;
     char me[256] = "localhost";
     if (gethostname(me, sizeof(me) - 1) != 0 || me[0] == '\0')
         strcpy(me, "localhost");
-    int slots_dflt = o->slots_per_host > 0 ? o->slots_per_host : 1;
+    j->slots_dflt = o->slots_per_host > 0 ? o->slots_per_host : 1;
     /* Without a script the hosts are fixed: -H/--hostfile, or -np here. */
     if (o->discovery == NULL && o->nhosts == 0) {
         if (o->np == 0 && o->max_np == 0)
@@ -284,110 +269,71 @@ int elastic_main(options_t *o)
     memset(g_eh, 0, (size_t)(g_nhosts + 1) * sizeof(ehost_t));
     for (int h = 0; h < g_nhosts; h++)
         g_hosts[h].local = is_local_host(g_hosts[h].name);
-    if (discover(o, slots_dflt) < 0)
+    if (discover(o, j->slots_dflt) < 0)
         fatal("cannot run the discovery script %s: %s", o->discovery, strerror(errno));
     long total = 0;
     for (int h = 0; h < g_nhosts; h++)
         total += g_eh[h].present ? g_hosts[h].slots : 0;
-    int min_np = o->min_np > 0 ? o->min_np : 1;
-    int max_np = o->max_np > 0 ? o->max_np : o->np > 0 ? o->np : INT_MAX / 2;
-    int np0 = o->np > 0 ? o->np : (int)(total < max_np ? total : max_np);
-    if (np0 > max_np)
-        usage_error("-np %d is more than --max-np %d", np0, max_np);
-    if (np0 > total)
-        fatal("-np %d is more than the %ld slot(s) the hosts have now", np0, total);
-    if (np0 < min_np || total < min_np)
-        fatal("the hosts have %ld slot(s), fewer than --min-np %d", total, min_np);
-    double answer_s = o->timeout_s > 0 ? o->timeout_s : DEFAULT_ANSWER_S;
-    double etimeout_s = o->elastic_timeout_s > 0 ? o->elastic_timeout_s
-                        : o->timeout_s > 0 ? o->timeout_s : 600;
-    double cooldown_s = o->blacklist_cooldown_s > 0 ? o->blacklist_cooldown_s : 60;
-    int bl_failures = o->blacklist_failures > 0 ? o->blacklist_failures : 1;
-    double interval_s = o->discovery_interval_s > 0 ? o->discovery_interval_s : 1;
+    j->min_np = o->min_np > 0 ? o->min_np : 1;
+    j->max_np = o->max_np > 0 ? o->max_np : o->np > 0 ? o->np : INT_MAX / 2;
+    j->np0 = o->np > 0 ? o->np : (int)(total < j->max_np ? total : j->max_np);
+    if (j->np0 > j->max_np)
+        usage_error("-np %d is more than --max-np %d", j->np0, j->max_np);
+    if (j->np0 > total)
+        fatal("-np %d is more than the %ld slot(s) the hosts have now", j->np0, total);
+    if (j->np0 < j->min_np || total < j->min_np)
+        fatal("the hosts have %ld slot(s), fewer than --min-np %d", total, j->min_np);
+    j->answer_s = o->timeout_s > 0 ? o->timeout_s : DEFAULT_ANSWER_S;
+    j->etimeout_s = o->elastic_timeout_s > 0 ? o->elastic_timeout_s
+                    : o->timeout_s > 0 ? o->timeout_s : 600;
+    j->cooldown_s = o->blacklist_cooldown_s > 0 ? o->blacklist_cooldown_s : 60;
+    j->bl_failures = o->blacklist_failures > 0 ? o->blacklist_failures : 1;
+    j->interval_s = o->discovery_interval_s > 0 ? o->discovery_interval_s : 1;
+}
 
-    char cwd[PATH_MAX];
-    if (getcwd(cwd, sizeof(cwd)) == NULL)
-        fatal("getcwd: %s", strerror(errno));
-    strbuf_t remote_wdir = { 0 };
-    sb_str(&remote_wdir, o->wdir != NULL && o->wdir[0] == '/' ? o->wdir : cwd);
-    if (o->wdir != NULL && o->wdir[0] != '/') {
-        sb_str(&remote_wdir, "/");
-        sb_str(&remote_wdir, o->wdir);
-    }
-
-    if (pipe2(g_sigpipe, O_CLOEXEC | O_NONBLOCK) < 0)
-        fatal("pipe: %s", strerror(errno));
-    sigset_t block;
-    sigemptyset(&block);
-    for (int i = 0; i < NFWD; i++)
-        sigaddset(&block, g_fwd_signals[i]);
-    sigaddset(&block, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &block, &g_orig_mask);
-    install_handlers();
-
+/* Serve the store, and open loomrun's own client of it. */
+static void elastic_store(ejob_t *j)
+{
     /* Hosts may appear later, so with a script the store listens everywhere. */
-    int any_remote = o->discovery != NULL;
+    int any_remote = j->o->discovery != NULL;
     for (int h = 0; h < g_nhosts; h++)
         any_remote |= !g_hosts[h].local;
     loom_err_t err;
     loom_err_clear(&err);
-    loom_store_server_t *srv = NULL;
     load_launcher_key();
     if (loom_store_server_start_auth(any_remote ? NULL : "127.0.0.1", 0, g_auth.auth_key,
-                                     g_auth.auth_keylen, &err, &srv) != LOOM_SUCCESS)
+                                     g_auth.auth_keylen, &err, &j->srv) != LOOM_SUCCESS)
         fatal("cannot start the rendezvous store: %s", err.msg);
-    int port = loom_store_server_port(srv);
+    j->port = loom_store_server_port(j->srv);
     char addr[NI_MAXHOST];
     int only_local = 1;
     for (int h = 0; h < g_nhosts; h++)
         only_local &= g_hosts[h].local;
     /* Local ranks talk to remote ones through the address of this machine
      * (all of them are local in the tests, which keeps them on loopback). */
-    char *local_store = !only_local && own_addr(addr, sizeof(addr)) == 0
-                            ? store_uri(addr, port) : store_uri("127.0.0.1", port);
-    char *client_uri = store_uri("127.0.0.1", port);
-    loom_store_t *store = NULL;
+    j->local_store = !only_local && own_addr(addr, sizeof(addr)) == 0
+                         ? store_uri(addr, j->port) : store_uri("127.0.0.1", j->port);
+    char *client_uri = store_uri("127.0.0.1", j->port);
     if (loom_store_open_key(client_uri, -1, 30, g_auth.auth_key, g_auth.auth_keylen, &err,
-                            &store) != LOOM_SUCCESS)
+                            &j->store) != LOOM_SUCCESS)
         fatal("cannot reach the store loomrun serves: %s", err.msg);
     free(client_uri);
+}
 
+/* The environments, with what every process of the job shares. */
+static void elastic_envs(ejob_t *j)
+{
     char jobid[64];
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    snprintf(jobid, sizeof(jobid), "%llx%06x",
-             (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec,
-             (unsigned)getpid() & 0xffffffu);
-    char base[128];
-    snprintf(base, sizeof(base), "loom/%s/elastic", jobid);
-
-    envv_t env, xenv;
-    env_init(&env, 1);
-    env_init(&xenv, 0);
-    for (char **p = environ; p != NULL && *p != NULL; p++)
-        if (strncmp(*p, "LOOM_", 5) == 0 && !loomrun_sets(*p))
-            env_push(&xenv, xstrdup(*p));
-    for (int i = 0; i < o->nx; i++) {
-        const char *x = o->xvars[i];
-        const char *eq = strchr(x, '=');
-        if (eq != NULL) {
-            char *name = xstrdup(x);
-            name[eq - x] = '\0';
-            env_set(&env, name, eq + 1);
-            env_set(&xenv, name, eq + 1);
-            free(name);
-        } else if (getenv(x) != NULL) {
-            env_set(&env, x, getenv(x));
-            env_set(&xenv, x, getenv(x));
-        }
-    }
-    char *np_s = format_int(np0), *min_s = format_int(min_np);
-    envv_t *both[2] = { &env, &xenv };
+    make_jobid(jobid, sizeof(jobid));
+    snprintf(j->base, sizeof(j->base), "loom/%s/elastic", jobid);
+    build_envs(j->o, &j->env, &j->xenv, 0);
+    char *np_s = format_int(j->np0), *min_s = format_int(j->min_np);
+    envv_t *both[2] = { &j->env, &j->xenv };
     for (int i = 0; i < 2; i++) {
-        if (o->timeout != NULL)
-            env_set(both[i], "LOOM_TIMEOUT", o->timeout);
-        if (o->elastic_timeout != NULL)
-            env_set(both[i], "LOOM_ELASTIC_TIMEOUT", o->elastic_timeout);
+        if (j->o->timeout != NULL)
+            env_set(both[i], "LOOM_TIMEOUT", j->o->timeout);
+        if (j->o->elastic_timeout != NULL)
+            env_set(both[i], "LOOM_ELASTIC_TIMEOUT", j->o->elastic_timeout);
         env_set(both[i], "LOOM_JOB_ID", jobid);
         env_set(both[i], "LOOM_SIZE", np_s);
         env_set(both[i], "LOOM_ELASTIC", "1");
@@ -397,188 +343,149 @@ int elastic_main(options_t *o)
     }
     free(np_s);
     free(min_s);
+}
+
+/* The store address of each host that has none yet. */
+static void elastic_host_stores(ejob_t *j, int present_only)
+{
+    char addr[NI_MAXHOST];
     for (int h = 0; h < g_nhosts; h++) {
+        if (g_hosts[h].store != NULL || (present_only && !g_eh[h].present))
+            continue;
         if (g_hosts[h].local)
-            g_hosts[h].store = xstrdup(local_store);
+            g_hosts[h].store = xstrdup(j->local_store);
         else if (route_addr(g_hosts[h].name, addr, sizeof(addr)) == 0)
-            g_hosts[h].store = store_uri(addr, port);
+            g_hosts[h].store = store_uri(addr, j->port);
     }
+}
 
-    fill_slots(np0, o, &env, &xenv, np0, remote_wdir.p, port, answer_s);
-    int nstarted0 = g_np;
-    sigprocmask(SIG_SETMASK, &g_orig_mask, NULL);
+/* A process exited: its id is dead for every later round, whatever the
+ * reason; a 0 means the job is finishing; a failure counts against its host. */
+static void elastic_exit(int r, const siginfo_t *si, int code, void *arg)
+{
+    ejob_t *j = arg;
+    rank_t *rk = &g_ranks[r];
+    /* As before the loops were one: an elastic job's report does not use the
+     * stderr an ssh rank held back before its program started. */
+    sb_free(&rk->held);
+    g_ep[r].code = code;
+    char key[200];
+    loom_err_t err;
+    snprintf(key, sizeof(key), "%s/dead/%d", j->base, r);
+    loom_err_clear(&err);
+    if (loom_store_set(j->store, key, "1", 1, &err) != LOOM_SUCCESS)
+        fprintf(stderr, "loomrun: store: %s\n", err.msg);
+    if (code == 0 && !j->finishing) {
+        j->finishing = 1;
+        snprintf(key, sizeof(key), "%s/finished", j->base);
+        loom_store_set(j->store, key, "1", 1, &err);
+    } else if (code != 0 && g_ep[r].removed) {
+        fprintf(stderr, "loomrun: rank %d left with host %s\n", r, g_hosts[rk->host].name);
+    } else if (code != 0 && !j->finishing && !j->loop.got_signal && !j->exit_code) {
+        report(r, si);
+        j->nfailed++;
+        j->changes++;
+        ehost_t *eh = &g_eh[rk->host];
+        if (++eh->failures >= j->bl_failures && eh->banned_until == 0) {
+            eh->banned_until = now_ms() + (long long)(j->cooldown_s * 1000);
+            fprintf(stderr, "loomrun: host %s blacklisted for %g s after %d failure(s)\n",
+                    g_hosts[rk->host].name, j->cooldown_s, eh->failures);
+        }
+    }
+}
 
-    int exit_code = 0, got_signal = 0, finishing = 0, changes = 0, nfailed = 0, nremoved = 0;
-    long long kill_at = -1, below_since = -1;
-    long long next_discovery = now_ms() + (long long)(interval_s * 1000);
-    int killed = 0;
-    struct pollfd *pfd = NULL;
-    stream_t **pstream = NULL;
-    while (g_nrunning > 0 || (!finishing && !exit_code && !got_signal)) {
-        pfd = xrealloc(pfd, (size_t)(2 * g_np + 1) * sizeof(struct pollfd));
-        pstream = xrealloc(pstream, (size_t)(2 * g_np + 1) * sizeof(stream_t *));
-        int n = 0;
-        pfd[n].fd = g_sigpipe[0];
-        pfd[n].events = POLLIN;
-        pstream[n++] = NULL;
-        for (int r = 0; r < g_np; r++) {
-            stream_t *ss[2] = { &g_ranks[r].out, &g_ranks[r].err };
-            for (int k = 0; k < 2; k++) {
-                if (ss[k]->fd < 0)
-                    continue;
-                pfd[n].fd = ss[k]->fd;
-                pfd[n].events = POLLIN;
-                pstream[n++] = ss[k];
-            }
-        }
-        int ready = poll(pfd, (nfds_t)n, 100);
-        if (ready < 0 && errno != EINTR)
-            fatal("poll: %s", strerror(errno));
-        int reap = 0;
-        if (ready > 0 && (pfd[0].revents & POLLIN)) {
-            unsigned char sigs[64];
-            ssize_t m;
-            while ((m = read(g_sigpipe[0], sigs, sizeof(sigs))) > 0) {
-                for (ssize_t j = 0; j < m; j++) {
-                    if (sigs[j] == SIGCHLD) {
-                        reap = 1;
-                        continue;
-                    }
-                    kill_all(sigs[j]);
-                    if (!got_signal) {
-                        got_signal = sigs[j];
-                        if (kill_at < 0)
-                            kill_at = now_ms() + GRACE_MS;
-                    }
-                }
-            }
-        }
-        for (int j = 1; ready > 0 && j < n; j++)
-            if (pfd[j].revents != 0)
-                pump(pstream[j], 0);
+/* Whether the job can go on: the reset limit, and not below --min-np for too
+ * long (or for good). A failed job starts ending. */
+static void elastic_health(ejob_t *j, long long now)
+{
+    if (j->o->reset_limit >= 0 && j->changes > j->o->reset_limit) {
+        fprintf(stderr, "loomrun: elastic job failed: %d membership changes exceed "
+                "--reset-limit %d\n", j->changes, j->o->reset_limit);
+        j->exit_code = 1;
+    }
+    int live = live_ranks();
+    int usable = 0;
+    for (int h = 0; h < g_nhosts; h++)
+        usable += g_eh[h].present && g_eh[h].banned_until <= now;
+    if (live >= j->min_np) {
+        j->below_since = -1;
+    } else if (live == 0 && usable == 0 && j->nfailed > 0) {
+        /* Every rank failed and took its host with it: a program that fails
+         * everywhere (a bad argument, say) fails the job now, not after the
+         * blacklist cooldown. */
+        fprintf(stderr, "loomrun: elastic job failed: every rank failed and every host is "
+                "blacklisted (--blacklist-cooldown %g s)\n", j->cooldown_s);
+        j->exit_code = 1;
+    } else if (j->below_since < 0) {
+        j->below_since = now;
+        fprintf(stderr, "loomrun: %d rank(s) left, below --min-np %d; waiting up to "
+                "%g s for hosts\n", live, j->min_np, j->etimeout_s);
+    } else if (now - j->below_since > (long long)(j->etimeout_s * 1000)) {
+        fprintf(stderr, "loomrun: elastic job failed: %d rank(s) running, below "
+                "--min-np %d for %g s (--elastic-timeout)\n", live, j->min_np, j->etimeout_s);
+        j->exit_code = 1;
+    }
+    if (j->exit_code)
+        evloop_fail(&j->loop, now);
+}
+
+/* Run the discovery script: stop the ranks of hosts that left, fill the free
+ * slots of the present ones. */
+static void elastic_rediscover(ejob_t *j, long long now)
+{
+    j->next_discovery = now + (long long)(j->interval_s * 1000);
+    if (discover(j->o, j->slots_dflt) < 0)
+        return;
+    for (int r = 0; r < g_np; r++) {
+        if (!g_ranks[r].running || g_ep[r].removed || g_eh[g_ranks[r].host].present)
+            continue;
+        fprintf(stderr, "loomrun: host %s left: stopping rank %d\n",
+                g_hosts[g_ranks[r].host].name, r);
+        g_ep[r].removed = 1;
+        g_ep[r].kill_at = now + GRACE_MS;
+        signal_rank(&g_ranks[r], SIGTERM);
+        j->nremoved++;
+        j->changes++;
+    }
+    elastic_host_stores(j, 1);
+    int added = fill_slots(j, j->max_np);
+    if (added > 0) {
+        fprintf(stderr, "loomrun: %d new rank(s) started; they join at the next "
+                "commit point\n", added);
+        j->changes += added;
+    }
+}
+
+/* The job runs until every process is gone once it finishes or fails. */
+static void elastic_loop(ejob_t *j)
+{
+    evloop_init(&j->loop);
+    j->below_since = -1;
+    j->next_discovery = now_ms() + (long long)(j->interval_s * 1000);
+    while (g_nrunning > 0 || (!j->finishing && !j->exit_code && !j->loop.got_signal)) {
+        evloop_turn(&j->loop, 100, elastic_exit, j);
         long long now = now_ms();
-        for (int r = 0; reap && r < g_np; r++) {
-            siginfo_t si;
-            rank_t *rk = &g_ranks[r];
-            if (!rk->running || !rank_exited(r, &si))
-                continue;
-            rk->running = 0;
-            g_nrunning--;
-            if (rk->ctl >= 0)
-                close(rk->ctl);
-            rk->ctl = -1;
-            rk->answer_by = -1;
-            pump(&rk->out, 1);
-            pump(&rk->err, 1);
-            close_stream(&rk->out);
-            close_stream(&rk->err);
-            sb_free(&rk->held);
-            int code = si.si_code == CLD_EXITED ? si.si_status : 128 + si.si_status;
-            g_ep[r].code = code;
-            /* Its id is dead for every later round, whatever the reason. */
-            char key[200];
-            snprintf(key, sizeof(key), "%s/dead/%d", base, r);
-            loom_err_clear(&err);
-            if (loom_store_set(store, key, "1", 1, &err) != LOOM_SUCCESS)
-                fprintf(stderr, "loomrun: store: %s\n", err.msg);
-            if (code == 0 && !finishing) {
-                finishing = 1;
-                snprintf(key, sizeof(key), "%s/finished", base);
-                loom_store_set(store, key, "1", 1, &err);
-            } else if (code != 0 && g_ep[r].removed) {
-                fprintf(stderr, "loomrun: rank %d left with host %s\n", r, g_hosts[rk->host].name);
-            } else if (code != 0 && !finishing && !got_signal && !exit_code) {
-                report(r, &si);
-                nfailed++;
-                changes++;
-                ehost_t *eh = &g_eh[rk->host];
-                if (++eh->failures >= bl_failures && eh->banned_until == 0) {
-                    eh->banned_until = now + (long long)(cooldown_s * 1000);
-                    fprintf(stderr, "loomrun: host %s blacklisted for %g s after %d failure(s)\n",
-                            g_hosts[rk->host].name, cooldown_s, eh->failures);
-                }
-            }
-        }
         /* Ranks of hosts that left, past their grace time. */
         for (int r = 0; r < g_np; r++)
             if (g_ranks[r].running && g_ep[r].kill_at >= 0 && now >= g_ep[r].kill_at) {
                 signal_rank(&g_ranks[r], SIGKILL);
                 g_ep[r].kill_at = -1;
             }
-        if (!finishing && !exit_code && !got_signal) {
-            if (o->reset_limit >= 0 && changes > o->reset_limit) {
-                fprintf(stderr, "loomrun: elastic job failed: %d membership changes exceed "
-                        "--reset-limit %d\n", changes, o->reset_limit);
-                exit_code = 1;
-            }
-            int live = live_ranks();
-            int usable = 0;
-            for (int h = 0; h < g_nhosts; h++)
-                usable += g_eh[h].present && g_eh[h].banned_until <= now;
-            if (live >= min_np) {
-                below_since = -1;
-            } else if (live == 0 && usable == 0 && nfailed > 0) {
-                /* Every rank failed and took its host with it: a program that
-                 * fails everywhere (a bad argument, say) fails the job now, not
-                 * after the blacklist cooldown. */
-                fprintf(stderr, "loomrun: elastic job failed: every rank failed and every host is "
-                        "blacklisted (--blacklist-cooldown %g s)\n", cooldown_s);
-                exit_code = 1;
-            } else if (below_since < 0) {
-                below_since = now;
-                fprintf(stderr, "loomrun: %d rank(s) left, below --min-np %d; waiting up to "
-                        "%g s for hosts\n", live, min_np, etimeout_s);
-            } else if (now - below_since > (long long)(etimeout_s * 1000)) {
-                fprintf(stderr, "loomrun: elastic job failed: %d rank(s) running, below "
-                        "--min-np %d for %g s (--elastic-timeout)\n", live, min_np, etimeout_s);
-                exit_code = 1;
-            }
-            if (exit_code) {
-                kill_all(SIGTERM);
-                kill_at = now + GRACE_MS;
-            }
-        }
-        if (!finishing && !exit_code && !got_signal && now >= next_discovery) {
-            next_discovery = now + (long long)(interval_s * 1000);
-            if (discover(o, slots_dflt) >= 0) {
-                for (int r = 0; r < g_np; r++) {
-                    if (!g_ranks[r].running || g_ep[r].removed || g_eh[g_ranks[r].host].present)
-                        continue;
-                    fprintf(stderr, "loomrun: host %s left: stopping rank %d\n",
-                            g_hosts[g_ranks[r].host].name, r);
-                    g_ep[r].removed = 1;
-                    g_ep[r].kill_at = now + GRACE_MS;
-                    signal_rank(&g_ranks[r], SIGTERM);
-                    nremoved++;
-                    changes++;
-                }
-                for (int h = 0; h < g_nhosts; h++)
-                    if (g_eh[h].present && g_hosts[h].store == NULL) {
-                        if (g_hosts[h].local)
-                            g_hosts[h].store = xstrdup(local_store);
-                        else if (route_addr(g_hosts[h].name, addr, sizeof(addr)) == 0)
-                            g_hosts[h].store = store_uri(addr, port);
-                    }
-                int added = fill_slots(max_np, o, &env, &xenv, np0, remote_wdir.p, port,
-                                       answer_s);
-                if (added > 0) {
-                    fprintf(stderr, "loomrun: %d new rank(s) started; they join at the next "
-                            "commit point\n", added);
-                    changes += added;
-                }
-            }
-        }
-        if (kill_at >= 0 && !killed && now >= kill_at) {
-            kill_all(SIGKILL);
-            killed = 1;
-        }
-        if (g_nrunning == 0 && (finishing || exit_code || got_signal))
+        if (!j->finishing && !j->exit_code && !j->loop.got_signal)
+            elastic_health(j, now);
+        if (!j->finishing && !j->exit_code && !j->loop.got_signal && now >= j->next_discovery)
+            elastic_rediscover(j, now);
+        evloop_kill_due(&j->loop, now);
+        if (g_nrunning == 0 && (j->finishing || j->exit_code || j->loop.got_signal))
             break;
     }
+}
 
-    /* The verdict and a summary. */
+/* The verdict (every member of the last epoch exited 0) and a summary. */
+static void elastic_verdict(ejob_t *j)
+{
     long long *ids = NULL;
-    int nmembers = final_members(store, base, &ids);
+    int nmembers = final_members(j->store, j->base, &ids);
     int bad = 0;
     for (int i = 0; i < nmembers; i++)
         if (ids[i] >= 0 && ids[i] < g_np && g_ep[ids[i]].code != 0) {
@@ -586,54 +493,48 @@ int elastic_main(options_t *o)
                     ids[i], g_ep[ids[i]].code);
             bad = bad ? bad : g_ep[ids[i]].code;
         }
-    if (!exit_code && !got_signal && (bad || nmembers <= 0))
-        exit_code = bad ? bad : 1;
+    if (!j->exit_code && !j->loop.got_signal && (bad || nmembers <= 0))
+        j->exit_code = bad ? bad : 1;
     fprintf(stderr, "loomrun: elastic job %s: %d process(es) started (%d at first), %d failed, "
             "%d stopped with their host, %d membership change(s); final epoch has %d rank(s)",
-            exit_code || got_signal ? "failed" : "finished", g_np, nstarted0, nfailed, nremoved,
-            changes, nmembers > 0 ? nmembers : 0);
+            j->exit_code || j->loop.got_signal ? "failed" : "finished", g_np, j->nstarted0,
+            j->nfailed, j->nremoved, j->changes, nmembers > 0 ? nmembers : 0);
     int nbl = 0;
     for (int h = 0; h < g_nhosts; h++)
         if (g_eh[h].banned_until > 0)
             fprintf(stderr, "%s%s", nbl++ ? ", " : "; blacklisted: ", g_hosts[h].name);
     fprintf(stderr, "\n");
     free(ids);
+}
 
-    if (exit_code != 0 || got_signal)
-        kill_all(SIGKILL);
-    reap_all();
-    loom_store_close(store);
-    loom_store_server_stop(srv);
-    sigaction(SIGCHLD, &g_orig_chld, NULL);
-    free(pfd);
-    free(pstream);
-    env_free(&env);
-    env_free(&xenv);
-    sb_free(&remote_wdir);
-    free(local_store);
+int elastic_main(options_t *o)
+{
+    ejob_t j;
+    memset(&j, 0, sizeof(j));
+    j.o = o;
+    elastic_hosts(&j);
+    remote_wdir(o->wdir, &j.wdir);
+    block_signals();
+    elastic_store(&j);
+    elastic_envs(&j);
+    elastic_host_stores(&j, 0);
+    fill_slots(&j, j.np0);
+    j.nstarted0 = g_np;
+    sigprocmask(SIG_SETMASK, &g_orig_mask, NULL);
+
+    elastic_loop(&j);
+    elastic_verdict(&j);
+
+    loom_store_close(j.store);
+    end_job(&j.loop, j.exit_code != 0 || j.loop.got_signal, j.srv);
+    env_free(&j.env);
+    env_free(&j.xenv);
+    sb_free(&j.wdir);
+    free(j.local_store);
     free(o->xvars);
-    free(g_ranks);
-    g_ranks = NULL;
-    g_np = 0;
     free(g_ep);
     free(g_eh);
-    for (int h = 0; h < g_nhosts; h++) {
-        free(g_hosts[h].name);
-        free(g_hosts[h].store);
-    }
-    free(g_hosts);
-    free(g_out);
-    sb_free(&g_fbuf);
-    close(g_sigpipe[0]);
-    close(g_sigpipe[1]);
-    if (got_signal) {
-        signal(got_signal, SIG_DFL);
-        sigset_t s;
-        sigemptyset(&s);
-        sigaddset(&s, got_signal);
-        sigprocmask(SIG_UNBLOCK, &s, NULL);
-        raise(got_signal);
-        return 128 + got_signal;
-    }
-    return exit_code;
+    if (j.loop.got_signal)
+        return die_of_signal(j.loop.got_signal);
+    return j.exit_code;
 }

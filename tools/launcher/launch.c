@@ -322,11 +322,108 @@ void remote_script(strbuf_t *b, const char *wdir, int store_port, const host_t *
 }
 
 /* Hand a remote rank its secrets: the first lines of its ssh's stdin. */
-void send_secrets(rank_t *rk, const strbuf_t *secrets)
+static void send_secrets(rank_t *rk, const strbuf_t *secrets)
 {
     if (secrets->len == 0)
         return;
     /* Far below a pipe's capacity, so the non-blocking write takes it whole. */
     if (write(rk->ctl, secrets->p, secrets->len) != (ssize_t)secrets->len)
         fatal("cannot pass the secrets to a remote rank: %s", strerror(errno));
+}
+
+/* The directory remote ranks run in: --wdir, taken relative to where loomrun
+ * runs, else that directory. A relative --wdir means the same directory
+ * everywhere (a shared file system), not one under each remote home. */
+void remote_wdir(const char *wdir, strbuf_t *out)
+{
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof(cwd)) == NULL)
+        fatal("getcwd: %s", strerror(errno));
+    if (wdir != NULL && wdir[0] == '/') {
+        sb_str(out, wdir);
+    } else {
+        sb_str(out, cwd);
+        if (wdir != NULL) {
+            sb_str(out, "/");
+            sb_str(out, wdir);
+        }
+    }
+}
+
+/* The environment of local ranks (and srun): ours, -x on top; loomrun's own
+ * variables go on last so -x cannot break the rendezvous. Remote ranks get
+ * only what is passed on their command line: LOOM_* settings of ours, -x,
+ * and loomrun's variables; secrets travel on ssh's stdin instead, since a
+ * command line can be seen in ps on both hosts. */
+void build_envs(const options_t *o, envv_t *env, envv_t *xenv, int warn_unset)
+{
+    env_init(env, 1);
+    env_init(xenv, 0);
+    for (char **p = environ; p != NULL && *p != NULL; p++)
+        if (strncmp(*p, "LOOM_", 5) == 0 && !loomrun_sets(*p))
+            env_push(xenv, xstrdup(*p));
+    for (int i = 0; i < o->nx; i++) {
+        const char *x = o->xvars[i];
+        const char *eq = strchr(x, '=');
+        if (eq != NULL) {
+            char *name = xstrdup(x);
+            name[eq - x] = '\0';
+            env_set(env, name, eq + 1);
+            env_set(xenv, name, eq + 1);
+            free(name);
+        } else if (getenv(x) != NULL) {
+            env_set(env, x, getenv(x));
+            env_set(xenv, x, getenv(x));
+        } else if (warn_unset) {
+            fprintf(stderr, "loomrun: warning: -x %s: %s is not set, not passed\n", x, x);
+        }
+    }
+}
+
+/* Start rank r on its remote host through ssh, running o->argv there in wdir
+ * with xenv (env is ssh's own). The host has answer_s seconds to start it. */
+int start_ssh_rank(int r, const options_t *o, const envv_t *env, const envv_t *xenv,
+                   const char *wdir, int port, const char *timeout_opt, double answer_s)
+{
+    rank_t *rk = &g_ranks[r];
+    host_t *h = &g_hosts[rk->host];
+    strbuf_t script = { 0 }, secrets = { 0 };
+    remote_script(&script, wdir, port, h, xenv, &secrets);
+    for (char **p = o->argv; *p != NULL; p++) {
+        sb_add(&script, " ", 1);
+        sb_quote(&script, *p);
+    }
+    sb_str(&script, " 2>&4 4>&-\nexit $?\n");
+    char *sargv[24];
+    int k = 0;
+    sargv[k++] = "ssh";
+    sargv[k++] = "-o";
+    sargv[k++] = "BatchMode=yes";
+    sargv[k++] = "-o";
+    sargv[k++] = "StrictHostKeyChecking=accept-new";
+    sargv[k++] = "-o";
+    sargv[k++] = (char *)timeout_opt;
+    /* Keeps "Permanently added ... to the list of known hosts" out of the
+     * ranks' output; errors still show. */
+    sargv[k++] = "-o";
+    sargv[k++] = "LogLevel=ERROR";
+    if (o->ssh_port != NULL) {
+        sargv[k++] = "-p";
+        sargv[k++] = (char *)o->ssh_port;
+    }
+    if (o->ssh_identity != NULL) {
+        sargv[k++] = "-i";
+        sargv[k++] = (char *)o->ssh_identity;
+    }
+    sargv[k++] = "--";   /* a host name is never an option */
+    sargv[k++] = h->name;
+    sargv[k++] = script.p;
+    sargv[k] = NULL;
+    int rc = start_rank(r, sargv, env->v, NULL);
+    if (rc == 0)
+        send_secrets(rk, &secrets);
+    rk->answer_by = now_ms() + (long long)(answer_s * 1000);
+    sb_free(&script);
+    sb_free(&secrets);
+    return rc;
 }

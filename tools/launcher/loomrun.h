@@ -209,7 +209,10 @@ int loomrun_sets(const char *kv);
 int start_rank(int r, char *const argv[], char *const envp[], const char *dir);
 void remote_script(strbuf_t *b, const char *wdir, int store_port, const host_t *h,
                    const envv_t *xenv, strbuf_t *secrets);
-void send_secrets(rank_t *rk, const strbuf_t *secrets);
+void remote_wdir(const char *wdir, strbuf_t *out);
+void build_envs(const options_t *o, envv_t *env, envv_t *xenv, int warn_unset);
+int start_ssh_rank(int r, const options_t *o, const envv_t *env, const envv_t *xenv,
+                   const char *wdir, int port, const char *timeout_opt, double answer_s);
 
 /* args.c */
 void usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -219,6 +222,27 @@ void parse_args(int argc, char **argv, options_t *o);
 int rank_exited(int r, siginfo_t *si);
 int report(int r, const siginfo_t *si);
 char *format_int(int v);
+
+/* loop.c */
+typedef struct evloop {
+    struct pollfd *pfd;   /* the self-pipe, then the ranks' open pipes */
+    stream_t **pstream;   /* the stream of each pfd entry (NULL for the self-pipe) */
+    int got_signal;       /* first terminating signal loomrun received; 0: none */
+    long long kill_at;    /* when the SIGKILL follows the SIGTERM; -1: none due */
+    int killed;           /* that SIGKILL was sent */
+} evloop_t;
+/* Rank r exited with code (128+N for signal N); its output is all printed. */
+typedef void (*evloop_exit_fn)(int r, const siginfo_t *si, int code, void *arg);
+void block_signals(void);
+void make_jobid(char *out, size_t outlen);
+void evloop_init(evloop_t *L);
+/* One turn: wait up to wait_ms (-1: no limit) for output, a signal or an exit;
+ * forward signals, print output, reap exited ranks through on_exit. */
+void evloop_turn(evloop_t *L, int wait_ms, evloop_exit_fn on_exit, void *arg);
+void evloop_fail(evloop_t *L, long long now);
+void evloop_kill_due(evloop_t *L, long long now);
+void end_job(evloop_t *L, int failed, loom_store_server_t *srv);
+int die_of_signal(int sig);
 
 /* elastic.c */
 int elastic_main(options_t *o);
