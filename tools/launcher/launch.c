@@ -249,17 +249,17 @@ int start_rank(int r, char *const argv[], char *const envp[], const char *dir)
  *    so "Terminated" from bash for the program it waited for does not read
  *    as the rank's output.
  *  - MARKER tells loomrun that the host answered and the program starts. */
-/* Settings whose values are secrets. A command line is no place for them (ps
- * shows it to every user of both hosts): a remote rank's shell reads them from
- * ssh's standard input before anything else, one line each. */
-static const char *const secret_vars[] = { "LOOM_AUTH_KEY", "LOOM_REDIS_PASSWORD" };
-
-/* The length of the name of secret setting kv ("NAME=value"), or 0. */
+/* Settings whose values are secrets (LOOM_SETTING_SECRET in the settings
+ * table). A command line is no place for them (ps shows it to every user of
+ * both hosts): a remote rank's shell reads them from ssh's standard input
+ * before anything else, one line each. Returns the length of the name of
+ * secret setting kv ("NAME=value"), or 0. */
 static size_t secret_name_len(const char *kv)
 {
-    for (size_t i = 0; i < sizeof(secret_vars) / sizeof(secret_vars[0]); i++) {
-        size_t n = strlen(secret_vars[i]);
-        if (strncmp(kv, secret_vars[i], n) == 0 && kv[n] == '=')
+    for (size_t i = 0; i < loom_num_settings; i++) {
+        const loom_setting_t *row = &loom_settings_table[i];
+        size_t n = strlen(row->name);
+        if ((row->flags & LOOM_SETTING_SECRET) && strncmp(kv, row->name, n) == 0 && kv[n] == '=')
             return n;
     }
     return 0;
