@@ -189,6 +189,64 @@ static int is_var_name(const char *s, size_t n)
     return 1;
 }
 
+/* --elastic and the options that go with it, at argv[*i] (a, of which the
+ * name is nlen long; eq: its "=value", if any). Returns 0 when a is none. */
+static int parse_elastic_option(int argc, char **argv, int *i, const char *a, size_t nlen,
+                                const char *eq, options_t *o)
+{
+#define IS_LONG(s) (nlen == sizeof(s) - 1 && strncmp(a, s, nlen) == 0)
+    if (IS_LONG("--elastic")) {
+        if (eq != NULL)
+            usage_error("--elastic takes no value");
+        o->elastic = 1;
+    } else if (IS_LONG("--min-np") || IS_LONG("--max-np") || IS_LONG("--slots-per-host") ||
+               IS_LONG("--reset-limit") || IS_LONG("--blacklist-failures")) {
+        char name[32];
+        snprintf(name, sizeof(name), "%.*s", (int)nlen, a);
+        const char *v = opt_value(argc, argv, i, name, eq);
+        int n = parse_slots(v, strlen(v));
+        if (strcmp(name, "--reset-limit") == 0 && strcmp(v, "0") == 0)
+            n = 0;
+        if (n < 0)
+            usage_error("%s: '%s' is not a count (an integer >= 1)", name, v);
+        if (strcmp(name, "--min-np") == 0)
+            o->min_np = n;
+        else if (strcmp(name, "--max-np") == 0)
+            o->max_np = n;
+        else if (strcmp(name, "--slots-per-host") == 0)
+            o->slots_per_host = n;
+        else if (strcmp(name, "--reset-limit") == 0)
+            o->reset_limit = n;
+        else
+            o->blacklist_failures = n;
+    } else if (IS_LONG("--host-discovery-script")) {
+        o->discovery = opt_value(argc, argv, i, "--host-discovery-script", eq);
+        if (o->discovery[0] == '\0')
+            usage_error("--host-discovery-script: empty command");
+    } else if (IS_LONG("--elastic-timeout") || IS_LONG("--blacklist-cooldown") ||
+               IS_LONG("--discovery-interval")) {
+        char name[32];
+        snprintf(name, sizeof(name), "%.*s", (int)nlen, a);
+        const char *v = opt_value(argc, argv, i, name, eq);
+        char *end;
+        double t = strtod(v, &end);
+        if (end == v || *end != '\0' || !(t > 0) || t > 1e7)
+            usage_error("%s: '%s' is not a positive number of seconds", name, v);
+        if (strcmp(name, "--elastic-timeout") == 0) {
+            o->elastic_timeout_s = t;
+            o->elastic_timeout = v;
+        } else if (strcmp(name, "--blacklist-cooldown") == 0) {
+            o->blacklist_cooldown_s = t;
+        } else {
+            o->discovery_interval_s = t;
+        }
+    } else {
+        return 0;
+    }
+#undef IS_LONG
+    return 1;
+}
+
 void parse_args(int argc, char **argv, options_t *o)
 {
     memset(o, 0, sizeof(*o));
@@ -268,51 +326,8 @@ void parse_args(int argc, char **argv, options_t *o)
                 usage_error("--timeout: '%s' is not a positive number of seconds", v);
             o->timeout = v;
             o->timeout_s = t;
-        } else if (IS_LONG("--elastic")) {
-            if (eq != NULL)
-                usage_error("--elastic takes no value");
-            o->elastic = 1;
-        } else if (IS_LONG("--min-np") || IS_LONG("--max-np") || IS_LONG("--slots-per-host") ||
-                   IS_LONG("--reset-limit") || IS_LONG("--blacklist-failures")) {
-            char name[32];
-            snprintf(name, sizeof(name), "%.*s", (int)nlen, a);
-            const char *v = opt_value(argc, argv, &i, name, eq);
-            int n = parse_slots(v, strlen(v));
-            if (strcmp(name, "--reset-limit") == 0 && strcmp(v, "0") == 0)
-                n = 0;
-            if (n < 0)
-                usage_error("%s: '%s' is not a count (an integer >= 1)", name, v);
-            if (strcmp(name, "--min-np") == 0)
-                o->min_np = n;
-            else if (strcmp(name, "--max-np") == 0)
-                o->max_np = n;
-            else if (strcmp(name, "--slots-per-host") == 0)
-                o->slots_per_host = n;
-            else if (strcmp(name, "--reset-limit") == 0)
-                o->reset_limit = n;
-            else
-                o->blacklist_failures = n;
-        } else if (IS_LONG("--host-discovery-script")) {
-            o->discovery = opt_value(argc, argv, &i, "--host-discovery-script", eq);
-            if (o->discovery[0] == '\0')
-                usage_error("--host-discovery-script: empty command");
-        } else if (IS_LONG("--elastic-timeout") || IS_LONG("--blacklist-cooldown") ||
-                   IS_LONG("--discovery-interval")) {
-            char name[32];
-            snprintf(name, sizeof(name), "%.*s", (int)nlen, a);
-            const char *v = opt_value(argc, argv, &i, name, eq);
-            char *end;
-            double t = strtod(v, &end);
-            if (end == v || *end != '\0' || !(t > 0) || t > 1e7)
-                usage_error("%s: '%s' is not a positive number of seconds", name, v);
-            if (strcmp(name, "--elastic-timeout") == 0) {
-                o->elastic_timeout_s = t;
-                o->elastic_timeout = v;
-            } else if (strcmp(name, "--blacklist-cooldown") == 0) {
-                o->blacklist_cooldown_s = t;
-            } else {
-                o->discovery_interval_s = t;
-            }
+        } else if (parse_elastic_option(argc, argv, &i, a, nlen, eq, o)) {
+            /* --elastic and its options */
         } else {
             usage_error("unknown option '%s'", a);
         }
