@@ -495,186 +495,259 @@ static loom_status_t hs_advance(loom_tp_t *tp, hs_conn_t *c, char *const *addrs,
     return LOOM_SUCCESS;
 }
 
+/* The side-channel connections of one ib_connect: those we dial (to the
+ * lower ranks) first, then the accepted ones; pfds[0] is the listener. */
+typedef struct hs_table {
+    hs_conn_t *conns;
+    struct pollfd *pfds;           /* [i + 1]: conns[i] */
+    struct sockaddr_storage *ss;   /* [rank below ours]: where it listens */
+    socklen_t *sslen;
+    int nconn, maxconn;
+    int nout, nin;                 /* peers we dial, peers that dial us */
+    int established;
+    double deadline;
+} hs_table_t;
+
+/* Like tcp.c: rank r dials every lower rank and accepts every higher one. */
+static loom_status_t hs_dial_lower(loom_tp_t *tp, hs_table_t *t, char *const *addrs)
+{
+    for (int j = 0; j < tp->rank; j++) {
+        if (addrs[j] == NULL)
+            continue;
+        if (ib_parse_addr(addrs[j], &t->ss[j], &t->sslen[j]) != 0)
+            return tp_fail(tp, LOOM_ERR_INVALID_ARG, "ibverbs: rank %d published a bad address "
+                           "\"%s\" (is it on another transport? set LOOM_TRANSPORT alike "
+                           "everywhere)", j, addrs[j]);
+        t->conns[t->nconn] = (hs_conn_t){.peer = j, .dialer = 1};
+        if (start_dial(&t->conns[t->nconn], &t->ss[j], t->sslen[j]) != 0)
+            return tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot connect to rank %d at %s: %s",
+                           j, addrs[j], strerror(errno));
+        t->nconn++;
+    }
+    return LOOM_SUCCESS;
+}
+
+static void hs_shed_strangers(loom_tp_t *tp, hs_table_t *t, double now, double stranger_s)
+{
+    for (int i = t->nout; i < t->nconn; i++)
+        if (t->conns[i].state == HS_EXCHANGE && !t->conns[i].dialer && !t->conns[i].up &&
+            now - t->conns[i].since > stranger_s)
+            hs_refuse(tp, &t->conns[i], NULL, 0);
+}
+
+/* The deadline passed: name the ranks still missing. */
+static void hs_fail_timeout(loom_tp_t *tp, double timeout_s)
+{
+    char missing[256] = "";
+    size_t off = 0;
+    for (int i = 0; i < tp->nactive && off < sizeof(missing) - 16; i++)
+        if (!tp->peers[tp->active[i]].active)
+            off += (size_t)snprintf(missing + off, sizeof(missing) - off, "%s%d",
+                                    off ? "," : "", tp->active[i]);
+    if (tp->auth_refused)
+        tp_fail(tp, LOOM_ERR_AUTH, "ibverbs: rank %d timed out after %.1f s waiting for "
+                "rank(s) %s; it refused %d connection(s) that could not prove "
+                "LOOM_AUTH_KEY", tp->rank, timeout_s, missing, tp->auth_refused);
+    else
+        tp_fail(tp, LOOM_ERR_TIMEOUT, "ibverbs: rank %d timed out after %.1f s "
+                "connecting to rank(s) %s", tp->rank, timeout_s, missing);
+}
+
+/* Wait (20 ms at most) for the listener and every connection that waits for
+ * its socket; the revents are left in t->pfds. */
+static loom_status_t hs_poll(loom_tp_t *tp, hs_table_t *t, double now)
+{
+    t->pfds[0] = (struct pollfd){.fd = t->nin > 0 ? tp->listen_fd : -1, .events = POLLIN};
+    for (int i = 0; i < t->nconn; i++) {
+        hs_conn_t *c = &t->conns[i];
+        short ev = c->state == HS_CONNECTING ? POLLOUT : c->state == HS_EXCHANGE ? POLLIN : 0;
+        if (c->fd < 0 || c->retry_at > now)
+            ev = 0;
+        t->pfds[i + 1] = (struct pollfd){.fd = ev ? c->fd : -1, .events = ev};
+    }
+    int wait_ms = (int)((t->deadline - now) * 1000) + 1;
+    if (poll(t->pfds, (nfds_t)t->nconn + 1, wait_ms < 20 ? wait_ms : 20) < 0 && errno != EINTR)
+        return tp_fail(tp, LOOM_ERR_TRANSPORT, "poll: %s", strerror(errno));
+    return LOOM_SUCCESS;
+}
+
+/* A dialled socket became writable: connected (our record goes out), or
+ * refused (dial again a little later). */
+static void hs_on_connected(loom_tp_t *tp, hs_conn_t *c, char *const *addrs, double now)
+{
+    int soerr = 0;
+    socklen_t sl = sizeof(soerr);
+    getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+    if (soerr == ECONNREFUSED || soerr == ETIMEDOUT || soerr == EHOSTUNREACH) {
+        close(c->fd);
+        c->fd = -1;
+        c->retry_at = now + 0.01;
+        return;
+    }
+    uint8_t rec[REC_BYTES];
+    if (tp->auth_key && fresh_nonce(c->nonce) != 0) {
+        tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: getrandom: %s", strerror(errno));
+        return;
+    }
+    my_record(tp, &tp->peers[c->peer], tp->auth_key ? REC_AUTH : 0, c->nonce, rec);
+    memcpy(c->myrec, rec, REC_BYTES);
+    if (soerr != 0 || send_small(c->fd, rec, sizeof(rec)) != 0) {
+        tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot connect to rank %d at %s: "
+                "%s", c->peer, addrs[c->peer], strerror(soerr ? soerr : errno));
+        return;
+    }
+    c->state = HS_EXCHANGE;
+}
+
+/* A socket in the exchange is readable: take what came, act on it. */
+static void hs_on_readable(loom_tp_t *tp, hs_conn_t *c, char *const *addrs, double now,
+                           int *established)
+{
+    /* Never past the ready byte: a goodbye may follow it. */
+    size_t want = REC_BYTES + proof_bytes(tp) + 1;
+    ssize_t n = recv(c->fd, c->buf + c->have, want - c->have, 0);
+    if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) {
+        if (c->dialer && !c->up && c->have == 0) {
+            /* Shed before a word, as a full acceptor sheds strangers: dial again. */
+            close(c->fd);
+            c->fd = -1;
+            c->state = HS_CONNECTING;
+            c->retry_at = now + 0.05;
+            return;
+        }
+        if (c->dialer || c->up) {
+            tp_fail(tp, LOOM_ERR_PEER_LOST, "ibverbs: rank %d closed the connection "
+                    "during the handshake", c->peer);
+            return;
+        }
+        /* A stranger went away, or a dialer that found our proof wrong. */
+        hs_refuse(tp, c, NULL, c->peer >= 0);
+        return;
+    }
+    if (n > 0)
+        c->have += (size_t)n;
+    hs_advance(tp, c, addrs, established);
+}
+
+/* Every connection after a poll: redial those whose pause is over, move the
+ * ones whose socket is ready. */
+static void hs_service(loom_tp_t *tp, hs_table_t *t, char *const *addrs, double now)
+{
+    for (int i = 0; i < t->nconn && !tp->failed; i++) {
+        hs_conn_t *c = &t->conns[i];
+        if (c->state == HS_CONNECTING && c->fd < 0 && c->retry_at <= now) {
+            c->retry_at = 0;
+            if (start_dial(c, &t->ss[c->peer], t->sslen[c->peer]) != 0)
+                tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot connect to rank %d at %s: "
+                        "%s", c->peer, addrs[c->peer], strerror(errno));
+            continue;
+        }
+        if (!t->pfds[i + 1].revents)
+            continue;
+        if (c->state == HS_CONNECTING)
+            hs_on_connected(tp, c, addrs, now);
+        else if (c->state == HS_EXCHANGE)
+            hs_on_readable(tp, c, addrs, now, &t->established);
+    }
+}
+
+/* Where an accepted connection goes: a finished entry, a new one, or, when
+ * the table is full, the entry of the oldest accepted connection not yet
+ * proven (one that has said nothing first), which is refused; -1: none. */
+static int hs_slot(loom_tp_t *tp, hs_table_t *t)
+{
+    int slot = -1;
+    for (int i = t->nout; i < t->nconn && slot < 0; i++)
+        if (t->conns[i].state == HS_DEAD || t->conns[i].state == HS_DONE)
+            slot = i;
+    if (slot < 0 && t->nconn < t->maxconn)
+        slot = t->nconn++;
+    if (slot < 0 && t->nout < t->nconn) {
+        hs_conn_t *v = NULL;
+        for (int j = t->nout; j < t->nconn; j++) {
+            hs_conn_t *w = &t->conns[j];
+            if (w->state != HS_EXCHANGE || w->dialer || w->up)
+                continue;
+            if (!v || (w->have == 0 && v->have > 0) ||
+                ((w->have == 0) == (v->have == 0) && w->since < v->since))
+                v = w;
+        }
+        if (v) {
+            hs_refuse(tp, v, NULL, 0);
+            slot = (int)(v - t->conns);
+        }
+    }
+    return slot;
+}
+
+static void hs_accept(loom_tp_t *tp, hs_table_t *t)
+{
+    for (;;) {
+        int fd = accept4(tp->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            break;
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        int slot = hs_slot(tp, t);
+        if (slot < 0) {
+            close(fd);
+            continue;
+        }
+        t->conns[slot] = (hs_conn_t){.fd = fd, .peer = -1, .state = HS_EXCHANGE,
+                                     .since = loom_now_s()};
+    }
+}
+
+/* The sockets of unfinished handshakes are closed, and the ranks they held
+ * are freed; the finished ones now belong to their peers. */
+static void hs_close_unfinished(loom_tp_t *tp, hs_table_t *t)
+{
+    if (!t->conns)
+        return;
+    for (int i = 0; i < t->nconn; i++)
+        if (t->conns[i].fd >= 0 && t->conns[i].state != HS_DONE) {
+            if (t->conns[i].peer >= 0 && tp->peers[t->conns[i].peer].fd == t->conns[i].fd)
+                tp->peers[t->conns[i].peer].fd = -1;
+            close(t->conns[i].fd);
+        }
+}
+
 loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeout_s)
 {
     if (setup_resources(tp, addrs) != LOOM_SUCCESS)
         return tp->failed;
-    int nout = 0, nin = 0;
+    hs_table_t t = {0};
     for (int i = 0; i < tp->nactive; i++)
-        *(tp->active[i] < tp->rank ? &nout : &nin) += 1;
-    int maxconn = nout + nin + 64;
-    hs_conn_t *conns = calloc((size_t)maxconn, sizeof(*conns));
-    struct pollfd *pfds = calloc((size_t)maxconn + 1, sizeof(*pfds));
-    struct sockaddr_storage *ss = calloc((size_t)(tp->rank ? tp->rank : 1), sizeof(*ss));
-    socklen_t *sslen = calloc((size_t)(tp->rank ? tp->rank : 1), sizeof(*sslen));
-    int nconn = 0, established = 0;
-    double deadline = loom_now_s() + timeout_s;
-    if (!conns || !pfds || !ss || !sslen) {
+        *(tp->active[i] < tp->rank ? &t.nout : &t.nin) += 1;
+    t.maxconn = t.nout + t.nin + 64;
+    t.conns = calloc((size_t)t.maxconn, sizeof(*t.conns));
+    t.pfds = calloc((size_t)t.maxconn + 1, sizeof(*t.pfds));
+    t.ss = calloc((size_t)(tp->rank ? tp->rank : 1), sizeof(*t.ss));
+    t.sslen = calloc((size_t)(tp->rank ? tp->rank : 1), sizeof(*t.sslen));
+    t.deadline = loom_now_s() + timeout_s;
+    if (!t.conns || !t.pfds || !t.ss || !t.sslen) {
         tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory");
         goto out;
     }
-    /* Like tcp.c: rank r dials every lower rank and accepts every higher one. */
-    for (int j = 0; j < tp->rank; j++) {
-        if (addrs[j] == NULL)
-            continue;
-        if (ib_parse_addr(addrs[j], &ss[j], &sslen[j]) != 0) {
-            tp_fail(tp, LOOM_ERR_INVALID_ARG, "ibverbs: rank %d published a bad address \"%s\" "
-                    "(is it on another transport? set LOOM_TRANSPORT alike everywhere)", j,
-                    addrs[j]);
-            goto out;
-        }
-        conns[nconn] = (hs_conn_t){.peer = j, .dialer = 1};
-        if (start_dial(&conns[nconn], &ss[j], sslen[j]) != 0) {
-            tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot connect to rank %d at %s: %s", j,
-                    addrs[j], strerror(errno));
-            goto out;
-        }
-        nconn++;
-    }
+    if (hs_dial_lower(tp, &t, addrs) != LOOM_SUCCESS)
+        goto out;
     double stranger_s = timeout_s / 3 < HS_STRANGER_S ? timeout_s / 3 : HS_STRANGER_S;
-    while (established < nout + nin && !tp->failed) {
+    while (t.established < t.nout + t.nin && !tp->failed) {
         double now = loom_now_s();
-        for (int i = nout; i < nconn; i++)
-            if (conns[i].state == HS_EXCHANGE && !conns[i].dialer && !conns[i].up &&
-                now - conns[i].since > stranger_s)
-                hs_refuse(tp, &conns[i], NULL, 0);
-        if (now > deadline) {
-            char missing[256] = "";
-            size_t off = 0;
-            for (int i = 0; i < tp->nactive && off < sizeof(missing) - 16; i++)
-                if (!tp->peers[tp->active[i]].active)
-                    off += (size_t)snprintf(missing + off, sizeof(missing) - off, "%s%d",
-                                            off ? "," : "", tp->active[i]);
-            if (tp->auth_refused)
-                tp_fail(tp, LOOM_ERR_AUTH, "ibverbs: rank %d timed out after %.1f s waiting for "
-                        "rank(s) %s; it refused %d connection(s) that could not prove "
-                        "LOOM_AUTH_KEY", tp->rank, timeout_s, missing, tp->auth_refused);
-            else
-                tp_fail(tp, LOOM_ERR_TIMEOUT, "ibverbs: rank %d timed out after %.1f s "
-                        "connecting to rank(s) %s", tp->rank, timeout_s, missing);
+        hs_shed_strangers(tp, &t, now, stranger_s);
+        if (now > t.deadline) {
+            hs_fail_timeout(tp, timeout_s);
             break;
         }
         if (atomic_load(&tp->abort_why)) {
             tp_fail(tp, (loom_status_t)atomic_load(&tp->abort_why), "the communicator was aborted");
             break;
         }
-        pfds[0] = (struct pollfd){.fd = nin > 0 ? tp->listen_fd : -1, .events = POLLIN};
-        for (int i = 0; i < nconn; i++) {
-            hs_conn_t *c = &conns[i];
-            short ev = c->state == HS_CONNECTING ? POLLOUT : c->state == HS_EXCHANGE ? POLLIN : 0;
-            if (c->fd < 0 || c->retry_at > now)
-                ev = 0;
-            pfds[i + 1] = (struct pollfd){.fd = ev ? c->fd : -1, .events = ev};
-        }
-        int wait_ms = (int)((deadline - now) * 1000) + 1;
-        if (poll(pfds, (nfds_t)nconn + 1, wait_ms < 20 ? wait_ms : 20) < 0 && errno != EINTR) {
-            tp_fail(tp, LOOM_ERR_TRANSPORT, "poll: %s", strerror(errno));
+        if (hs_poll(tp, &t, now) != LOOM_SUCCESS)
             break;
-        }
-        now = loom_now_s();
-        for (int i = 0; i < nconn && !tp->failed; i++) {
-            hs_conn_t *c = &conns[i];
-            if (c->state == HS_CONNECTING && c->fd < 0 && c->retry_at <= now) {
-                c->retry_at = 0;
-                if (start_dial(c, &ss[c->peer], sslen[c->peer]) != 0)
-                    tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot connect to rank %d at %s: "
-                            "%s", c->peer, addrs[c->peer], strerror(errno));
-                continue;
-            }
-            short re = pfds[i + 1].revents;
-            if (!re)
-                continue;
-            if (c->state == HS_CONNECTING) {
-                int soerr = 0;
-                socklen_t sl = sizeof(soerr);
-                getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
-                if (soerr == ECONNREFUSED || soerr == ETIMEDOUT || soerr == EHOSTUNREACH) {
-                    close(c->fd);
-                    c->fd = -1;
-                    c->retry_at = now + 0.01;
-                    continue;
-                }
-                uint8_t rec[REC_BYTES];
-                if (tp->auth_key && fresh_nonce(c->nonce) != 0) {
-                    tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: getrandom: %s", strerror(errno));
-                    break;
-                }
-                my_record(tp, &tp->peers[c->peer], tp->auth_key ? REC_AUTH : 0, c->nonce, rec);
-                memcpy(c->myrec, rec, REC_BYTES);
-                if (soerr != 0 || send_small(c->fd, rec, sizeof(rec)) != 0) {
-                    tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot connect to rank %d at %s: "
-                            "%s", c->peer, addrs[c->peer], strerror(soerr ? soerr : errno));
-                    break;
-                }
-                c->state = HS_EXCHANGE;
-                continue;
-            }
-            if (c->state == HS_EXCHANGE) {
-                /* Never past the ready byte: a goodbye may follow it. */
-                size_t want = REC_BYTES + proof_bytes(tp) + 1;
-                ssize_t n = recv(c->fd, c->buf + c->have, want - c->have, 0);
-                if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) {
-                    if (c->dialer && !c->up && c->have == 0) {
-                        /* Shed before a word, as a full acceptor sheds strangers: dial again. */
-                        close(c->fd);
-                        c->fd = -1;
-                        c->state = HS_CONNECTING;
-                        c->retry_at = now + 0.05;
-                        continue;
-                    }
-                    if (c->dialer || c->up) {
-                        tp_fail(tp, LOOM_ERR_PEER_LOST, "ibverbs: rank %d closed the connection "
-                                "during the handshake", c->peer);
-                        break;
-                    }
-                    /* A stranger went away, or a dialer that found our proof wrong. */
-                    hs_refuse(tp, c, NULL, c->peer >= 0);
-                    continue;
-                }
-                if (n > 0)
-                    c->have += (size_t)n;
-                hs_advance(tp, c, addrs, &established);
-            }
-        }
-        if (!tp->failed && (pfds[0].revents & POLLIN)) {
-            for (;;) {
-                int fd = accept4(tp->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-                if (fd < 0)
-                    break;
-                int one = 1;
-                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-                int slot = -1;
-                for (int i = nout; i < nconn && slot < 0; i++)
-                    if (conns[i].state == HS_DEAD || conns[i].state == HS_DONE)
-                        slot = i;
-                if (slot < 0 && nconn < maxconn)
-                    slot = nconn++;
-                for (int i = nout; i < nconn && slot < 0; i++) {
-                    /* Full: the oldest accepted connection not yet proven makes room,
-                     * one that has said nothing first. */
-                    hs_conn_t *v = NULL;
-                    for (int j = nout; j < nconn; j++) {
-                        hs_conn_t *w = &conns[j];
-                        if (w->state != HS_EXCHANGE || w->dialer || w->up)
-                            continue;
-                        if (!v || (w->have == 0 && v->have > 0) ||
-                            ((w->have == 0) == (v->have == 0) && w->since < v->since))
-                            v = w;
-                    }
-                    if (v) {
-                        hs_refuse(tp, v, NULL, 0);
-                        slot = (int)(v - conns);
-                    }
-                    break;
-                }
-                if (slot < 0) {
-                    close(fd);
-                    continue;
-                }
-                conns[slot] = (hs_conn_t){.fd = fd, .peer = -1, .state = HS_EXCHANGE,
-                                          .since = loom_now_s()};
-            }
-        }
+        hs_service(tp, &t, addrs, loom_now_s());
+        if (!tp->failed && (t.pfds[0].revents & POLLIN))
+            hs_accept(tp, &t);
     }
     if (!tp->failed) {
         for (int i = 0; i < tp->nactive; i++)
@@ -684,18 +757,12 @@ loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeout_s)
                   tp->rank, tp->nactive, tp->dev_name, tp->port, tp->max_inline);
     }
 out:
-    if (conns)
-        for (int i = 0; i < nconn; i++)
-            if (conns[i].fd >= 0 && conns[i].state != HS_DONE) {
-                if (conns[i].peer >= 0 && tp->peers[conns[i].peer].fd == conns[i].fd)
-                    tp->peers[conns[i].peer].fd = -1;
-                close(conns[i].fd);
-            }
+    hs_close_unfinished(tp, &t);
     close(tp->listen_fd);
     tp->listen_fd = -1;
-    free(conns);
-    free(pfds);
-    free(ss);
-    free(sslen);
+    free(t.conns);
+    free(t.pfds);
+    free(t.ss);
+    free(t.sslen);
     return tp->failed;
 }
