@@ -20,7 +20,6 @@
 
 #include "clock.h"
 #include "ib_int.h"
-#include "log.h"
 
 /* ---- rendezvous tables ------------------------------------------------------ */
 
