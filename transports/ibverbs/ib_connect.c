@@ -265,8 +265,13 @@ static int start_dial(hs_conn_t *c, const struct sockaddr_storage *ss, socklen_t
     c->have = 0;
     c->up = 0;
     /* Connected at once or not, the record goes out when poll says writable. */
-    if (connect(c->fd, (const struct sockaddr *)ss, sslen) != 0 && errno != EINPROGRESS)
+    if (connect(c->fd, (const struct sockaddr *)ss, sslen) != 0 && errno != EINPROGRESS) {
+        int saved = errno;   /* the caller's message names it */
+        close(c->fd);        /* a slot not yet counted: no clean-up would close it */
+        c->fd = -1;
+        errno = saved;
         return -1;
+    }
     c->state = HS_CONNECTING;
     return 0;
 }
