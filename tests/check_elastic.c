@@ -7,6 +7,7 @@
  * store's counter, since threads share one environment. */
 #include <check.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,22 +41,36 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* A loom_init that failed: members waiting at a commit point for a newcomer
+ * stop waiting (else they would poll until the test's timeout, and the
+ * newcomer's error would never be seen). */
+static _Atomic int init_failed;
+
 static void *member_main(void *arg)
 {
     member_t *m = arg;
     switch (m->op) {
     case OP_INIT:
         m->st = loom_init(&m->comm);
+        if (m->st != LOOM_SUCCESS)
+            atomic_store(&init_failed, 1);
         break;
     case OP_REBUILD:
         m->st = loom_comm_rebuild(m->comm, &m->next);
         break;
     case OP_JOIN_THEN_REBUILD:
-        /* A commit point, as a training loop would reach it every step. */
+        /* A commit point, as a training loop would reach it every step; the
+         * newcomer registers within its own bounded loom_init. */
         do {
             m->st = loom_comm_join_pending(m->comm, &m->pending);
-            if (m->st == LOOM_SUCCESS && m->pending == 0)
+            if (m->st == LOOM_SUCCESS && m->pending == 0) {
+                if (atomic_load(&init_failed)) {
+                    m->st = LOOM_ERR_INTERNAL;
+                    snprintf(m->msg, sizeof(m->msg), "the newcomer's loom_init failed");
+                    return NULL;
+                }
                 usleep(20000);
+            }
         } while (m->st == LOOM_SUCCESS && m->pending == 0);
         if (m->st == LOOM_SUCCESS)
             m->st = loom_comm_rebuild(m->comm, &m->next);
@@ -213,7 +228,7 @@ START_TEST(test_elastic_lifecycle)
     ck_assert_int_eq(pthread_create(&nt, NULL, member_main, &m[3]), 0);
     run_all(m, rest, 2, OP_JOIN_THEN_REBUILD);
     pthread_join(nt, NULL);
-    ck_assert_msg(m[3].st == LOOM_SUCCESS, "newcomer: %s", m[3].msg);
+    ck_assert_msg(m[3].st == LOOM_SUCCESS, "newcomer: %s: %s", loom_strerror(m[3].st), m[3].msg);
     adopt(m, rest, 2);
     ck_assert_int_eq(m[r0].pending, 1);
     ck_assert_int_eq(loom_comm_size(m[3].comm), 3);
