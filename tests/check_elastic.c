@@ -72,7 +72,11 @@ static void *member_main(void *arg)
                 usleep(20000);
             }
         } while (m->st == LOOM_SUCCESS && m->pending == 0);
-        if (m->st == LOOM_SUCCESS)
+        /* The member that agreed first may already have revoked this epoch for
+         * the rebuild while our agreement was still in flight: the call fails
+         * (PEER_LOST), and we rebuild as a training loop does after any failed
+         * call. */
+        if (m->st == LOOM_SUCCESS || m->st == LOOM_ERR_PEER_LOST)
             m->st = loom_comm_rebuild(m->comm, &m->next);
         break;
     case OP_ALLREDUCE: {
@@ -230,7 +234,7 @@ START_TEST(test_elastic_lifecycle)
     pthread_join(nt, NULL);
     ck_assert_msg(m[3].st == LOOM_SUCCESS, "newcomer: %s: %s", loom_strerror(m[3].st), m[3].msg);
     adopt(m, rest, 2);
-    ck_assert_int_eq(m[r0].pending, 1);
+    ck_assert_msg(m[r0].pending == 1 || m[r2].pending == 1, "no member saw the newcomer");
     ck_assert_int_eq(loom_comm_size(m[3].comm), 3);
     ck_assert_int_eq(loom_comm_rank(m[3].comm), 2);
     ck_assert_int_eq(loom_comm_rank(m[r0].comm), 0);
