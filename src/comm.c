@@ -262,13 +262,96 @@ out:
     return st;
 }
 
+/* Publish our record and read every rank's (values[r], each malloc'd). */
+static loom_status_t exchange_addresses(loom_comm_t c, const char *mine, size_t len, char **values)
+{
+    loom_err_t *err = &c->work_err;
+    loom_status_t st;
+    char key[320];
+    snprintf(key, sizeof(key), "%s/addr/%d", c->prefix, c->rank);
+    /* Signed with LOOM_AUTH_KEY: whoever can write the store cannot redirect us. */
+    if ((st = loom_store_set_signed(c->store->store, key, mine, len, err)) != LOOM_SUCCESS)
+        return st;
+    /* One wait for all keys: its timeout message names every missing rank. */
+    char (*keys)[320] = calloc((size_t)c->size, sizeof(*keys));
+    const char **keyp = calloc((size_t)c->size, sizeof(char *));
+    if (!keys || !keyp) {
+        free(keys);
+        free(keyp);
+        return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+    }
+    for (int r = 0; r < c->size; r++) {
+        snprintf(keys[r], sizeof(keys[r]), "%s/addr/%d", c->prefix, r);
+        keyp[r] = keys[r];
+    }
+    loom_err_t wait_err = {0};
+    st = loom_store_wait(c->store->store, keyp, (size_t)c->size, c->cfg.timeout_s, &wait_err);
+    if (st == LOOM_ERR_TIMEOUT)
+        missing_ranks_error(c, keyp, wait_err.msg);
+    else if (st != LOOM_SUCCESS)
+        loom_err_set(err, st, "%s", wait_err.msg);
+    for (int r = 0; r < c->size && st == LOOM_SUCCESS; r++) {
+        size_t vlen;
+        st = loom_store_get_signed(c->store->store, keys[r], (void **)&values[r], &vlen,
+                                   c->cfg.timeout_s, err);
+    }
+    /* Our own record as others read it: a rewrite shows here even without a
+     * key. With one, the record is signed, so it can only be an old one
+     * replayed; the handshake's binding refuses whoever dials it, and we stay
+     * to refuse them (so they learn why at once) rather than leave them to
+     * time out. */
+    if (st == LOOM_SUCCESS && strcmp(values[c->rank], mine) != 0) {
+        if (c->cfg.auth_keylen)
+            LOOM_WARN("init", "rank %d finds an older signed address of its own under %s "
+                      "in the store (replayed?); connections made through it will fail",
+                      c->rank, keys[c->rank]);
+        else
+            st = loom_err_set(err, LOOM_ERR_MISMATCH,
+                              "rank %d finds another address than its own under its key %s "
+                              "in the store: another process wrote it (a second rank %d, "
+                              "or someone redirecting the job; see LOOM_AUTH_KEY)", c->rank,
+                              keys[c->rank], c->rank);
+    }
+    free(keys);
+    free(keyp);
+    return st;
+}
+
+/* Ranks on one host are numbered in rank order; hosts in order of first rank. */
+static loom_status_t number_nodes(loom_comm_t c, char **hosts, const char *myid)
+{
+    c->local_rank = c->local_size = c->node_rank = c->node_count = 0;
+    free(c->node_of);
+    if ((c->node_of = malloc(sizeof(int) * (size_t)c->size)) == NULL)
+        return loom_err_set(&c->work_err, LOOM_ERR_NO_MEMORY, "out of memory");
+    for (int r = 0; r < c->size; r++) {
+        int first = 1;
+        for (int q = 0; q < r && first; q++)
+            if (strcmp(hosts[q], hosts[r]) == 0) {
+                first = 0;
+                c->node_of[r] = c->node_of[q];
+            }
+        if (first) {
+            if (strcmp(hosts[r], myid) == 0)
+                c->node_rank = c->node_count;
+            c->node_of[r] = c->node_count++;
+        }
+        if (strcmp(hosts[r], myid) == 0) {
+            if (r < c->rank)
+                c->local_rank++;
+            c->local_size++;
+        }
+    }
+    return LOOM_SUCCESS;
+}
+
 /* Publish our addresses, read everyone's, derive the topology, connect. The
  * communicator already has rank, size, cfg, store, prefix and hashes. */
 static loom_status_t rendezvous(loom_comm_t c)
 {
     loom_err_t *err = &c->work_err;
     loom_status_t st;
-    char addr[1024], shm_addr[256] = "-", myid[512], key[320];
+    char addr[1024], shm_addr[256] = "-", myid[512];
     char **addrs = NULL, **hosts = NULL, **values = NULL, **shm_addrs = NULL;
     const loom_transport_ops_t *ops[2] = {NULL, &loom_shm_transport};
     loom_tp_t *tps[2] = {NULL, NULL};
@@ -303,55 +386,7 @@ static loom_status_t rendezvous(loom_comm_t c)
     char mine[2048];
     int len = snprintf(mine, sizeof(mine), "%d\n%s\n%s\n%s", c->size, addr, myid, shm_addr);
     if (c->size > 1) {
-        snprintf(key, sizeof(key), "%s/addr/%d", c->prefix, c->rank);
-        /* Signed with LOOM_AUTH_KEY: whoever can write the store cannot redirect us. */
-        if ((st = loom_store_set_signed(c->store->store, key, mine, (size_t)len, err)) !=
-            LOOM_SUCCESS)
-            goto out;
-        /* One wait for all keys: its timeout message names every missing rank. */
-        char (*keys)[320] = calloc((size_t)c->size, sizeof(*keys));
-        const char **keyp = calloc((size_t)c->size, sizeof(char *));
-        if (!keys || !keyp) {
-            free(keys);
-            free(keyp);
-            st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
-            goto out;
-        }
-        for (int r = 0; r < c->size; r++) {
-            snprintf(keys[r], sizeof(keys[r]), "%s/addr/%d", c->prefix, r);
-            keyp[r] = keys[r];
-        }
-        loom_err_t wait_err = {0};
-        st = loom_store_wait(c->store->store, keyp, (size_t)c->size, c->cfg.timeout_s, &wait_err);
-        if (st == LOOM_ERR_TIMEOUT)
-            missing_ranks_error(c, keyp, wait_err.msg);
-        else if (st != LOOM_SUCCESS)
-            loom_err_set(err, st, "%s", wait_err.msg);
-        for (int r = 0; r < c->size && st == LOOM_SUCCESS; r++) {
-            size_t vlen;
-            st = loom_store_get_signed(c->store->store, keys[r], (void **)&values[r], &vlen,
-                                       c->cfg.timeout_s, err);
-        }
-        /* Our own record as others read it: a rewrite shows here even without a
-         * key. With one, the record is signed, so it can only be an old one
-         * replayed; the handshake's binding refuses whoever dials it, and we stay
-         * to refuse them (so they learn why at once) rather than leave them to
-         * time out. */
-        if (st == LOOM_SUCCESS && strcmp(values[c->rank], mine) != 0) {
-            if (c->cfg.auth_keylen)
-                LOOM_WARN("init", "rank %d finds an older signed address of its own under %s "
-                          "in the store (replayed?); connections made through it will fail",
-                          c->rank, keys[c->rank]);
-            else
-                st = loom_err_set(err, LOOM_ERR_MISMATCH,
-                                  "rank %d finds another address than its own under its key %s "
-                                  "in the store: another process wrote it (a second rank %d, "
-                                  "or someone redirecting the job; see LOOM_AUTH_KEY)", c->rank,
-                                  keys[c->rank], c->rank);
-        }
-        free(keys);
-        free(keyp);
-        if (st != LOOM_SUCCESS)
+        if ((st = exchange_addresses(c, mine, (size_t)len, values)) != LOOM_SUCCESS)
             goto out;
     } else {
         values[0] = strdup(mine);
@@ -381,31 +416,8 @@ static loom_status_t rendezvous(loom_comm_t c)
         shm_addrs[r] = strcmp(nl3 + 1, "-") == 0 ? NULL : nl3 + 1;
     }
 
-    /* Ranks on one host are numbered in rank order; hosts in order of first rank. */
-    c->local_rank = c->local_size = c->node_rank = c->node_count = 0;
-    free(c->node_of);
-    if ((c->node_of = malloc(sizeof(int) * (size_t)c->size)) == NULL) {
-        st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+    if ((st = number_nodes(c, hosts, myid)) != LOOM_SUCCESS)
         goto out;
-    }
-    for (int r = 0; r < c->size; r++) {
-        int first = 1;
-        for (int q = 0; q < r && first; q++)
-            if (strcmp(hosts[q], hosts[r]) == 0) {
-                first = 0;
-                c->node_of[r] = c->node_of[q];
-            }
-        if (first) {
-            if (strcmp(hosts[r], myid) == 0)
-                c->node_rank = c->node_count;
-            c->node_of[r] = c->node_count++;
-        }
-        if (strcmp(hosts[r], myid) == 0) {
-            if (r < c->rank)
-                c->local_rank++;
-            c->local_size++;
-        }
-    }
     LOOM_INFO("init", "rank %d/%d at %s: host %s, local rank %d/%d, node %d/%d", c->rank, c->size,
               addr, myid, c->local_rank, c->local_size, c->node_rank, c->node_count);
 

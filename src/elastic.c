@@ -166,6 +166,76 @@ static int find_id(const entry_t *v, int n, long long id)
 
 enum { ROUND_IN = 0, ROUND_OUT = 1 };
 
+/* Read round rkey's nreg registrations into seen (room for nreg): the live,
+ * distinct, correctly signed ones; *unwritten counts slots taken but not yet
+ * written. A forged registration fails the round (LOOM_ERR_AUTH). */
+static loom_status_t read_registrations(struct loom_elastic *e, loom_store_t *s,
+                                        const char *rkey, int64_t nreg, entry_t *seen,
+                                        int *nseen_p, int *nold_p, int *unwritten_p,
+                                        loom_err_t *err)
+{
+    char k[360];
+    int nseen = 0, nold = 0, unwritten = 0;
+    loom_status_t st = LOOM_SUCCESS;
+    for (int64_t i = 0; i < nreg; i++) {
+        snprintf(k, sizeof(k), "%s/m/%lld", rkey, (long long)i);
+        if (!key_exists(s, k)) {
+            unwritten++;   /* took a slot, not written yet */
+            continue;
+        }
+        void *val;
+        size_t len;
+        entry_t *one = NULL;
+        loom_err_t ignored = {0};
+        loom_status_t gst = loom_store_get_signed(s, k, &val, &len, 1.0, &ignored);
+        if (gst == LOOM_ERR_AUTH) {
+            st = loom_err_set(err, gst, "elastic: %s", ignored.msg);
+            break;
+        }
+        if (gst != LOOM_SUCCESS)
+            continue;
+        int ok = parse_list(val, &one) == 1;
+        free(val);
+        if (ok && find_id(seen, nseen, one->id) < 0 && !is_dead(s, e->base, one->id)) {
+            seen[nseen++] = *one;
+            nold += one->cls == 0;
+        }
+        free(one);
+    }
+    *nseen_p = nseen;
+    *nold_p = nold;
+    *unwritten_p = unwritten;
+    return st;
+}
+
+/* Offer the sorted list as round rkey's members; whichever offer the store
+ * took first wins, and everyone reads that one back. */
+static loom_status_t close_round(loom_store_t *s, const char *rkey, entry_t *seen, int nseen,
+                                 loom_err_t *err)
+{
+    char k[360];
+    loom_status_t st;
+    qsort(seen, (size_t)nseen, sizeof(*seen), entry_cmp);
+    size_t cap = (size_t)nseen * 72 + 1, len = 0;
+    char *list = malloc(cap);
+    if (!list)
+        return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+    list[0] = '\0';
+    for (int i = 0; i < nseen; i++)
+        len += (size_t)snprintf(list + len, cap - len, "%lld %d %lld\n", seen[i].id,
+                                seen[i].cls, seen[i].key);
+    void *got = NULL, *signed_list = NULL;
+    size_t glen, slen;
+    snprintf(k, sizeof(k), "%s/members", rkey);
+    st = loom_store_sign(s, k, list, len, &signed_list, &slen, err);
+    if (st == LOOM_SUCCESS)
+        st = loom_store_cas(s, k, "", 0, signed_list, slen, &got, &glen, err);
+    free(signed_list);
+    free(list);
+    free(got);
+    return st;
+}
+
 /* Register in round R and wait for its close. prev/nprev: epoch R-1's
  * members (NULL for the first round, which waits for `initial` processes).
  * On ROUND_IN, *members and *nmembers hold the list and *rank_p our place. */
@@ -232,31 +302,7 @@ static loom_status_t run_round(struct loom_elastic *e, loom_store_t *s, uint64_t
             break;
         }
         int nseen = 0, nold = 0, unwritten = 0;
-        for (int64_t i = 0; i < nreg; i++) {
-            snprintf(k, sizeof(k), "%s/m/%lld", rkey, (long long)i);
-            if (!key_exists(s, k)) {
-                unwritten++;   /* took a slot, not written yet */
-                continue;
-            }
-            void *val;
-            size_t len;
-            entry_t *one = NULL;
-            loom_err_t ignored = {0};
-            loom_status_t gst = loom_store_get_signed(s, k, &val, &len, 1.0, &ignored);
-            if (gst == LOOM_ERR_AUTH) {
-                st = loom_err_set(err, gst, "elastic: %s", ignored.msg);
-                break;
-            }
-            if (gst != LOOM_SUCCESS)
-                continue;
-            int ok = parse_list(val, &one) == 1;
-            free(val);
-            if (ok && find_id(seen, nseen, one->id) < 0 && !is_dead(s, e->base, one->id)) {
-                seen[nseen++] = *one;
-                nold += one->cls == 0;
-            }
-            free(one);
-        }
+        st = read_registrations(e, s, rkey, nreg, seen, &nseen, &nold, &unwritten, err);
         if (st != LOOM_SUCCESS)
             break;   /* a forged registration */
         /* Who is still awaited: live previous members not registered. */
@@ -288,26 +334,7 @@ static loom_status_t run_round(struct loom_elastic *e, loom_store_t *s, uint64_t
                           "%llu after %.1f s (LOOM_ELASTIC_TIMEOUT)", e->id,
                           (unsigned long long)R, prev ? waiting : "?",
                           (unsigned long long)(R ? R - 1 : 0), e->timeout_s);
-            qsort(seen, (size_t)nseen, sizeof(*seen), entry_cmp);
-            size_t cap = (size_t)nseen * 72 + 1, len = 0;
-            char *list = malloc(cap);
-            if (!list) {
-                st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
-                break;
-            }
-            list[0] = '\0';
-            for (int i = 0; i < nseen; i++)
-                len += (size_t)snprintf(list + len, cap - len, "%lld %d %lld\n", seen[i].id,
-                                        seen[i].cls, seen[i].key);
-            void *got = NULL, *signed_list = NULL;
-            size_t glen, slen;
-            snprintf(k, sizeof(k), "%s/members", rkey);
-            st = loom_store_sign(s, k, list, len, &signed_list, &slen, err);
-            if (st == LOOM_SUCCESS)
-                st = loom_store_cas(s, k, "", 0, signed_list, slen, &got, &glen, err);
-            free(signed_list);
-            free(list);
-            free(got);
+            st = close_round(s, rkey, seen, nseen, err);
             if (st != LOOM_SUCCESS)
                 break;
             continue;   /* read back whichever list won */
