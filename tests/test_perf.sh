@@ -32,7 +32,7 @@ check_table() {
     awk -v want="$1" -v mode="${2:-}" '
         BEGIN { num = "^-?[0-9]+(\\.[0-9]+)?(e[-+][0-9]+)?$"; intre = "^-?[0-9]+$"
                 types = " int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 none "
-                ops = " sum prod max min avg none " }
+                ops = " sum prod max min avg band bor bxor none " }
         /^#/ { if ($0 ~ /^# Out of bounds values : 0 OK$/) ok = 1
                if ($0 ~ /^# Avg bus bandwidth    : [0-9.e+-]+$/) avg = 1
                if ($0 ~ /^#  *size  *count  *type  *redop  *root  *time  *algbw  *busbw  *#wrong  *time  *algbw  *busbw  *#wrong$/) hdr = 1
@@ -52,14 +52,15 @@ check_table() {
               exit bad != 0 }' "$tmp/out"
 }
 
-# Sizes 8, 64, 512, 4K, 32K: 5 rows per type x op x root.
+# Sizes 8, 64, 512, 4K, 32K: 5 rows per type x op x root. 10 types x 5 arithmetic
+# ops, and the 3 bitwise ops on the 6 integer types: 68 type-op pairs.
 for np in 1 2 3 4 5; do
     for coll in allreduce broadcast reduce allgather reduce_scatter alltoall gather scatter sendrecv barrier; do
         rows=50
         mode=
         case $coll in
-            allreduce|reduce_scatter) rows=250 ;;
-            reduce) rows=$((250 * np)) ;;
+            allreduce|reduce_scatter) rows=340 ;;
+            reduce) rows=$((340 * np)) ;;
             broadcast|gather|scatter) rows=$((50 * np)) ;;
             sendrecv) mode=ip-na ;;
             barrier) rows=1 ;;
@@ -122,7 +123,7 @@ rc=$?
 [ $rc = 0 ] || cat "$tmp/out" "$tmp/err"
 result $rc "-z 1 (loom_i* calls), -c 0, -i 300, -a 3"
 
-run 4 allreduce -z 1 -b 8 -e 64K -f 8 -n 2 -w 1 -d all -o all && check_table 250
+run 4 allreduce -z 1 -b 8 -e 64K -f 8 -n 2 -w 1 -d all -o all && check_table 340
 result $? "-z 1 on 4 ranks: every type and op right"
 
 # p2p between ranks 0 and 1; rank 2 waits.
@@ -141,7 +142,7 @@ result $? "p2p on 1 rank: a clear error"
 
 # Bad usage: non-zero, a message on stderr, nothing started.
 for args in "allreduce --no-such-flag" "allreduce -d float8" "allreduce -b 1X" "nosuch" \
-            "allreduce -f 2 -i 8" "p2p -t ibverbs" "broadcast -r 7"; do
+            "allreduce -f 2 -i 8" "p2p -t ibverbs" "broadcast -r 7" "allreduce -d half -o bxor"; do
     # shellcheck disable=SC2086
     run 2 $args
     rc=$?

@@ -219,9 +219,12 @@ static void compute_expected(bench_t *b)
     b->prod_m = (active + 5) / 6 < 2 ? 2 : (active + 5) / 6;
     b->period = b->op == LOOM_PROD ? b->prod_m : b->red_k;
     for (int q = 0; q < b->period; q++) {
-        int64_t sum = 0, prod = 1, lo = INT64_MAX, hi = INT64_MIN;
+        int64_t sum = 0, prod = 1, lo = INT64_MAX, hi = INT64_MIN, and_ = -1, or_ = 0, xor_ = 0;
         for (int r = 0; r < n; r++) {
             int64_t v = reduce_input(b, r, (size_t)q);
+            and_ &= v;
+            or_ |= v;
+            xor_ ^= v;
             sum += v;
             prod *= v;
             lo = v < lo ? v : lo;
@@ -241,6 +244,15 @@ static void compute_expected(bench_t *b)
             break;
         case LOOM_MAX:
             e = (double)hi;
+            break;
+        case LOOM_BAND:
+            e = (double)and_;
+            break;
+        case LOOM_BOR:
+            e = (double)or_;
+            break;
+        case LOOM_BXOR:
+            e = (double)xor_;
             break;
         default:   /* AVG: sum, then divide (integers truncate toward zero) */
             e = integer ? (double)(wrap_int(sum, b->dt) / n)
@@ -824,7 +836,8 @@ int main(int argc, char **argv)
         for (int t = t0; t <= t1; t++)
             for (int p = p0; p <= p1; p++)
                 for (int r = r0; r <= r1; r++)
-                    time_test(&b, t, p, r < 0 ? 0 : r);
+                    if (p < 0 || perf_op_takes_type(ops[p].op, types[t].dt))
+                        time_test(&b, t, p, r < 0 ? 0 : r);
     }
 
     say(&b, "# %-20s : %d %s\n", "Out of bounds values", b.failed_tests,

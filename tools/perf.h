@@ -34,6 +34,8 @@ extern const perf_type_t types[];
 extern const int n_types;
 extern const perf_op_t ops[];
 extern const int n_ops;
+/* Bitwise ops take integer types only (Loom refuses them on floats). */
+int perf_op_takes_type(loom_op_t op, loom_dtype_t dt);
 
 /* ---- options (perf_args.c) -------------------------------------------------- */
 

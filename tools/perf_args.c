@@ -71,8 +71,16 @@ static const struct { const char *alias; const char *name; } type_aliases[] = {
 
 const perf_op_t ops[] = {
     {"sum", LOOM_SUM}, {"prod", LOOM_PROD}, {"max", LOOM_MAX}, {"min", LOOM_MIN},
-    {"avg", LOOM_AVG}};
+    {"avg", LOOM_AVG}, {"band", LOOM_BAND}, {"bor", LOOM_BOR}, {"bxor", LOOM_BXOR}};
 const int n_ops = (int)(sizeof(ops) / sizeof(ops[0]));
+
+int perf_op_takes_type(loom_op_t op, loom_dtype_t dt)
+{
+    int bitwise = op == LOOM_BAND || op == LOOM_BOR || op == LOOM_BXOR;
+    int floating = dt == LOOM_FLOAT16 || dt == LOOM_BFLOAT16 || dt == LOOM_FLOAT32 ||
+                   dt == LOOM_FLOAT64;
+    return !bitwise || !floating;
+}
 
 /* ---- options ---------------------------------------------------------------- */
 
@@ -92,7 +100,8 @@ static void usage(FILE *f)
         "  -c, --check 0|1       check every result; 0 prints #wrong as N/A (default 1)\n"
         "  -d, --datatype T|all  int8 uint8 int32 uint32 int64 uint64 half|float16\n"
         "                        float|float32 double|float64 bfloat16 (default float)\n"
-        "  -o, --op OP|all       sum prod max min avg (default sum; reducing collectives)\n"
+        "  -o, --op OP|all       sum prod max min avg, and band bor bxor on integer types\n"
+        "                        (default sum; reducing collectives)\n"
         "  -r, --root N|all      root of broadcast, reduce, gather, scatter (default 0)\n"
         "  -z, --blocking 0|1    0: blocking calls (default); 1: non-blocking loom_i* calls,\n"
         "                        all iterations posted back to back, then waited for.\n"
@@ -268,7 +277,7 @@ void parse_args(int argc, char **argv, opts_t *o)
             if (strcmp(optarg, "all") == 0)
                 o->op = -1;
             else if ((o->op = find_op(optarg)) < 0)
-                die_usage("unknown op '%s' (sum prod max min avg, or all)", optarg);
+                die_usage("unknown op '%s' (sum prod max min avg band bor bxor, or all)", optarg);
             break;
         case 'r':
             if (strcmp(optarg, "all") == 0)
@@ -322,6 +331,9 @@ void parse_args(int argc, char **argv, opts_t *o)
     }
     if (saw_f && saw_i)
         die_usage("-f/--stepfactor and -i/--stepbytes exclude each other");
+    if (o->op >= 0 && o->type >= 0 && !perf_op_takes_type(ops[o->op].op, types[o->type].dt))
+        die_usage("op %s takes integer types only, not %s", ops[o->op].name,
+                  types[o->type].name);
     if (saw_i)
         o->stepfactor = 1;
     if (optind >= argc)

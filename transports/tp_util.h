@@ -14,7 +14,7 @@ loom_status_t loom_tp_fail(loom_status_t *failed, loom_err_t *err, const char *s
     __attribute__((format(printf, 6, 7)));
 
 /* Fail the instance because rank peer gave up on the communicator (its own
- * call failed, or it was aborted): the message tcp.c and ibverbs.c give. */
+ * call failed, or it was aborted): the message every network transport gives. */
 loom_status_t loom_tp_fail_gave_up(loom_status_t *failed, loom_err_t *err, const char *subsys,
                                    int rank, int peer);
 
