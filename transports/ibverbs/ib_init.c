@@ -65,14 +65,7 @@ int ib_parse_addr(const char *text, struct sockaddr_storage *ss, socklen_t *len)
     char host[INET6_ADDRSTRLEN + 1], port[16];
     if (sscanf(text, "ibv1 %46s %15s", host, port) != 2)
         return -1;
-    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV,
-                             .ai_socktype = SOCK_STREAM}, *res;
-    if (getaddrinfo(host, port, &hints, &res) != 0)
-        return -1;
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *len = res->ai_addrlen;
-    freeaddrinfo(res);
-    return 0;
+    return loom_tp_numeric_addr(host, port, ss, len);
 }
 
 /* The 16-byte form of a numeric host (IPv4-mapped for IPv4), for GID choice. */
