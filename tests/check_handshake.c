@@ -577,20 +577,14 @@ START_TEST(test_driver_with_strangers)
     r0.d.e.self.addrs = r1.d.e.self.addrs = addrs;
     r0.d.e.self.my_addr = a0;
     r1.d.e.self.my_addr = a1;
-    ck_assert_int_eq(loom_hs_table_init(&r0.t, 0, 0, 1, 10.0), 0);
-    ck_assert_int_eq(loom_hs_table_init(&r1.t, 1, 1, 0, 10.0), 0);
-    loom_hs_table_t *ts[2] = {&r0.t, &r1.t};
     drv_t *ds[2] = {&r0.d, &r1.d};
     for (int i = 0; i < 2; i++) {
-        ts[i]->failed = &ds[i]->e.failed;
-        ts[i]->err = &ds[i]->e.err;
-        ts[i]->subsys = "test";
-        ts[i]->prefix = "";
-        ts[i]->addrs = addrs;
-        ts[i]->accept_step = LOOM_HS_WAIT_HELLO;
-        ts[i]->accept_need = LOOM_HELLO_BYTES;
+        loom_hs_params_t p = {.rank = i, .ndial = i, .naccept = 1 - i, .timeout_s = 10.0,
+                              .failed = &ds[i]->e.failed, .err = &ds[i]->e.err, .subsys = "test",
+                              .prefix = "", .addrs = addrs, .listen_fd = i ? -1 : lfd0,
+                              .accept_step = LOOM_HS_WAIT_HELLO, .accept_need = LOOM_HELLO_BYTES};
+        ck_assert_int_eq(loom_hs_table_init(i ? &r1.t : &r0.t, &p), 0);
     }
-    r0.t.listen_fd = lfd0;
     ck_assert_int_eq(loom_hs_table_dial(&r1.t, 0, 0, &ss0, l0), 0);
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, run_rank, &r1), 0);

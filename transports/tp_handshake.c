@@ -107,24 +107,33 @@ static int dial(loom_hs_conn_t *c, const struct sockaddr_storage *ss, socklen_t 
 
 /* ---- the table ---------------------------------------------------------------- */
 
-int loom_hs_table_init(loom_hs_table_t *t, int rank, int ndial, int naccept, double timeout_s)
+int loom_hs_table_init(loom_hs_table_t *t, const loom_hs_params_t *p)
 {
     memset(t, 0, sizeof(*t));
-    t->listen_fd = -1;
-    t->maxconn = ndial + naccept + 64;   /* room for strangers that connect too */
-    t->conns = calloc((size_t)t->maxconn, sizeof(*t->conns));
-    t->pfds = calloc((size_t)t->maxconn + 1, sizeof(*t->pfds));
-    t->ss = calloc((size_t)(rank ? rank : 1), sizeof(*t->ss));
-    t->sslen = calloc((size_t)(rank ? rank : 1), sizeof(*t->sslen));
-    t->want = ndial + naccept;
-    t->timeout_s = timeout_s;
-    t->deadline = loom_now_s() + timeout_s;
+    t->failed = p->failed;
+    t->err = p->err;
+    t->subsys = p->subsys;
+    t->prefix = p->prefix;
+    t->rank = p->rank;
+    t->addrs = p->addrs;
+    t->listen_fd = p->naccept > 0 ? p->listen_fd : -1;
+    t->sockbuf = p->sockbuf;
+    t->accept_step = p->accept_step;
+    t->accept_need = p->accept_need;
+    t->want = p->ndial + p->naccept;
+    t->maxconn = t->want + 64;   /* room for strangers that connect too */
+    t->timeout_s = p->timeout_s;
+    t->deadline = loom_now_s() + p->timeout_s;
     /* Strangers get this long to finish (never more than a third of the
      * timeout), so idle connections cannot hold the table through connect. */
-    t->stranger_s = timeout_s / 3 < 3.0 ? timeout_s / 3 : 3.0;
-    t->rank = rank;
+    t->stranger_s = p->timeout_s / 3 < 3.0 ? p->timeout_s / 3 : 3.0;
+    t->conns = calloc((size_t)t->maxconn, sizeof(*t->conns));
+    t->pfds = calloc((size_t)t->maxconn + 1, sizeof(*t->pfds));
+    t->ss = calloc((size_t)(p->rank ? p->rank : 1), sizeof(*t->ss));
+    t->sslen = calloc((size_t)(p->rank ? p->rank : 1), sizeof(*t->sslen));
     if (!t->conns || !t->pfds || !t->ss || !t->sslen) {
         loom_hs_table_free(t);
+        hs_fail(t, LOOM_ERR_NO_MEMORY, "out of memory");
         return -1;
     }
     return 0;

@@ -98,11 +98,26 @@ struct loom_hs_table {
     char *const *addrs;            /* as published, for messages */
 };
 
-/* Room for ndial dialled connections and naccept accepted ones (plus some
- * for strangers) against a deadline timeout_s away; -1 when out of memory.
- * The caller fills the identity fields (failed, err, subsys, prefix, rank,
- * addrs, listen_fd, sockbuf, accept_step, accept_need). */
-int loom_hs_table_init(loom_hs_table_t *t, int rank, int ndial, int naccept, double timeout_s);
+/* What a table is for: who owns it, where its failure goes, how accepted
+ * connections start. */
+typedef struct loom_hs_params {
+    int rank;
+    int ndial, naccept;            /* connections we dial, and that dial us */
+    double timeout_s;
+    loom_status_t *failed;         /* the instance's sticky status, as loom_tp_fail */
+    loom_err_t *err;
+    const char *subsys;            /* "tcp", "ibverbs" */
+    const char *prefix;            /* put before messages: "", "ibverbs: " */
+    char *const *addrs;            /* as published, for messages */
+    int listen_fd;                 /* ours (used when naccept > 0) */
+    int sockbuf;                   /* SO_SNDBUF/SO_RCVBUF of dialled sockets, 0: default */
+    int accept_step;               /* an accepted connection starts at this step */
+    size_t accept_need;            /* waiting for this many bytes */
+} loom_hs_params_t;
+
+/* Room for p's connections (plus some for strangers) against a deadline
+ * p->timeout_s away; -1 (the failure recorded) when out of memory. */
+int loom_hs_table_init(loom_hs_table_t *t, const loom_hs_params_t *p);
 /* Close the sockets not handed over (fd >= 0) and free the table. */
 void loom_hs_table_free(loom_hs_table_t *t);
 /* Add a connection to dial to rank peer (stream) at ss; 0, or -1 with the

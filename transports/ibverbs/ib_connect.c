@@ -566,18 +566,13 @@ loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeout_s)
     for (int i = 0; i < tp->nactive; i++)
         *(tp->active[i] < tp->rank ? &nout : &nin) += 1;
     loom_hs_table_t t;
-    if (loom_hs_table_init(&t, tp->rank, nout, nin, timeout_s) != 0) {
-        tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory");
+    loom_hs_params_t hp = {.rank = tp->rank, .ndial = nout, .naccept = nin, .timeout_s = timeout_s,
+                           .failed = &tp->failed, .err = tp->err, .subsys = "ibverbs",
+                           .prefix = "ibverbs: ", .addrs = addrs, .listen_fd = tp->listen_fd,
+                           .accept_step = IB_EXCHANGE,
+                           .accept_need = REC_BYTES + proof_bytes(tp) + 1};
+    if (loom_hs_table_init(&t, &hp) != 0)
         goto out;
-    }
-    t.failed = &tp->failed;
-    t.err = tp->err;
-    t.subsys = "ibverbs";
-    t.prefix = "ibverbs: ";
-    t.addrs = addrs;
-    t.listen_fd = nin > 0 ? tp->listen_fd : -1;
-    t.accept_step = IB_EXCHANGE;
-    t.accept_need = REC_BYTES + proof_bytes(tp) + 1;
     if (hs_dial_lower(tp, &t, addrs) != LOOM_SUCCESS || loom_hs_run(&t, &ops, tp) != LOOM_SUCCESS)
         goto out;
     for (int i = 0; i < tp->nactive; i++)

@@ -521,19 +521,13 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
                            .taken = hs_taken, .arg = tp, .failed = &tp->failed, .err = tp->err,
                            .subsys = "tcp"}};
     loom_hs_table_t t;
-    if (loom_hs_table_init(&t, tp->rank, nout * nstreams, nin * nstreams, timeout_s) != 0) {
-        tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory");
+    loom_hs_params_t hp = {
+        .rank = tp->rank, .ndial = nout * nstreams, .naccept = nin * nstreams,
+        .timeout_s = timeout_s, .failed = &tp->failed, .err = tp->err, .subsys = "tcp",
+        .prefix = "", .addrs = addrs, .listen_fd = tp->listen_fd, .sockbuf = tp->sockbuf,
+        .accept_step = LOOM_HS_WAIT_HELLO, .accept_need = LOOM_HELLO_BYTES};
+    if (loom_hs_table_init(&t, &hp) != 0)
         goto out;
-    }
-    t.failed = &tp->failed;
-    t.err = tp->err;
-    t.subsys = "tcp";
-    t.prefix = "";
-    t.addrs = addrs;
-    t.listen_fd = nin > 0 ? tp->listen_fd : -1;
-    t.sockbuf = tp->sockbuf;
-    t.accept_step = LOOM_HS_WAIT_HELLO;
-    t.accept_need = LOOM_HELLO_BYTES;
     for (int j = 0; j < tp->rank; j++) {
         if (addrs[j] == NULL)
             continue;
