@@ -100,15 +100,22 @@ static void close_ends(end_t *a, end_t *b)
         close(b->c.fd);
 }
 
+/* Rank cr (key ck) is to dial rank ar (key ak) of size over a socketpair. */
+static void ends(end_t *conn, end_t *acc, int cr, int ar, int size, const char *ck,
+                      const char *ak)
+{
+    int sv[2];
+    pair(sv);
+    end_init(conn, cr, size, ck);
+    end_init(acc, ar, size, ak);
+    as_connector(conn, sv[0], ar);
+    as_acceptor(acc, sv[1]);
+}
+
 START_TEST(test_good_no_key)
 {
     end_t conn, acc;
-    int sv[2];
-    pair(sv);
-    end_init(&conn, 1, 2, NULL);
-    end_init(&acc, 0, 2, NULL);
-    as_connector(&conn, sv[0], 0);
-    as_acceptor(&acc, sv[1]);
+    ends(&conn, &acc, 1, 0, 2, NULL, NULL);
     drive(&conn, &acc);
     ck_assert_int_eq(conn.failed, LOOM_SUCCESS);
     ck_assert_int_eq(acc.failed, LOOM_SUCCESS);
@@ -150,12 +157,7 @@ END_TEST
 START_TEST(test_good_with_key)
 {
     end_t conn, acc;
-    int sv[2];
-    pair(sv);
-    end_init(&conn, 2, 3, "secret");
-    end_init(&acc, 1, 3, "secret");
-    as_connector(&conn, sv[0], 1);
-    as_acceptor(&acc, sv[1]);
+    ends(&conn, &acc, 2, 1, 3, "secret", "secret");
     drive(&conn, &acc);
     ck_assert_int_eq(conn.failed, LOOM_SUCCESS);
     ck_assert_int_eq(acc.failed, LOOM_SUCCESS);
@@ -178,12 +180,7 @@ END_TEST
 START_TEST(test_wrong_key)
 {
     end_t conn, acc;
-    int sv[2];
-    pair(sv);
-    end_init(&conn, 1, 2, "one key");
-    end_init(&acc, 0, 2, "another key");
-    as_connector(&conn, sv[0], 0);
-    as_acceptor(&acc, sv[1]);
+    ends(&conn, &acc, 1, 0, 2, "one key", "another key");
     drive(&conn, &acc);
     /* The connector cannot check the acceptor's proof: it stops there. */
     ck_assert_int_eq(conn.failed, LOOM_ERR_AUTH);
@@ -203,12 +200,7 @@ START_TEST(test_key_on_one_side)
 {
     for (int keyed_acceptor = 0; keyed_acceptor < 2; keyed_acceptor++) {
         end_t conn, acc;
-        int sv[2];
-        pair(sv);
-        end_init(&conn, 1, 2, keyed_acceptor ? NULL : "k");
-        end_init(&acc, 0, 2, keyed_acceptor ? "k" : NULL);
-        as_connector(&conn, sv[0], 0);
-        as_acceptor(&acc, sv[1]);
+        ends(&conn, &acc, 1, 0, 2, keyed_acceptor ? NULL : "k", keyed_acceptor ? "k" : NULL);
         drive(&conn, &acc);
         ck_assert_int_eq(conn.failed, LOOM_ERR_AUTH);
         ck_assert(!conn.up && !acc.up);
@@ -321,14 +313,9 @@ static void refused_as(int conn_rank, int acc_rank, int size, uint64_t job, uint
                        loom_ack_code_t want)
 {
     end_t conn, acc;
-    int sv[2];
-    pair(sv);
-    end_init(&conn, conn_rank, size, NULL);
+    ends(&conn, &acc, conn_rank, acc_rank, size, NULL, NULL);
     conn.self.job_hash = job;
     conn.self.comm_hash = comm;
-    end_init(&acc, acc_rank, size, NULL);
-    as_connector(&conn, sv[0], acc_rank);
-    as_acceptor(&acc, sv[1]);
     drive(&conn, &acc);
     ck_assert(!conn.up && !acc.up);
     ck_assert_int_eq(acc.c.phase, LOOM_HS_DEAD);
@@ -348,18 +335,12 @@ END_TEST
 START_TEST(test_duplicate_stream)
 {
     end_t conn, acc;
-    int sv[2];
-    pair(sv);
-    end_init(&conn, 1, 2, NULL);
-    end_init(&acc, 0, 2, NULL);
+    ends(&conn, &acc, 1, 0, 2, NULL, NULL);
     acc.taken[1] = 1;   /* rank 1's stream is up already */
-    as_connector(&conn, sv[0], 0);
-    as_acceptor(&acc, sv[1]);
     drive(&conn, &acc);
     ck_assert(!acc.up);
     ck_assert_int_eq(conn.failed, LOOM_ERR_AUTH);
-    ck_assert_ptr_nonnull(strstr(conn.err.msg,
-                                 loom_ack_reason(LOOM_ACK_DUPLICATE)));
+    ck_assert_ptr_nonnull(strstr(conn.err.msg, loom_ack_reason(LOOM_ACK_DUPLICATE)));
     close_ends(&conn, &acc);
 }
 END_TEST

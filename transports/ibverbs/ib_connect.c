@@ -488,7 +488,8 @@ static void hs_send_record(loom_tp_t *tp, loom_hs_table_t *t, loom_hs_conn_t *c)
     }
     c->step = IB_EXCHANGE;
     c->have = 0;
-    c->need = REC_BYTES + proof_bytes(tp) + 1;   /* never past the ready byte: a goodbye may follow */
+    /* Never past the ready byte: a goodbye may follow it. */
+    c->need = REC_BYTES + proof_bytes(tp) + 1;
 }
 
 /* The step of one side-channel connection (tp_handshake.h). */
