@@ -78,6 +78,38 @@ int loom_hs_proof_ok(const void *key, size_t keylen, char role,
     return ok;
 }
 
+void loom_hs_sock_opts(int fd, int sockbuf)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (sockbuf > 0) {
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof(sockbuf));
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sockbuf, sizeof(sockbuf));
+    }
+}
+
+loom_status_t loom_hs_listen(const char *host, int sockbuf, int *fd_p,
+                             struct sockaddr_storage *ss, socklen_t *sslen, loom_err_t *err,
+                             const char *prefix)
+{
+    if (loom_tp_numeric_addr(host, "0", ss, sslen) != 0)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG, "%scannot listen on \"%s\"", prefix, host);
+    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd >= 0)
+        loom_hs_sock_opts(fd, sockbuf);
+    if (fd < 0 || bind(fd, (struct sockaddr *)ss, *sslen) != 0 || listen(fd, SOMAXCONN) != 0) {
+        loom_status_t st = loom_err_set(err, LOOM_ERR_TRANSPORT, "%scannot listen on %s: %s",
+                                        prefix, host, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return st;
+    }
+    *sslen = sizeof(*ss);
+    getsockname(fd, (struct sockaddr *)ss, sslen);
+    *fd_p = fd;
+    return LOOM_SUCCESS;
+}
+
 /* Dial: connected at once or not, the driver calls the step once poll says
  * the socket is writable. */
 static int dial(loom_hs_conn_t *c, const struct sockaddr_storage *ss, socklen_t sslen, int sockbuf)
@@ -85,12 +117,7 @@ static int dial(loom_hs_conn_t *c, const struct sockaddr_storage *ss, socklen_t 
     c->fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (c->fd < 0)
         return -1;
-    int one = 1;
-    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (sockbuf > 0) {
-        setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof(sockbuf));
-        setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &sockbuf, sizeof(sockbuf));
-    }
+    loom_hs_sock_opts(c->fd, sockbuf);
     c->have = 0;
     c->heard = 0;
     c->up = 0;
@@ -214,8 +241,7 @@ static void accept_all(loom_hs_table_t *t, const loom_hs_ops_t *ops, void *arg)
         int fd = accept4(t->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             break;
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        loom_hs_sock_opts(fd, 0);
         int slot = take_slot(t, ops, arg);
         if (slot < 0) {
             close(fd);

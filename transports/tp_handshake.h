@@ -127,6 +127,16 @@ int loom_hs_table_dial(loom_hs_table_t *t, int peer, int stream, const struct so
 /* Until every connection is established, a failure, or the deadline. */
 loom_status_t loom_hs_run(loom_hs_table_t *t, const loom_hs_ops_t *ops, void *arg);
 
+/* TCP_NODELAY, and with sockbuf > 0 that SO_SNDBUF and SO_RCVBUF. */
+void loom_hs_sock_opts(int fd, int sockbuf);
+/* Listen on the numeric host (any port) for the peers' dials: *fd_p and the
+ * bound address in ss, or a failure in err (messages start with prefix).
+ * sockbuf > 0 sets the buffer sizes accepted sockets inherit (before the
+ * handshake, so that the window scale is negotiated). */
+loom_status_t loom_hs_listen(const char *host, int sockbuf, int *fd_p,
+                             struct sockaddr_storage *ss, socklen_t *sslen, loom_err_t *err,
+                             const char *prefix);
+
 /* Read toward c->need bytes: 1 when they are all there, 0 when more must
  * come, -1 when the peer closed or failed. */
 int loom_hs_read(loom_hs_conn_t *c);

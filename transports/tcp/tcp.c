@@ -215,16 +215,6 @@ struct loom_tp {
 
 #define tp_fail(tp, st, ...) loom_tp_fail(&(tp)->failed, (tp)->err, "tcp", (tp)->rank, st, __VA_ARGS__)
 
-static void set_sock_opts(int fd, int sockbuf)
-{
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (sockbuf > 0) {
-        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof(sockbuf));
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sockbuf, sizeof(sockbuf));
-    }
-}
-
 /* ---- addresses ------------------------------------------------------------ */
 
 static int format_addr(const struct sockaddr *sa, char *out, size_t outlen)
@@ -327,28 +317,9 @@ static loom_status_t tcp_create(const loom_tp_params_t *p, char *addr, size_t ad
         goto err_free_peers;
     struct sockaddr_storage ss;
     socklen_t sslen;
-    char hostport[sizeof(host) + 16];
-    snprintf(hostport, sizeof(hostport), strchr(host, ':') ? "[%s]:0" : "%s:0", host);
-    if (parse_addr(hostport, &ss, &sslen) != 0) {
-        st = loom_err_set(p->err, LOOM_ERR_INVALID_ARG, "cannot listen on \"%s\"", host);
+    st = loom_hs_listen(host, tp->sockbuf, &tp->listen_fd, &ss, &sslen, p->err, "");
+    if (st != LOOM_SUCCESS)
         goto err_free_peers;
-    }
-    tp->listen_fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (tp->listen_fd < 0) {
-        st = loom_err_set(p->err, LOOM_ERR_TRANSPORT, "socket: %s", strerror(errno));
-        goto err_free_peers;
-    }
-    /* Accepted sockets inherit the buffer sizes, which must be set before the
-     * handshake for the window scale to be negotiated. */
-    set_sock_opts(tp->listen_fd, tp->sockbuf);
-    if (bind(tp->listen_fd, (struct sockaddr *)&ss, sslen) != 0 ||
-        listen(tp->listen_fd, SOMAXCONN) != 0) {
-        st = loom_err_set(p->err, LOOM_ERR_TRANSPORT, "cannot listen on %s: %s", host,
-                          strerror(errno));
-        goto err_close_listen;
-    }
-    sslen = sizeof(ss);
-    getsockname(tp->listen_fd, (struct sockaddr *)&ss, &sslen);
     if (format_addr((struct sockaddr *)&ss, addr, addrlen) != 0 ||
         strlen(addr) >= sizeof(tp->my_addr)) {
         st = loom_err_set(p->err, LOOM_ERR_INTERNAL, "address buffer too small");
@@ -482,7 +453,7 @@ static loom_status_t register_peers(loom_tp_t *tp, char *const *addrs)
         tcp_peer_t *peer = &tp->peers[j];
         if (j == tp->rank || addrs[j] == NULL)
             continue;
-        set_sock_opts(peer->fd, 0);
+        loom_hs_sock_opts(peer->fd, 0);
         peer->stage = malloc(STAGE_BYTES);
         if (!peer->stage)
             return tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory");
@@ -491,7 +462,7 @@ static loom_status_t register_peers(loom_tp_t *tp, char *const *addrs)
             return tp_fail(tp, LOOM_ERR_TRANSPORT, "epoll_ctl: %s", strerror(errno));
         for (int k = 1; k < tp->nstreams; k++) {
             tcp_lane_t *lane = &peer->lanes[k - 1];
-            set_sock_opts(lane->fd, 0);
+            loom_hs_sock_opts(lane->fd, 0);
             /* Read only once stream 0 says where its bytes go (lane_events). */
             lane->events = EPOLLRDHUP;
             struct epoll_event lev = {.events = lane->events, .data.u64 = EV_KEY(j, k)};
