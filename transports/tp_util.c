@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
+#include <netdb.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sched.h>
@@ -86,6 +87,19 @@ loom_status_t loom_tp_fail_gave_up(loom_status_t *failed, loom_err_t *err, const
                         "call or loom_comm_abort there)", rank, peer, peer);
 }
 
+int loom_tp_numeric_addr(const char *host, const char *port, struct sockaddr_storage *ss,
+                         socklen_t *len)
+{
+    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV,
+                             .ai_socktype = SOCK_STREAM}, *res;
+    if (getaddrinfo(host, port, &hints, &res) != 0)
+        return -1;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *len = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
 void loom_tp_own(_Atomic int *owner)
 {
     int idle = 0;
@@ -104,6 +118,15 @@ int loom_tp_own_if_idle(_Atomic int *owner)
 {
     int idle = 0;
     return atomic_compare_exchange_strong(owner, &idle, 2);
+}
+
+loom_status_t loom_tp_leave(_Atomic int *owner, const loom_status_t *failed,
+                            void (*announce)(loom_tp_t *), loom_tp_t *tp, loom_status_t st)
+{
+    if (*failed)
+        announce(tp);
+    loom_tp_disown(owner);
+    return st;
 }
 
 loom_status_t loom_tp_fail(loom_status_t *failed, loom_err_t *err, const char *subsys, int rank,

@@ -4,6 +4,8 @@
 #ifndef LOOM_TP_UTIL_H
 #define LOOM_TP_UTIL_H
 
+#include <sys/socket.h>
+
 #include "transport.h"
 #include "wire.h"
 
@@ -25,6 +27,11 @@ loom_status_t loom_tp_fail_gave_up(loom_status_t *failed, loom_err_t *err, const
  * loopback. Sets p->err when the named interface has no address. */
 loom_status_t loom_tp_choose_host(const loom_tp_params_t *p, char *host, size_t hostlen);
 
+/* A numeric host ("10.0.0.1", "fe80::1%eth0") and port into a socket
+ * address for a stream socket: 0, or -1 when either is not numeric. */
+int loom_tp_numeric_addr(const char *host, const char *port, struct sockaddr_storage *ss,
+                         socklen_t *len);
+
 /* The sockets and queues of an instance belong to the one thread inside its
  * isend/irecv/progress (the caller runs one at a time); an abort, from any
  * thread, may use them only while none is inside. owner: 0 free, 1 taken by
@@ -33,6 +40,11 @@ void loom_tp_own(_Atomic int *owner);
 void loom_tp_disown(_Atomic int *owner);
 /* Take owner for an abort if nobody is inside: 1 when taken. */
 int loom_tp_own_if_idle(_Atomic int *owner);
+/* Leave an isend/irecv/progress with st: when the instance has failed
+ * (*failed, read after st was computed), tell the peers first (announce
+ * tells them once), then let owner go. */
+loom_status_t loom_tp_leave(_Atomic int *owner, const loom_status_t *failed,
+                            void (*announce)(loom_tp_t *), loom_tp_t *tp, loom_status_t st);
 
 typedef struct loom_req_queue {
     loom_tp_req_t *head, *tail;

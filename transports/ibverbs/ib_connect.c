@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -22,6 +21,7 @@
 #include "ib_int.h"
 #include "log.h"
 #include "sha256.h"
+#include "tp_handshake.h"
 #include "wire.h"
 
 #define REC_BYTES 96
@@ -30,10 +30,6 @@
 #define REC_AUTH 1u            /* the sender holds LOOM_AUTH_KEY; a nonce follows */
 #define REC_REFUSED 2u         /* the acceptor refuses: LOOM_AUTH_KEY on one side only */
 #define PROOF_BYTES 32
-/* Accepted side-channel connections get this long to prove themselves (at
- * most a third of LOOM_TIMEOUT); when the table is full the oldest one still
- * in its handshake makes room (tcp.c does the same). */
-#define HS_STRANGER_S 3.0
 
 /* ---- the side-channel record ------------------------------------------------ */
 
@@ -237,50 +233,13 @@ static loom_status_t qp_up(loom_tp_t *tp, ib_peer_t *p, const ib_rec_t *r)
     return LOOM_SUCCESS;
 }
 
-typedef enum { HS_CONNECTING, HS_EXCHANGE, HS_DONE, HS_DEAD } hs_state_t;
-
-typedef struct hs_conn {
-    int fd;
-    int peer;                /* -1: an accepted socket that has not said who it is */
-    hs_state_t state;
-    int dialer;              /* we connected (and spoke first) */
-    int up;                  /* our QP is RTS and our ready byte went out */
-    int proven;              /* the acceptor checked the dialer's proof of the key */
-    uint8_t nonce[16];       /* ours, with LOOM_AUTH_KEY */
-    uint8_t peer_nonce[16];
-    uint8_t myrec[REC_BYTES];   /* the record we sent: the proofs cover it */
-    uint8_t buf[REC_BYTES + PROOF_BYTES + 1];
-    size_t have;
-    double retry_at;
-    double since;            /* accepted: when (strangers get HS_STRANGER_S) */
-} hs_conn_t;
-
-static int start_dial(hs_conn_t *c, const struct sockaddr_storage *ss, socklen_t sslen)
-{
-    c->fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (c->fd < 0)
-        return -1;
-    int one = 1;
-    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    c->have = 0;
-    c->up = 0;
-    /* Connected at once or not, the record goes out when poll says writable. */
-    if (connect(c->fd, (const struct sockaddr *)ss, sslen) != 0 && errno != EINPROGRESS) {
-        int saved = errno;   /* the caller's message names it */
-        close(c->fd);        /* a slot not yet counted: no clean-up would close it */
-        c->fd = -1;
-        errno = saved;
-        return -1;
-    }
-    c->state = HS_CONNECTING;
-    return 0;
-}
-
-/* A small write on a fresh socket: always fits in its buffer. */
-static int send_small(int fd, const void *buf, size_t len)
-{
-    return send(fd, buf, len, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -1;
-}
+/* The steps of a side-channel connection within LOOM_HS_TALKING: a dialer
+ * sends its record once connected, then both exchange (hs_advance). */
+enum { IB_SEND_RECORD, IB_EXCHANGE };
+/* Ours of the two nonces (tp_handshake.h keeps the dialer's and the acceptor's). */
+#define OUR_NONCE(c) ((c)->accepted ? (c)->nonce_a : (c)->nonce_c)
+_Static_assert(REC_BYTES <= LOOM_HS_OPENING_BYTES, "a record fits the opening");
+_Static_assert(REC_BYTES + PROOF_BYTES + 1 <= LOOM_HS_BUF_BYTES, "an exchange fits the buffer");
 
 static loom_status_t setup_resources(loom_tp_t *tp, char *const *addrs)
 {
@@ -355,14 +314,9 @@ static void make_proof(const loom_tp_t *tp, char role, int dialer_rank, int acce
     loom_auth_proof(tp->auth_key, tp->auth_keylen, role, hello, dr.nonce, ar.nonce, bind, out);
 }
 
-static int fresh_nonce(uint8_t out[16])
-{
-    return getrandom(out, 16, 0) == 16 ? 0 : -1;
-}
-
 /* An accepted connection is refused: close it (after telling why when it
  * showed a record), and free the rank it claimed for an honest retry. */
-static void hs_refuse(loom_tp_t *tp, hs_conn_t *c, const ib_rec_t *r, int for_key)
+static void hs_refuse(loom_tp_t *tp, loom_hs_conn_t *c, const ib_rec_t *r, int for_key)
 {
     if (r) {
         uint8_t rec[REC_BYTES];
@@ -370,7 +324,7 @@ static void hs_refuse(loom_tp_t *tp, hs_conn_t *c, const ib_rec_t *r, int for_ke
                        .job_hash = tp->job_hash, .comm_hash = tp->comm_hash,
                        .flags = REC_REFUSED};
         rec_encode(&no, rec);
-        if (send_small(c->fd, rec, sizeof(rec)) != 0) { /* it learns from the close */ }
+        if (loom_hs_send(c->fd, rec, sizeof(rec)) != 0) { /* it learns from the close */ }
     }
     if (c->peer >= 0 && tp->peers[c->peer].fd == c->fd)
         tp->peers[c->peer].fd = -1;
@@ -379,9 +333,7 @@ static void hs_refuse(loom_tp_t *tp, hs_conn_t *c, const ib_rec_t *r, int for_ke
     LOOM_WARN("ibverbs", "rank %d refused a side-channel connection%s", tp->rank,
               for_key ? " that could not prove LOOM_AUTH_KEY" : " that is not a rank of this "
               "communicator");
-    close(c->fd);
-    c->fd = -1;
-    c->state = HS_DEAD;
+    loom_hs_close(c);
 }
 
 /* Bytes arrived on a handshake socket. The dialer sends its record (with a
@@ -389,23 +341,23 @@ static void hs_refuse(loom_tp_t *tp, hs_conn_t *c, const ib_rec_t *r, int for_ke
  * proof); the dialer checks it and sends its proof. Each side brings its QP
  * up once it trusts the other, then sends a ready byte; the peer's ready byte
  * ends the handshake. */
-static loom_status_t hs_advance(loom_tp_t *tp, hs_conn_t *c, char *const *addrs, int *established)
+static loom_status_t hs_advance(loom_tp_t *tp, loom_hs_conn_t *c, char *const *addrs, int *done)
 {
     size_t pb = proof_bytes(tp);
-    size_t first = REC_BYTES + (c->dialer ? pb : 0);   /* what we read before we act */
-    if (c->dialer && !c->up && c->have >= REC_BYTES && c->have < first) {
+    size_t first = REC_BYTES + (c->accepted ? 0 : pb);   /* what we read before we act */
+    if (!c->accepted && !c->up && c->have >= REC_BYTES && c->have < first) {
         /* A refusal comes without a proof. */
         ib_rec_t r;
         if (rec_decode(c->buf, &r) == 0 && (r.flags & REC_REFUSED))
             first = REC_BYTES;
     }
-    if (c->have >= REC_BYTES && !c->up && !(c->dialer && c->have < first)) {
+    if (c->have >= REC_BYTES && !c->up && !(!c->accepted && c->have < first)) {
         ib_rec_t r;
         int bad = rec_decode(c->buf, &r) != 0 || r.job_hash != tp->job_hash ||
                   r.comm_hash != tp->comm_hash || r.size != (uint32_t)tp->size ||
                   r.rank >= (uint32_t)tp->size || r.rank == (uint32_t)tp->rank;
         int key_differs = !(r.flags & REC_AUTH) != !tp->auth_key;
-        if (!c->dialer && c->peer < 0) {
+        if (c->accepted && c->peer < 0) {
             /* Accepted: only higher ranks dial us, once each. */
             if (!bad && (r.rank < (uint32_t)tp->rank || addrs[r.rank] == NULL ||
                          tp->peers[r.rank].fd >= 0))
@@ -420,21 +372,21 @@ static loom_status_t hs_advance(loom_tp_t *tp, hs_conn_t *c, char *const *addrs,
              * cannot keep the real one out. */
             if (!tp->auth_key)
                 tp->peers[c->peer].fd = c->fd;
-            memcpy(c->peer_nonce, r.nonce, 16);
+            memcpy(c->nonce_c, r.nonce, 16);
             uint8_t out[REC_BYTES + PROOF_BYTES];
-            if (tp->auth_key && fresh_nonce(c->nonce) != 0)
+            if (tp->auth_key && loom_hs_nonce(OUR_NONCE(c)) != 0)
                 return tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: getrandom: %s",
                                strerror(errno));
-            my_record(tp, &tp->peers[c->peer], tp->auth_key ? REC_AUTH : 0, c->nonce, out);
-            memcpy(c->myrec, out, REC_BYTES);
+            my_record(tp, &tp->peers[c->peer], tp->auth_key ? REC_AUTH : 0, OUR_NONCE(c), out);
+            memcpy(c->opening, out, REC_BYTES);
             if (tp->auth_key)
                 make_proof(tp, 'A', c->peer, tp->rank, addrs[c->peer], c->buf, tp->my_addr,
-                           c->myrec, out + REC_BYTES);
-            if (send_small(c->fd, out, REC_BYTES + pb) != 0)
+                           c->opening, out + REC_BYTES);
+            if (loom_hs_send(c->fd, out, REC_BYTES + pb) != 0)
                 return tp_fail(tp, LOOM_ERR_PEER_LOST, "ibverbs: handshake with rank %d: %s",
                                c->peer, strerror(errno));
             c->proven = !tp->auth_key;
-        } else if (c->dialer && !c->proven) {
+        } else if (!c->accepted && !c->proven) {
             if (!bad && r.rank == (uint32_t)c->peer && (r.flags & REC_REFUSED))
                 return tp_fail(tp, LOOM_ERR_AUTH, "ibverbs: rank %d refused the connection of "
                                "rank %d: LOOM_AUTH_KEY is set on one of them only", c->peer,
@@ -447,16 +399,16 @@ static loom_status_t hs_advance(loom_tp_t *tp, hs_conn_t *c, char *const *addrs,
                                "LOOM_AUTH_KEY (set on one of them only)", c->peer, tp->rank);
             if (tp->auth_key) {
                 uint8_t want[32], mine[32];
-                make_proof(tp, 'A', tp->rank, c->peer, tp->my_addr, c->myrec, addrs[c->peer],
+                make_proof(tp, 'A', tp->rank, c->peer, tp->my_addr, c->opening, addrs[c->peer],
                            c->buf, want);
                 if (!loom_equal_ct(want, c->buf + REC_BYTES, LOOM_SHA256_BYTES))
                     return tp_fail(tp, LOOM_ERR_AUTH, "ibverbs: rank %d cannot prove "
                                    "LOOM_AUTH_KEY for this connection: a different key, or a "
                                    "relay (its record or published address was changed)",
                                    c->peer);
-                make_proof(tp, 'C', tp->rank, c->peer, tp->my_addr, c->myrec, addrs[c->peer],
+                make_proof(tp, 'C', tp->rank, c->peer, tp->my_addr, c->opening, addrs[c->peer],
                            c->buf, mine);
-                if (send_small(c->fd, mine, sizeof(mine)) != 0)
+                if (loom_hs_send(c->fd, mine, sizeof(mine)) != 0)
                     return tp_fail(tp, LOOM_ERR_PEER_LOST, "ibverbs: handshake with rank %d: %s",
                                    c->peer, strerror(errno));
             }
@@ -468,7 +420,7 @@ static loom_status_t hs_advance(loom_tp_t *tp, hs_conn_t *c, char *const *addrs,
                 return LOOM_SUCCESS;
             uint8_t want[32];
             make_proof(tp, 'C', c->peer, tp->rank, addrs[c->peer], c->buf, tp->my_addr,
-                       c->myrec, want);
+                       c->opening, want);
             if (!loom_equal_ct(want, c->buf + REC_BYTES, LOOM_SHA256_BYTES)) {
                 hs_refuse(tp, c, NULL, 1);
                 return LOOM_SUCCESS;
@@ -482,10 +434,11 @@ static loom_status_t hs_advance(loom_tp_t *tp, hs_conn_t *c, char *const *addrs,
         }
         if (qp_up(tp, &tp->peers[c->peer], &r) != LOOM_SUCCESS)
             return tp->failed;
-        if (send_small(c->fd, "R", 1) != 0)
+        if (loom_hs_send(c->fd, "R", 1) != 0)
             return tp_fail(tp, LOOM_ERR_PEER_LOST, "ibverbs: handshake with rank %d: %s",
                            c->peer, strerror(errno));
         c->up = 1;
+        c->stranger = 0;
     }
     if (c->up && c->have == REC_BYTES + pb + 1) {
         if (c->buf[REC_BYTES + pb] != 'R')
@@ -494,55 +447,15 @@ static loom_status_t hs_advance(loom_tp_t *tp, hs_conn_t *c, char *const *addrs,
         tp->peers[c->peer].fd = c->fd;
         tp->peers[c->peer].active = 1;
         c->fd = -1;
-        c->state = HS_DONE;
-        (*established)++;
+        *done = 1;
     }
     return LOOM_SUCCESS;
-}
-
-/* The side-channel connections of one ib_connect: those we dial (to the
- * lower ranks) first, then the accepted ones; pfds[0] is the listener. */
-typedef struct hs_table {
-    hs_conn_t *conns;
-    struct pollfd *pfds;           /* [i + 1]: conns[i] */
-    struct sockaddr_storage *ss;   /* [rank below ours]: where it listens */
-    socklen_t *sslen;
-    int nconn, maxconn;
-    int nout, nin;                 /* peers we dial, peers that dial us */
-    int established;
-    double deadline;
-} hs_table_t;
-
-/* Like tcp.c: rank r dials every lower rank and accepts every higher one. */
-static loom_status_t hs_dial_lower(loom_tp_t *tp, hs_table_t *t, char *const *addrs)
-{
-    for (int j = 0; j < tp->rank; j++) {
-        if (addrs[j] == NULL)
-            continue;
-        if (ib_parse_addr(addrs[j], &t->ss[j], &t->sslen[j]) != 0)
-            return tp_fail(tp, LOOM_ERR_INVALID_ARG, "ibverbs: rank %d published a bad address "
-                           "\"%s\" (is it on another transport? set LOOM_TRANSPORT alike "
-                           "everywhere)", j, addrs[j]);
-        t->conns[t->nconn] = (hs_conn_t){.peer = j, .dialer = 1};
-        if (start_dial(&t->conns[t->nconn], &t->ss[j], t->sslen[j]) != 0)
-            return tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot connect to rank %d at %s: %s",
-                           j, addrs[j], strerror(errno));
-        t->nconn++;
-    }
-    return LOOM_SUCCESS;
-}
-
-static void hs_shed_strangers(loom_tp_t *tp, hs_table_t *t, double now, double stranger_s)
-{
-    for (int i = t->nout; i < t->nconn; i++)
-        if (t->conns[i].state == HS_EXCHANGE && !t->conns[i].dialer && !t->conns[i].up &&
-            now - t->conns[i].since > stranger_s)
-            hs_refuse(tp, &t->conns[i], NULL, 0);
 }
 
 /* The deadline passed: name the ranks still missing. */
-static void hs_fail_timeout(loom_tp_t *tp, double timeout_s)
+static void hs_timed_out(void *arg, loom_hs_table_t *t)
 {
+    loom_tp_t *tp = arg;
     char missing[256] = "";
     size_t off = 0;
     for (int i = 0; i < tp->nactive && off < sizeof(missing) - 16; i++)
@@ -552,222 +465,125 @@ static void hs_fail_timeout(loom_tp_t *tp, double timeout_s)
     if (tp->auth_refused)
         tp_fail(tp, LOOM_ERR_AUTH, "ibverbs: rank %d timed out after %.1f s waiting for "
                 "rank(s) %s; it refused %d connection(s) that could not prove "
-                "LOOM_AUTH_KEY", tp->rank, timeout_s, missing, tp->auth_refused);
+                "LOOM_AUTH_KEY", tp->rank, t->timeout_s, missing, tp->auth_refused);
     else
         tp_fail(tp, LOOM_ERR_TIMEOUT, "ibverbs: rank %d timed out after %.1f s "
-                "connecting to rank(s) %s", tp->rank, timeout_s, missing);
+                "connecting to rank(s) %s", tp->rank, t->timeout_s, missing);
 }
 
-/* Wait (20 ms at most) for the listener and every connection that waits for
- * its socket; the revents are left in t->pfds. */
-static loom_status_t hs_poll(loom_tp_t *tp, hs_table_t *t, double now)
+/* A dialled socket is connected: our record goes out. */
+static void hs_send_record(loom_tp_t *tp, loom_hs_table_t *t, loom_hs_conn_t *c)
 {
-    t->pfds[0] = (struct pollfd){.fd = t->nin > 0 ? tp->listen_fd : -1, .events = POLLIN};
-    for (int i = 0; i < t->nconn; i++) {
-        hs_conn_t *c = &t->conns[i];
-        short ev = c->state == HS_CONNECTING ? POLLOUT : c->state == HS_EXCHANGE ? POLLIN : 0;
-        if (c->fd < 0 || c->retry_at > now)
-            ev = 0;
-        t->pfds[i + 1] = (struct pollfd){.fd = ev ? c->fd : -1, .events = ev};
-    }
-    int wait_ms = (int)((t->deadline - now) * 1000) + 1;
-    if (poll(t->pfds, (nfds_t)t->nconn + 1, wait_ms < 20 ? wait_ms : 20) < 0 && errno != EINTR)
-        return tp_fail(tp, LOOM_ERR_TRANSPORT, "poll: %s", strerror(errno));
-    return LOOM_SUCCESS;
-}
-
-/* A dialled socket became writable: connected (our record goes out), or
- * refused (dial again a little later). */
-static void hs_on_connected(loom_tp_t *tp, hs_conn_t *c, char *const *addrs, double now)
-{
-    int soerr = 0;
-    socklen_t sl = sizeof(soerr);
-    getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
-    if (soerr == ECONNREFUSED || soerr == ETIMEDOUT || soerr == EHOSTUNREACH) {
-        close(c->fd);
-        c->fd = -1;
-        c->retry_at = now + 0.01;
-        return;
-    }
     uint8_t rec[REC_BYTES];
-    if (tp->auth_key && fresh_nonce(c->nonce) != 0) {
+    if (tp->auth_key && loom_hs_nonce(OUR_NONCE(c)) != 0) {
         tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: getrandom: %s", strerror(errno));
         return;
     }
-    my_record(tp, &tp->peers[c->peer], tp->auth_key ? REC_AUTH : 0, c->nonce, rec);
-    memcpy(c->myrec, rec, REC_BYTES);
-    if (soerr != 0 || send_small(c->fd, rec, sizeof(rec)) != 0) {
-        tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot connect to rank %d at %s: "
-                "%s", c->peer, addrs[c->peer], strerror(soerr ? soerr : errno));
+    my_record(tp, &tp->peers[c->peer], tp->auth_key ? REC_AUTH : 0, OUR_NONCE(c), rec);
+    memcpy(c->opening, rec, REC_BYTES);
+    if (loom_hs_send(c->fd, rec, sizeof(rec)) != 0) {
+        tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot connect to rank %d at %s: %s", c->peer,
+                t->addrs[c->peer], strerror(errno));
         return;
     }
-    c->state = HS_EXCHANGE;
-}
-
-/* A socket in the exchange is readable: take what came, act on it. */
-static void hs_on_readable(loom_tp_t *tp, hs_conn_t *c, char *const *addrs, double now,
-                           int *established)
-{
+    c->step = IB_EXCHANGE;
+    c->have = 0;
     /* Never past the ready byte: a goodbye may follow it. */
-    size_t want = REC_BYTES + proof_bytes(tp) + 1;
-    ssize_t n = recv(c->fd, c->buf + c->have, want - c->have, 0);
-    if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) {
-        if (c->dialer && !c->up && c->have == 0) {
+    c->need = REC_BYTES + proof_bytes(tp) + 1;
+}
+
+/* The step of one side-channel connection (tp_handshake.h). */
+static int hs_step(void *arg, loom_hs_table_t *t, loom_hs_conn_t *c, double now)
+{
+    loom_tp_t *tp = arg;
+    if (c->step == IB_SEND_RECORD) {
+        hs_send_record(tp, t, c);
+        return 0;
+    }
+    if (loom_hs_read(c) < 0) {
+        if (!c->accepted && !c->up && c->have == 0) {
             /* Shed before a word, as a full acceptor sheds strangers: dial again. */
-            close(c->fd);
-            c->fd = -1;
-            c->state = HS_CONNECTING;
-            c->retry_at = now + 0.05;
-            return;
+            loom_hs_redial_later(c, now, 0.05);
+            c->step = IB_SEND_RECORD;
+        } else if (!c->accepted || c->up) {
+            tp_fail(tp, LOOM_ERR_PEER_LOST, "ibverbs: rank %d closed the connection during the "
+                    "handshake", c->peer);
+        } else {
+            /* A stranger went away, or a dialer that found our proof wrong. */
+            hs_refuse(tp, c, NULL, c->peer >= 0);
         }
-        if (c->dialer || c->up) {
-            tp_fail(tp, LOOM_ERR_PEER_LOST, "ibverbs: rank %d closed the connection "
-                    "during the handshake", c->peer);
-            return;
-        }
-        /* A stranger went away, or a dialer that found our proof wrong. */
-        hs_refuse(tp, c, NULL, c->peer >= 0);
-        return;
+        return 0;
     }
-    if (n > 0)
-        c->have += (size_t)n;
-    hs_advance(tp, c, addrs, established);
+    int done = 0;
+    hs_advance(tp, c, t->addrs, &done);
+    return done;
 }
 
-/* Every connection after a poll: redial those whose pause is over, move the
- * ones whose socket is ready. */
-static void hs_service(loom_tp_t *tp, hs_table_t *t, char *const *addrs, double now)
+static void hs_drop(void *arg, loom_hs_conn_t *c)
 {
-    for (int i = 0; i < t->nconn && !tp->failed; i++) {
-        hs_conn_t *c = &t->conns[i];
-        if (c->state == HS_CONNECTING && c->fd < 0 && c->retry_at <= now) {
-            c->retry_at = 0;
-            if (start_dial(c, &t->ss[c->peer], t->sslen[c->peer]) != 0)
-                tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot connect to rank %d at %s: "
-                        "%s", c->peer, addrs[c->peer], strerror(errno));
-            continue;
-        }
-        if (!t->pfds[i + 1].revents)
-            continue;
-        if (c->state == HS_CONNECTING)
-            hs_on_connected(tp, c, addrs, now);
-        else if (c->state == HS_EXCHANGE)
-            hs_on_readable(tp, c, addrs, now, &t->established);
-    }
+    hs_refuse(arg, c, NULL, 0);
 }
 
-/* Where an accepted connection goes: a finished entry, a new one, or, when
- * the table is full, the entry of the oldest accepted connection not yet
- * proven (one that has said nothing first), which is refused; -1: none. */
-static int hs_slot(loom_tp_t *tp, hs_table_t *t)
+static loom_status_t hs_check(void *arg)
 {
-    int slot = -1;
-    for (int i = t->nout; i < t->nconn && slot < 0; i++)
-        if (t->conns[i].state == HS_DEAD || t->conns[i].state == HS_DONE)
-            slot = i;
-    if (slot < 0 && t->nconn < t->maxconn)
-        slot = t->nconn++;
-    if (slot < 0 && t->nout < t->nconn) {
-        hs_conn_t *v = NULL;
-        for (int j = t->nout; j < t->nconn; j++) {
-            hs_conn_t *w = &t->conns[j];
-            if (w->state != HS_EXCHANGE || w->dialer || w->up)
-                continue;
-            if (!v || (w->have == 0 && v->have > 0) ||
-                ((w->have == 0) == (v->have == 0) && w->since < v->since))
-                v = w;
-        }
-        if (v) {
-            hs_refuse(tp, v, NULL, 0);
-            slot = (int)(v - t->conns);
-        }
-    }
-    return slot;
+    loom_tp_t *tp = arg;
+    return (loom_status_t)atomic_load(&tp->abort_why);
 }
 
-static void hs_accept(loom_tp_t *tp, hs_table_t *t)
+/* Like tcp.c: rank r dials every lower rank and accepts every higher one. */
+static loom_status_t hs_dial_lower(loom_tp_t *tp, loom_hs_table_t *t, char *const *addrs)
 {
-    for (;;) {
-        int fd = accept4(tp->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
-            break;
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        int slot = hs_slot(tp, t);
-        if (slot < 0) {
-            close(fd);
+    for (int j = 0; j < tp->rank; j++) {
+        if (addrs[j] == NULL)
             continue;
-        }
-        t->conns[slot] = (hs_conn_t){.fd = fd, .peer = -1, .state = HS_EXCHANGE,
-                                     .since = loom_now_s()};
+        if (ib_parse_addr(addrs[j], &t->ss[j], &t->sslen[j]) != 0)
+            return tp_fail(tp, LOOM_ERR_INVALID_ARG, "ibverbs: rank %d published a bad address "
+                           "\"%s\" (is it on another transport? set LOOM_TRANSPORT alike "
+                           "everywhere)", j, addrs[j]);
+        if (loom_hs_table_dial(t, j, 0, &t->ss[j], t->sslen[j]) != 0)
+            return tp->failed;
     }
+    return LOOM_SUCCESS;
 }
 
 /* The sockets of unfinished handshakes are closed, and the ranks they held
  * are freed; the finished ones now belong to their peers. */
-static void hs_close_unfinished(loom_tp_t *tp, hs_table_t *t)
+static void hs_release_unfinished(loom_tp_t *tp, loom_hs_table_t *t)
 {
-    if (!t->conns)
-        return;
-    for (int i = 0; i < t->nconn; i++)
-        if (t->conns[i].fd >= 0 && t->conns[i].state != HS_DONE) {
-            if (t->conns[i].peer >= 0 && tp->peers[t->conns[i].peer].fd == t->conns[i].fd)
-                tp->peers[t->conns[i].peer].fd = -1;
-            close(t->conns[i].fd);
-        }
+    for (int i = 0; t->conns && i < t->nconn; i++)
+        if (t->conns[i].fd >= 0 && t->conns[i].peer >= 0 &&
+            tp->peers[t->conns[i].peer].fd == t->conns[i].fd)
+            tp->peers[t->conns[i].peer].fd = -1;
+    loom_hs_table_free(t);
 }
 
 loom_status_t ib_connect(loom_tp_t *tp, char *const *addrs, double timeout_s)
 {
+    static const loom_hs_ops_t ops = {.step = hs_step, .drop = hs_drop,
+                                      .timed_out = hs_timed_out, .check = hs_check};
     if (setup_resources(tp, addrs) != LOOM_SUCCESS)
         return tp->failed;
-    hs_table_t t = {0};
+    int nout = 0, nin = 0;
     for (int i = 0; i < tp->nactive; i++)
-        *(tp->active[i] < tp->rank ? &t.nout : &t.nin) += 1;
-    t.maxconn = t.nout + t.nin + 64;
-    t.conns = calloc((size_t)t.maxconn, sizeof(*t.conns));
-    t.pfds = calloc((size_t)t.maxconn + 1, sizeof(*t.pfds));
-    t.ss = calloc((size_t)(tp->rank ? tp->rank : 1), sizeof(*t.ss));
-    t.sslen = calloc((size_t)(tp->rank ? tp->rank : 1), sizeof(*t.sslen));
-    t.deadline = loom_now_s() + timeout_s;
-    if (!t.conns || !t.pfds || !t.ss || !t.sslen) {
-        tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory");
+        *(tp->active[i] < tp->rank ? &nout : &nin) += 1;
+    loom_hs_table_t t;
+    loom_hs_params_t hp = {.rank = tp->rank, .ndial = nout, .naccept = nin, .timeout_s = timeout_s,
+                           .failed = &tp->failed, .err = tp->err, .subsys = "ibverbs",
+                           .prefix = "ibverbs: ", .addrs = addrs, .listen_fd = tp->listen_fd,
+                           .accept_step = IB_EXCHANGE,
+                           .accept_need = REC_BYTES + proof_bytes(tp) + 1};
+    if (loom_hs_table_init(&t, &hp) != 0)
         goto out;
-    }
-    if (hs_dial_lower(tp, &t, addrs) != LOOM_SUCCESS)
+    if (hs_dial_lower(tp, &t, addrs) != LOOM_SUCCESS || loom_hs_run(&t, &ops, tp) != LOOM_SUCCESS)
         goto out;
-    double stranger_s = timeout_s / 3 < HS_STRANGER_S ? timeout_s / 3 : HS_STRANGER_S;
-    while (t.established < t.nout + t.nin && !tp->failed) {
-        double now = loom_now_s();
-        hs_shed_strangers(tp, &t, now, stranger_s);
-        if (now > t.deadline) {
-            hs_fail_timeout(tp, timeout_s);
-            break;
-        }
-        if (atomic_load(&tp->abort_why)) {
-            tp_fail(tp, (loom_status_t)atomic_load(&tp->abort_why), "the communicator was aborted");
-            break;
-        }
-        if (hs_poll(tp, &t, now) != LOOM_SUCCESS)
-            break;
-        hs_service(tp, &t, addrs, loom_now_s());
-        if (!tp->failed && (t.pfds[0].revents & POLLIN))
-            hs_accept(tp, &t);
-    }
-    if (!tp->failed) {
-        for (int i = 0; i < tp->nactive; i++)
-            tp->pfds[i] = (struct pollfd){.fd = tp->peers[tp->active[i]].fd, .events = POLLIN};
-        tp->pfds[tp->nactive] = (struct pollfd){.fd = tp->wake_fd, .events = POLLIN};
-        LOOM_INFO("ibverbs", "rank %d connected to %d peers over %s:%d (inline %u bytes)",
-                  tp->rank, tp->nactive, tp->dev_name, tp->port, tp->max_inline);
-    }
+    for (int i = 0; i < tp->nactive; i++)
+        tp->pfds[i] = (struct pollfd){.fd = tp->peers[tp->active[i]].fd, .events = POLLIN};
+    tp->pfds[tp->nactive] = (struct pollfd){.fd = tp->wake_fd, .events = POLLIN};
+    LOOM_INFO("ibverbs", "rank %d connected to %d peers over %s:%d (inline %u bytes)",
+              tp->rank, tp->nactive, tp->dev_name, tp->port, tp->max_inline);
 out:
-    hs_close_unfinished(tp, &t);
+    hs_release_unfinished(tp, &t);
     close(tp->listen_fd);
     tp->listen_fd = -1;
-    free(t.conns);
-    free(t.pfds);
-    free(t.ss);
-    free(t.sslen);
     return tp->failed;
 }

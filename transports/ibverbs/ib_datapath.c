@@ -821,14 +821,9 @@ static loom_status_t progress_owned(loom_tp_t *tp, int timeout_ms, int *moved_p)
     return tp->failed;
 }
 
-/* Who may touch the side channels and queues: see loom_tp_own. */
-static loom_status_t disown(loom_tp_t *tp, loom_status_t st)
-{
-    if (tp->failed)
-        ib_announce_failure(tp);
-    loom_tp_disown(&tp->owner);
-    return st;
-}
+/* Who may touch the side channels and queues: see loom_tp_own; loom_tp_leave tells the
+ * peers of a failure on the way out. */
+#define disown(tp, st) loom_tp_leave(&(tp)->owner, &(tp)->failed, ib_announce_failure, tp, st)
 
 loom_status_t ib_isend(loom_tp_t *tp, loom_tp_req_t *req)
 {

@@ -21,6 +21,7 @@
 #include "ibverbs.h"
 #include "log.h"
 #include "settings.h"
+#include "tp_handshake.h"
 
 /* ---- registration cache callbacks ------------------------------------------ */
 
@@ -65,14 +66,7 @@ int ib_parse_addr(const char *text, struct sockaddr_storage *ss, socklen_t *len)
     char host[INET6_ADDRSTRLEN + 1], port[16];
     if (sscanf(text, "ibv1 %46s %15s", host, port) != 2)
         return -1;
-    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV,
-                             .ai_socktype = SOCK_STREAM}, *res;
-    if (getaddrinfo(host, port, &hints, &res) != 0)
-        return -1;
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *len = res->ai_addrlen;
-    freeaddrinfo(res);
-    return 0;
+    return loom_tp_numeric_addr(host, port, ss, len);
 }
 
 /* The 16-byte form of a numeric host (IPv4-mapped for IPv4), for GID choice. */
@@ -320,21 +314,9 @@ loom_status_t ib_create(const loom_tp_params_t *p, char *addr, size_t addrlen,
     host[strcspn(host, "%")] = '\0';
     struct sockaddr_storage ss;
     socklen_t sslen;
-    char tmp[128];
-    snprintf(tmp, sizeof(tmp), "ibv1 %s 0", host);
-    if (ib_parse_addr(tmp, &ss, &sslen) != 0) {
-        st = loom_err_set(p->err, LOOM_ERR_INVALID_ARG, "ibverbs: cannot listen on \"%s\"", host);
+    st = loom_hs_listen(host, 0, &tp->listen_fd, &ss, &sslen, p->err, "ibverbs: ");
+    if (st != LOOM_SUCCESS)
         goto err_dereg_ctrl;
-    }
-    tp->listen_fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (tp->listen_fd < 0 || bind(tp->listen_fd, (struct sockaddr *)&ss, sslen) != 0 ||
-        listen(tp->listen_fd, SOMAXCONN) != 0) {
-        st = loom_err_set(p->err, LOOM_ERR_TRANSPORT, "ibverbs: cannot listen on %s: %s", host,
-                          strerror(errno));
-        goto err_close_listen;
-    }
-    sslen = sizeof(ss);
-    getsockname(tp->listen_fd, (struct sockaddr *)&ss, &sslen);
     int lport = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
                                               : ((struct sockaddr_in6 *)&ss)->sin6_port);
     tp->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -50,7 +50,6 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -60,6 +59,7 @@
 #include "log.h"
 #include "settings.h"
 #include "sha256.h"
+#include "tp_handshake.h"
 #include "tp_util.h"
 #include "wire.h"
 
@@ -77,9 +77,6 @@
 /* An early message is allocated up to this size at once, beyond it as its
  * bytes arrive: an announced length alone never allocates much. */
 #define EARLY_FIRST_BYTES (4u << 20)
-/* Strangers get this long to finish a handshake (never more than a third of
- * LOOM_TIMEOUT), so idle connections cannot hold the table through connect. */
-#define HS_STRANGER_S 3.0
 
 enum { MAC_NONE = 0, MAC_HEADERS = 1, MAC_FULL = 2 };
 /* Payloads up to this size are hashed before they are sent (their tag goes
@@ -218,16 +215,6 @@ struct loom_tp {
 
 #define tp_fail(tp, st, ...) loom_tp_fail(&(tp)->failed, (tp)->err, "tcp", (tp)->rank, st, __VA_ARGS__)
 
-static void set_sock_opts(int fd, int sockbuf)
-{
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (sockbuf > 0) {
-        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof(sockbuf));
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sockbuf, sizeof(sockbuf));
-    }
-}
-
 /* ---- addresses ------------------------------------------------------------ */
 
 static int format_addr(const struct sockaddr *sa, char *out, size_t outlen)
@@ -271,14 +258,7 @@ static int parse_addr(const char *text, struct sockaddr_storage *ss, socklen_t *
         host[colon - text] = '\0';
         port = colon + 1;
     }
-    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV,
-                             .ai_socktype = SOCK_STREAM}, *res;
-    if (getaddrinfo(host, port, &hints, &res) != 0)
-        return -1;
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *len = res->ai_addrlen;
-    freeaddrinfo(res);
-    return 0;
+    return loom_tp_numeric_addr(host, port, ss, len);
 }
 
 /* ---- create --------------------------------------------------------------- */
@@ -337,28 +317,9 @@ static loom_status_t tcp_create(const loom_tp_params_t *p, char *addr, size_t ad
         goto err_free_peers;
     struct sockaddr_storage ss;
     socklen_t sslen;
-    char hostport[sizeof(host) + 16];
-    snprintf(hostport, sizeof(hostport), strchr(host, ':') ? "[%s]:0" : "%s:0", host);
-    if (parse_addr(hostport, &ss, &sslen) != 0) {
-        st = loom_err_set(p->err, LOOM_ERR_INVALID_ARG, "cannot listen on \"%s\"", host);
+    st = loom_hs_listen(host, tp->sockbuf, &tp->listen_fd, &ss, &sslen, p->err, "");
+    if (st != LOOM_SUCCESS)
         goto err_free_peers;
-    }
-    tp->listen_fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (tp->listen_fd < 0) {
-        st = loom_err_set(p->err, LOOM_ERR_TRANSPORT, "socket: %s", strerror(errno));
-        goto err_free_peers;
-    }
-    /* Accepted sockets inherit the buffer sizes, which must be set before the
-     * handshake for the window scale to be negotiated. */
-    set_sock_opts(tp->listen_fd, tp->sockbuf);
-    if (bind(tp->listen_fd, (struct sockaddr *)&ss, sslen) != 0 ||
-        listen(tp->listen_fd, SOMAXCONN) != 0) {
-        st = loom_err_set(p->err, LOOM_ERR_TRANSPORT, "cannot listen on %s: %s", host,
-                          strerror(errno));
-        goto err_close_listen;
-    }
-    sslen = sizeof(ss);
-    getsockname(tp->listen_fd, (struct sockaddr *)&ss, &sslen);
     if (format_addr((struct sockaddr *)&ss, addr, addrlen) != 0 ||
         strlen(addr) >= sizeof(tp->my_addr)) {
         st = loom_err_set(p->err, LOOM_ERR_INTERNAL, "address buffer too small");
@@ -395,60 +356,6 @@ err_free_tp:
 
 /* ---- connect: every pair at once, one state machine per socket ------------ */
 
-/* Outgoing: CONNECTING -> SEND_HELLO -> WAIT_ACK (an ack, or with a key a
- * challenge, after which we send our proof) -> WAIT_FINAL_ACK -> DONE.
- * Incoming: WAIT_HELLO (with a key: the hello and the connector's nonce; we
- * answer with a challenge) -> WAIT_PROOF -> DONE, or DEAD when refused. */
-typedef enum {
-    HS_CONNECTING, HS_SEND_HELLO, HS_WAIT_ACK, HS_WAIT_FINAL_ACK, HS_WAIT_HELLO, HS_WAIT_PROOF,
-    HS_DONE, HS_DEAD
-} hs_state_t;
-
-typedef struct hs_conn {
-    int fd;
-    int peer;            /* known for outgoing; from the hello for incoming */
-    int stream;          /* likewise: which of the pair's LOOM_SOCKETS_PER_PEER streams */
-    hs_state_t state;
-    uint8_t buf[LOOM_CHAL_BYTES];
-    size_t have, need;   /* bytes read of the message expected, and its size */
-    uint8_t hello[LOOM_HELLO_BYTES];   /* as sent or received: both proofs cover it */
-    uint8_t nonce_c[LOOM_NONCE_BYTES], nonce_a[LOOM_NONCE_BYTES];
-    uint8_t bind[LOOM_BIND_BYTES];     /* both ends as published: both proofs cover it */
-    double retry_at;     /* outgoing: when to try again after a refusal */
-    double since;        /* incoming: when accepted (strangers get HS_STRANGER_S) */
-    int pending;         /* incoming: bytes were read at accept, look at them */
-} hs_conn_t;
-
-/* Read toward c->need bytes: 1 when they are all there, 0 when more must
- * come, -1 when the peer closed or failed. */
-static int hs_read(hs_conn_t *c)
-{
-    if (c->have == c->need)
-        return 1;
-    ssize_t n = recv(c->fd, c->buf + c->have, c->need - c->have, 0);
-    if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR)))
-        return -1;
-    if (n > 0)
-        c->have += (size_t)n;
-    return c->have == c->need;
-}
-
-static int fresh_nonce(uint8_t out[LOOM_NONCE_BYTES])
-{
-    return getrandom(out, LOOM_NONCE_BYTES, 0) == LOOM_NONCE_BYTES ? 0 : -1;
-}
-
-/* Who the connection between connector and acceptor joins, as the store
- * published them (our own address as we published it). */
-static void conn_bind(const loom_tp_t *tp, char *const *addrs, int connector, int acceptor,
-                      uint8_t out[LOOM_BIND_BYTES])
-{
-    const char *ca = connector == tp->rank ? tp->my_addr : addrs[connector];
-    const char *aa = acceptor == tp->rank ? tp->my_addr : addrs[acceptor];
-    loom_auth_bind(tp->job_hash, tp->comm_hash, tp->size, connector, ca, strlen(ca), acceptor,
-                   aa, strlen(aa), out);
-}
-
 /* The socket of stream k (0: the one every frame is matched on) to rank j. */
 static int *stream_fd(loom_tp_t *tp, int j, int k)
 {
@@ -466,7 +373,7 @@ static int peer_connected(loom_tp_t *tp, int j)
 /* Both ends proved the key: every frame from now on is sealed. Each stream
  * has keys of its own (its own nonces), so no frame of one stream passes for
  * another's. */
-static void session_start(const loom_tp_t *tp, tcp_peer_t *peer, const hs_conn_t *c,
+static void session_start(const loom_tp_t *tp, tcp_peer_t *peer, const loom_hs_conn_t *c,
                           int connector)
 {
     uint8_t c2a[32], a2c[32];
@@ -485,477 +392,136 @@ static void session_start(const loom_tp_t *tp, tcp_peer_t *peer, const hs_conn_t
     explicit_bzero(a2c, sizeof(a2c));
 }
 
-static uint32_t hello_auth_bits(const loom_tp_t *tp)
+/* One connect: who we are to the hello handshake, and why we last refused a
+ * connection that looked like one of ours (for the timeout's message). */
+typedef struct tcp_hs {
+    loom_tp_t *tp;
+    loom_hs_self_t self;
+    loom_ack_code_t refused;
+} tcp_hs_t;
+
+static int hs_taken(void *arg, int rank, int stream)
 {
-    if (!tp->auth_key)
+    return *stream_fd(arg, rank, stream) >= 0;
+}
+
+/* The step of one connection (tp_handshake.h); an established one hands its
+ * socket to its peer's stream. */
+static int hs_step(void *arg, loom_hs_table_t *t, loom_hs_conn_t *c, double now)
+{
+    tcp_hs_t *h = arg;
+    loom_tp_t *tp = h->tp;
+    int up = 0;
+    (void)t;
+    if (loom_hs_hello_step(&h->self, c, now, &up, &h->refused) != LOOM_SUCCESS || !up)
         return 0;
-    return LOOM_HELLO_AUTH | (tp->mac_mode == MAC_HEADERS ? LOOM_HELLO_MAC_HEADERS : 0);
+    if (tp->auth_key)
+        session_start(tp, &tp->peers[c->peer], c, !c->accepted);
+    *stream_fd(tp, c->peer, c->stream) = c->fd;
+    c->fd = -1;
+    return 1;
 }
 
-/* An incoming connection to drop for a newcomer when the table is full: the
- * oldest that has said nothing, else the oldest still in its handshake. */
-static int evict_stranger(hs_conn_t *conns, int from, int nconn)
+static void hs_drop(void *arg, loom_hs_conn_t *c)
 {
-    int victim = -1, silent = 0;
-    for (int i = from; i < nconn; i++) {
-        hs_conn_t *c = &conns[i];
-        if (c->state != HS_WAIT_HELLO && c->state != HS_WAIT_PROOF)
-            continue;
-        int quiet = c->state == HS_WAIT_HELLO && c->have == 0;
-        if (victim < 0 || (quiet && !silent) ||
-            (quiet == silent && c->since < conns[victim].since)) {
-            victim = i;
-            silent = quiet;
-        }
-    }
-    if (victim >= 0) {
-        close(conns[victim].fd);
-        conns[victim].fd = -1;
-        conns[victim].state = HS_DEAD;
-    }
-    return victim;
+    (void)arg;
+    loom_hs_close(c);
 }
 
-static int start_connect(loom_tp_t *tp, hs_conn_t *c, const struct sockaddr_storage *ss,
-                         socklen_t sslen)
+static void hs_timed_out(void *arg, loom_hs_table_t *t)
 {
-    c->fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (c->fd < 0)
-        return -1;
-    set_sock_opts(c->fd, tp->sockbuf);
-    c->have = 0;
-    if (connect(c->fd, (const struct sockaddr *)ss, sslen) == 0)
-        c->state = HS_SEND_HELLO;
-    else if (errno == EINPROGRESS)
-        c->state = HS_CONNECTING;
-    else
-        return -1;
-    return 0;
+    tcp_hs_t *h = arg;
+    loom_tp_t *tp = h->tp;
+    char missing[256] = "";
+    size_t off = 0;
+    for (int j = 0; j < tp->size && off < sizeof(missing) - 16; j++)
+        if (j != tp->rank && t->addrs[j] != NULL && !peer_connected(tp, j))
+            off += (size_t)snprintf(missing + off, sizeof(missing) - off, "%s%d", off ? "," : "",
+                                    j);
+    loom_ack_code_t r = h->refused;
+    loom_status_t st = r == LOOM_ACK_OK ? LOOM_ERR_TIMEOUT
+                       : r == LOOM_ACK_STREAMS ? LOOM_ERR_INVALID_ARG : LOOM_ERR_AUTH;
+    tp_fail(tp, st, "rank %d timed out after %.1f s connecting to rank(s) %s%s%s%s", tp->rank,
+            t->timeout_s, missing,
+            r ? " (it refused a connection: " : "", r ? loom_ack_reason(r) : "", r ? ")" : "");
 }
 
-static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeout_s)
+/* The connected sockets join the epoll set; each peer gets its staging buffer. */
+static loom_status_t register_peers(loom_tp_t *tp, char *const *addrs)
 {
-    /* Rank r dials every lower rank and accepts every higher one; a NULL
-     * address is a peer another transport serves. */
-    int nout = 0, nin = 0;
-    for (int j = 0; j < tp->size; j++)
-        if (j != tp->rank && addrs[j] != NULL)
-            *(j < tp->rank ? &nout : &nin) += 1;
-    /* Every pair has nstreams connections, dialled by the same rank. */
-    int nstreams = tp->nstreams, nout_c = nout * nstreams;
-    int maxconn = (nout + nin) * nstreams + 64;   /* room for strangers that connect too */
-    hs_conn_t *conns = calloc((size_t)maxconn, sizeof(*conns));
-    struct sockaddr_storage *peer_ss = calloc((size_t)(tp->rank ? tp->rank : 1), sizeof(*peer_ss));
-    socklen_t *peer_sslen = calloc((size_t)(tp->rank ? tp->rank : 1), sizeof(socklen_t));
-    struct pollfd *pfds = calloc((size_t)maxconn + 1, sizeof(*pfds));
-    loom_status_t st = LOOM_SUCCESS;
-    int nconn = 0, established = 0;
-    /* Why we last refused a connection that looked like one of ours. */
-    loom_ack_code_t refused = LOOM_ACK_OK;
-    loom_status_t refused_st = LOOM_ERR_TIMEOUT;
-    double deadline = loom_now_s() + timeout_s;
-    if (!conns || !peer_ss || !peer_sslen || !pfds) {
-        st = loom_err_set(tp->err, LOOM_ERR_NO_MEMORY, "out of memory");
-        goto out;
-    }
-    for (int j = 0; j < tp->rank; j++) {
-        if (addrs[j] == NULL)
-            continue;
-        if (parse_addr(addrs[j], &peer_ss[j], &peer_sslen[j]) != 0) {
-            st = loom_err_set(tp->err, LOOM_ERR_INVALID_ARG, "rank %d published a bad address "
-                              "\"%s\"", j, addrs[j]);
-            goto out;
-        }
-        for (int k = 0; k < nstreams; k++) {
-            conns[nconn].peer = j;
-            conns[nconn].stream = k;
-            conn_bind(tp, addrs, tp->rank, j, conns[nconn].bind);
-            if (start_connect(tp, &conns[nconn], &peer_ss[j], peer_sslen[j]) != 0) {
-                st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT,
-                                  "cannot connect to rank %d at %s: %s", j, addrs[j],
-                                  strerror(errno));
-                goto out;
-            }
-            nconn++;
-        }
-    }
-
-    double stranger_s = timeout_s / 3 < HS_STRANGER_S ? timeout_s / 3 : HS_STRANGER_S;
-    while (established < (nout + nin) * nstreams) {
-        double now = loom_now_s();
-        for (int i = nout_c; i < nconn; i++)
-            if ((conns[i].state == HS_WAIT_HELLO || conns[i].state == HS_WAIT_PROOF) &&
-                now - conns[i].since > stranger_s) {
-                LOOM_WARN("tcp", "rank %d dropped a connection that did not finish its handshake "
-                          "within %.1f s", tp->rank, stranger_s);
-                close(conns[i].fd);
-                conns[i].fd = -1;
-                conns[i].state = HS_DEAD;
-            }
-        if (now > deadline) {
-            char missing[256] = "";
-            size_t off = 0;
-            for (int j = 0; j < tp->size && off < sizeof(missing) - 16; j++)
-                if (j != tp->rank && addrs[j] != NULL && !peer_connected(tp, j))
-                    off += (size_t)snprintf(missing + off, sizeof(missing) - off, "%s%d",
-                                            off ? "," : "", j);
-            st = loom_err_set(tp->err, refused ? refused_st : LOOM_ERR_TIMEOUT,
-                              "rank %d timed out after %.1f s connecting to rank(s) %s%s%s%s",
-                              tp->rank, timeout_s, missing,
-                              refused ? " (it refused a connection: " : "",
-                              refused ? loom_ack_reason(refused) : "", refused ? ")" : "");
-            goto out;
-        }
-        int npfd = 0;
-        pfds[npfd++] = (struct pollfd){.fd = nin > 0 ? tp->listen_fd : -1, .events = POLLIN};
-        for (int i = 0; i < nconn; i++) {
-            hs_conn_t *c = &conns[i];
-            short events = 0;
-            if (c->state == HS_CONNECTING || c->state == HS_SEND_HELLO)
-                events = POLLOUT;
-            else if (c->state == HS_WAIT_ACK || c->state == HS_WAIT_HELLO ||
-                     c->state == HS_WAIT_FINAL_ACK || c->state == HS_WAIT_PROOF)
-                events = POLLIN;
-            if (c->fd >= 0 && c->retry_at > now)
-                events = 0;
-            pfds[npfd++] = (struct pollfd){.fd = events ? c->fd : -1, .events = events};
-        }
-        int wait_ms = (int)((deadline - now) * 1000) + 1;
-        if (wait_ms > 20)
-            wait_ms = 20;  /* refused dials are retried on this tick */
-        if (poll(pfds, (nfds_t)npfd, wait_ms) < 0 && errno != EINTR) {
-            st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT, "poll: %s", strerror(errno));
-            goto out;
-        }
-        now = loom_now_s();
-        for (int i = 0; i < nconn; i++) {
-            hs_conn_t *c = &conns[i];
-            short re = pfds[i + 1].revents;
-            if (c->state == HS_CONNECTING && c->retry_at > 0 && c->retry_at <= now) {
-                c->retry_at = 0;
-                if (start_connect(tp, c, &peer_ss[c->peer], peer_sslen[c->peer]) != 0) {
-                    st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT,
-                                      "cannot connect to rank %d at %s: %s", c->peer,
-                                      addrs[c->peer], strerror(errno));
-                    goto out;
-                }
-                continue;
-            }
-            if (c->pending) {
-                c->pending = 0;
-                re |= POLLIN;
-            }
-            if (!re)
-                continue;
-            if (c->state == HS_CONNECTING) {
-                int soerr = 0;
-                socklen_t sl = sizeof(soerr);
-                getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
-                if (soerr == ECONNREFUSED || soerr == ETIMEDOUT || soerr == EHOSTUNREACH) {
-                    /* The peer's backlog may be full: try again shortly. */
-                    close(c->fd);
-                    c->fd = -1;
-                    c->retry_at = now + 0.01;
-                    continue;
-                }
-                if (soerr != 0) {
-                    st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT,
-                                      "cannot connect to rank %d at %s: %s", c->peer,
-                                      addrs[c->peer], strerror(soerr));
-                    goto out;
-                }
-                c->state = HS_SEND_HELLO;
-            }
-            if (c->state == HS_SEND_HELLO) {
-                loom_hello_t h = {LOOM_WIRE_VERSION, (uint32_t)tp->rank, (uint32_t)tp->size,
-                                  hello_auth_bits(tp) | LOOM_HELLO_STREAMS(c->stream, nstreams),
-                                  tp->job_hash, tp->comm_hash};
-                uint8_t msg[LOOM_HELLO_BYTES + LOOM_NONCE_BYTES];
-                loom_hello_encode(&h, c->hello);
-                memcpy(msg, c->hello, LOOM_HELLO_BYTES);
-                size_t len = LOOM_HELLO_BYTES;
-                if (tp->auth_key) {
-                    if (fresh_nonce(c->nonce_c) != 0) {
-                        st = loom_err_set(tp->err, LOOM_ERR_INTERNAL, "getrandom: %s",
-                                          strerror(errno));
-                        goto out;
-                    }
-                    memcpy(msg + len, c->nonce_c, LOOM_NONCE_BYTES);
-                    len += LOOM_NONCE_BYTES;
-                }
-                /* 56 bytes always fit in a fresh socket's buffer. */
-                if (send(c->fd, msg, len, MSG_NOSIGNAL) != (ssize_t)len) {
-                    st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT, "handshake with rank %d: %s",
-                                      c->peer, strerror(errno));
-                    goto out;
-                }
-                c->state = HS_WAIT_ACK;
-                c->have = 0;
-                c->need = LOOM_ACK_BYTES;   /* a challenge is longer: need grows below */
-                continue;
-            }
-            if (c->state == HS_WAIT_ACK || c->state == HS_WAIT_FINAL_ACK) {
-                int got = hs_read(c);
-                if (got < 0 && c->have == 0) {
-                    /* Closed before a word: the acceptor sheds strangers when its table
-                     * is full, and cannot tell us from them yet. Dial again. */
-                    close(c->fd);
-                    c->fd = -1;
-                    c->state = HS_CONNECTING;
-                    c->retry_at = now + 0.05;
-                    continue;
-                }
-                if (got < 0) {
-                    st = loom_err_set(tp->err, LOOM_ERR_PEER_LOST,
-                                      "rank %d closed the connection during the handshake",
-                                      c->peer);
-                    goto out;
-                }
-                if (c->state == HS_WAIT_ACK && c->have >= 8 &&
-                    memcmp(c->buf, LOOM_CHAL_MAGIC, 8) == 0)
-                    c->need = LOOM_CHAL_BYTES;
-                if (c->have < c->need)
-                    continue;
-                if (c->need == LOOM_CHAL_BYTES) {
-                    uint8_t theirs[32], want[32], mine[32], msg[LOOM_PROOF_BYTES];
-                    if (!tp->auth_key) {
-                        st = loom_err_set(tp->err, LOOM_ERR_AUTH,
-                                          "rank %d requires LOOM_AUTH_KEY, which rank %d does "
-                                          "not have", c->peer, tp->rank);
-                        goto out;
-                    }
-                    loom_chal_decode(c->buf, c->nonce_a, theirs);
-                    loom_auth_proof(tp->auth_key, tp->auth_keylen, 'A', c->hello, c->nonce_c,
-                                    c->nonce_a, c->bind, want);
-                    if (!loom_equal_ct(theirs, want, sizeof(want))) {
-                        st = loom_err_set(tp->err, LOOM_ERR_AUTH,
-                                          "the process at %s (rank %d) cannot prove "
-                                          "LOOM_AUTH_KEY for this connection: a different key, "
-                                          "or a relay (the address rank %d published is not "
-                                          "the one it listens on)", addrs[c->peer], c->peer,
-                                          c->peer);
-                        goto out;
-                    }
-                    loom_auth_proof(tp->auth_key, tp->auth_keylen, 'C', c->hello, c->nonce_c,
-                                    c->nonce_a, c->bind, mine);
-                    loom_proof_encode(mine, msg);
-                    if (send(c->fd, msg, sizeof(msg), MSG_NOSIGNAL) != (ssize_t)sizeof(msg)) {
-                        st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT,
-                                          "handshake with rank %d: %s", c->peer, strerror(errno));
-                        goto out;
-                    }
-                    c->state = HS_WAIT_FINAL_ACK;
-                    c->have = 0;
-                    c->need = LOOM_ACK_BYTES;
-                    continue;
-                }
-                loom_ack_code_t code;
-                uint32_t who;
-                if (loom_ack_decode(c->buf, &code, &who) != 0 || who != (uint32_t)c->peer) {
-                    st = loom_err_set(tp->err, LOOM_ERR_AUTH,
-                                      "the process at %s is not rank %d of this job", addrs[c->peer],
-                                      c->peer);
-                    goto out;
-                }
-                if (code == LOOM_ACK_OK && tp->auth_key && c->state == HS_WAIT_ACK)
-                    code = LOOM_ACK_AUTH;   /* accepted without proving the key */
-                if (code != LOOM_ACK_OK) {
-                    st = loom_err_set(tp->err, code == LOOM_ACK_STREAMS ? LOOM_ERR_INVALID_ARG
-                                                                       : LOOM_ERR_AUTH,
-                                      "rank %d refused the connection of rank %d: %s", c->peer,
-                                      tp->rank, loom_ack_reason(code));
-                    goto out;
-                }
-                if (tp->auth_key)
-                    session_start(tp, &tp->peers[c->peer], c, 1);
-                *stream_fd(tp, c->peer, c->stream) = c->fd;
-                c->fd = -1;
-                c->state = HS_DONE;
-                established++;
-                continue;
-            }
-            if (c->state == HS_WAIT_HELLO || c->state == HS_WAIT_PROOF) {
-                int got = hs_read(c);
-                if (got < 0) {
-                    if (c->state == HS_WAIT_PROOF) {
-                        /* It hung up on our challenge: it does not trust our key. */
-                        refused = LOOM_ACK_AUTH;
-                        refused_st = LOOM_ERR_AUTH;
-                    }
-                    close(c->fd);
-                    c->fd = -1;
-                    c->state = HS_DEAD;
-                    continue;
-                }
-                if (!got)
-                    continue;
-                loom_ack_code_t code = LOOM_ACK_OK;
-                loom_hello_t h;
-                if (c->state == HS_WAIT_HELLO) {
-                    code = loom_hello_decode(c->buf, tp->job_hash, tp->comm_hash, tp->rank,
-                                             tp->size, &h);
-                    int authed = code == LOOM_ACK_OK && (h.stream & LOOM_HELLO_AUTH);
-                    if (code == LOOM_ACK_OK &&
-                        (h.rank < (uint32_t)tp->rank || addrs[h.rank] == NULL))
-                        code = LOOM_ACK_BAD_RANK;  /* lower ranks are dialled, never accepted */
-                    if (code == LOOM_ACK_OK &&
-                        (LOOM_HELLO_STREAM_COUNT(h.stream) != (uint32_t)nstreams ||
-                         LOOM_HELLO_STREAM_INDEX(h.stream) >= (uint32_t)nstreams))
-                        code = LOOM_ACK_STREAMS;
-                    if (code == LOOM_ACK_OK &&
-                        *stream_fd(tp, (int)h.rank, (int)LOOM_HELLO_STREAM_INDEX(h.stream)) >= 0)
-                        code = LOOM_ACK_DUPLICATE;
-                    if (code == LOOM_ACK_OK)
-                        c->stream = (int)LOOM_HELLO_STREAM_INDEX(h.stream);
-                    if (code == LOOM_ACK_OK && authed != (tp->auth_key != NULL))
-                        code = LOOM_ACK_AUTH;
-                    if (code == LOOM_ACK_OK && authed &&
-                        (h.stream & LOOM_HELLO_MAC_HEADERS) != (hello_auth_bits(tp) &
-                                                                 LOOM_HELLO_MAC_HEADERS))
-                        code = LOOM_ACK_MAC_MODE;
-                    if (code == LOOM_ACK_OK && authed && c->need == LOOM_HELLO_BYTES) {
-                        c->need += LOOM_NONCE_BYTES;   /* the connector's nonce follows */
-                        continue;
-                    }
-                    if (code == LOOM_ACK_OK && authed) {
-                        uint8_t proof[32], msg[LOOM_CHAL_BYTES];
-                        memcpy(c->hello, c->buf, LOOM_HELLO_BYTES);
-                        memcpy(c->nonce_c, c->buf + LOOM_HELLO_BYTES, LOOM_NONCE_BYTES);
-                        if (fresh_nonce(c->nonce_a) != 0) {
-                            st = loom_err_set(tp->err, LOOM_ERR_INTERNAL, "getrandom: %s",
-                                              strerror(errno));
-                            goto out;
-                        }
-                        conn_bind(tp, addrs, (int)h.rank, tp->rank, c->bind);
-                        loom_auth_proof(tp->auth_key, tp->auth_keylen, 'A', c->hello,
-                                        c->nonce_c, c->nonce_a, c->bind, proof);
-                        loom_chal_encode(c->nonce_a, proof, msg);
-                        if (send(c->fd, msg, sizeof(msg), MSG_NOSIGNAL) != (ssize_t)sizeof(msg)) {
-                            close(c->fd);
-                            c->fd = -1;
-                            c->state = HS_DEAD;
-                            continue;
-                        }
-                        c->peer = (int)h.rank;
-                        c->state = HS_WAIT_PROOF;
-                        c->have = 0;
-                        c->need = LOOM_PROOF_BYTES;
-                        continue;
-                    }
-                    c->peer = (int)h.rank;
-                } else {
-                    uint8_t theirs[32], want[32];
-                    loom_auth_proof(tp->auth_key, tp->auth_keylen, 'C', c->hello, c->nonce_c,
-                                    c->nonce_a, c->bind, want);
-                    if (loom_proof_decode(c->buf, theirs) != 0 ||
-                        !loom_equal_ct(theirs, want, sizeof(want)))
-                        code = LOOM_ACK_AUTH;
-                    else if (*stream_fd(tp, c->peer, c->stream) >= 0)
-                        code = LOOM_ACK_DUPLICATE;
-                }
-                uint8_t ack[LOOM_ACK_BYTES];
-                loom_ack_encode(code, (uint32_t)tp->rank, ack);
-                ssize_t sent = send(c->fd, ack, sizeof(ack), MSG_NOSIGNAL);
-                if (code != LOOM_ACK_OK || sent != (ssize_t)sizeof(ack)) {
-                    /* A stranger or a confused process: refuse it, keep waiting for ours. */
-                    LOOM_WARN("tcp", "rank %d refused a connection: %s", tp->rank,
-                              loom_ack_reason(code));
-                    if (code == LOOM_ACK_AUTH || code == LOOM_ACK_STREAMS) {
-                        refused = code;
-                        refused_st = code == LOOM_ACK_AUTH ? LOOM_ERR_AUTH : LOOM_ERR_INVALID_ARG;
-                    }
-                    close(c->fd);
-                    c->fd = -1;
-                    c->state = HS_DEAD;
-                    continue;
-                }
-                if (tp->auth_key)
-                    session_start(tp, &tp->peers[c->peer], c, 0);
-                *stream_fd(tp, c->peer, c->stream) = c->fd;
-                c->fd = -1;
-                c->state = HS_DONE;
-                established++;
-            }
-        }
-        if (pfds[0].revents & POLLIN) {
-            for (;;) {
-                int fd = accept4(tp->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-                if (fd < 0)
-                    break;
-                /* Reuse a dead slot so strangers cannot exhaust the table. */
-                int slot = -1;
-                for (int i = nout_c; i < nconn; i++)
-                    if (conns[i].state == HS_DEAD || conns[i].state == HS_DONE) {
-                        slot = i;
-                        break;
-                    }
-                if (slot < 0 && nconn < maxconn)
-                    slot = nconn++;
-                if (slot < 0)
-                    slot = evict_stranger(conns, nout_c, nconn);
-                if (slot < 0) {
-                    close(fd);
-                    continue;
-                }
-                conns[slot] = (hs_conn_t){.fd = fd, .peer = -1, .state = HS_WAIT_HELLO,
-                                          .need = LOOM_HELLO_BYTES, .since = loom_now_s()};
-                /* An honest rank spoke as it connected: read it now, so that it is not
-                 * the one evicted when a crowd of silent strangers follows. */
-                if (hs_read(&conns[slot]) < 0) {
-                    close(fd);
-                    conns[slot].fd = -1;
-                    conns[slot].state = HS_DEAD;
-                } else if (conns[slot].have > 0) {
-                    conns[slot].pending = 1;
-                }
-            }
-        }
-    }
-
     for (int j = 0; j < tp->size; j++) {
         tcp_peer_t *peer = &tp->peers[j];
         if (j == tp->rank || addrs[j] == NULL)
             continue;
-        set_sock_opts(peer->fd, 0);
+        loom_hs_sock_opts(peer->fd, 0);
         peer->stage = malloc(STAGE_BYTES);
-        if (!peer->stage) {
-            st = loom_err_set(tp->err, LOOM_ERR_NO_MEMORY, "out of memory");
-            goto out;
-        }
+        if (!peer->stage)
+            return tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory");
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV_KEY(j, 0)};
-        if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, peer->fd, &ev) != 0) {
-            st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT, "epoll_ctl: %s", strerror(errno));
-            goto out;
-        }
-        for (int k = 1; k < nstreams; k++) {
+        if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, peer->fd, &ev) != 0)
+            return tp_fail(tp, LOOM_ERR_TRANSPORT, "epoll_ctl: %s", strerror(errno));
+        for (int k = 1; k < tp->nstreams; k++) {
             tcp_lane_t *lane = &peer->lanes[k - 1];
-            set_sock_opts(lane->fd, 0);
+            loom_hs_sock_opts(lane->fd, 0);
             /* Read only once stream 0 says where its bytes go (lane_events). */
             lane->events = EPOLLRDHUP;
             struct epoll_event lev = {.events = lane->events, .data.u64 = EV_KEY(j, k)};
-            if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, lane->fd, &lev) != 0) {
-                st = loom_err_set(tp->err, LOOM_ERR_TRANSPORT, "epoll_ctl: %s", strerror(errno));
-                goto out;
-            }
+            if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, lane->fd, &lev) != 0)
+                return tp_fail(tp, LOOM_ERR_TRANSPORT, "epoll_ctl: %s", strerror(errno));
         }
     }
+    return LOOM_SUCCESS;
+}
+
+static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeout_s)
+{
+    static const loom_hs_ops_t ops = {.step = hs_step, .drop = hs_drop,
+                                      .timed_out = hs_timed_out};
+    /* Rank r dials every lower rank and accepts every higher one; a NULL
+     * address is a peer another transport serves. Every pair has nstreams
+     * connections, dialled by the same rank. */
+    int nout = 0, nin = 0, nstreams = tp->nstreams;
+    for (int j = 0; j < tp->size; j++)
+        if (j != tp->rank && addrs[j] != NULL)
+            *(j < tp->rank ? &nout : &nin) += 1;
+    tcp_hs_t h = {.tp = tp,
+                  .self = {.rank = tp->rank, .size = tp->size, .job_hash = tp->job_hash,
+                           .comm_hash = tp->comm_hash, .key = tp->auth_key,
+                           .keylen = tp->auth_keylen, .mac_headers = tp->mac_mode == MAC_HEADERS,
+                           .nstreams = nstreams, .my_addr = tp->my_addr, .addrs = addrs,
+                           .taken = hs_taken, .arg = tp, .failed = &tp->failed, .err = tp->err,
+                           .subsys = "tcp"}};
+    loom_hs_table_t t;
+    loom_hs_params_t hp = {
+        .rank = tp->rank, .ndial = nout * nstreams, .naccept = nin * nstreams,
+        .timeout_s = timeout_s, .failed = &tp->failed, .err = tp->err, .subsys = "tcp",
+        .prefix = "", .addrs = addrs, .listen_fd = tp->listen_fd, .sockbuf = tp->sockbuf,
+        .accept_step = LOOM_HS_WAIT_HELLO, .accept_need = LOOM_HELLO_BYTES};
+    if (loom_hs_table_init(&t, &hp) != 0)
+        goto out;
+    for (int j = 0; j < tp->rank; j++) {
+        if (addrs[j] == NULL)
+            continue;
+        if (parse_addr(addrs[j], &t.ss[j], &t.sslen[j]) != 0) {
+            tp_fail(tp, LOOM_ERR_INVALID_ARG, "rank %d published a bad address \"%s\"", j,
+                    addrs[j]);
+            goto out;
+        }
+        for (int k = 0; k < nstreams; k++)
+            if (loom_hs_table_dial(&t, j, k, &t.ss[j], t.sslen[j]) != 0)
+                goto out;
+    }
+    if (loom_hs_run(&t, &ops, &h) != LOOM_SUCCESS)
+        goto out;
+    if (register_peers(tp, addrs) != LOOM_SUCCESS)
+        goto out;
     LOOM_INFO("tcp", "rank %d connected to %d peers, %d stream%s each", tp->rank, nout + nin,
               nstreams, nstreams > 1 ? "s" : "");
-
 out:
-    if (conns)
-        for (int i = 0; i < nconn; i++)
-            if (conns[i].fd >= 0)
-                close(conns[i].fd);
+    loom_hs_table_free(&t);
     close(tp->listen_fd);
     tp->listen_fd = -1;
-    free(conns);
-    free(peer_ss);
-    free(peer_sslen);
-    free(pfds);
-    if (st != LOOM_SUCCESS)
-        tp->failed = st;
-    return st;
+    return tp->failed;
 }
 
 /* ---- sending -------------------------------------------------------------- */
@@ -2071,13 +1637,7 @@ static loom_status_t progress_owned(loom_tp_t *tp, int timeout_ms, int *moved_p)
 
 /* Who may touch the sockets: see loom_tp_own. The owner tells the peers of a
  * failure on its way out. */
-static loom_status_t disown(loom_tp_t *tp, loom_status_t st)
-{
-    if (tp->failed)
-        announce_failure(tp);
-    loom_tp_disown(&tp->owner);
-    return st;
-}
+#define disown(tp, st) loom_tp_leave(&(tp)->owner, &(tp)->failed, announce_failure, tp, st)
 
 static loom_status_t tcp_isend(loom_tp_t *tp, loom_tp_req_t *req)
 {
