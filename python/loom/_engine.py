@@ -24,7 +24,14 @@ it off). A round first reduces (MIN) one byte per slot, set where this rank has
 that name submitted unchanged, and a leading byte cleared by any rank that
 needs a full round (a new name, changed metadata, a pending table, shutdown, or
 its cached names found no partner last round); the slots every rank set run at
-once, in slot order, without any table exchange.
+once, in slot order, without any table exchange. Unnamed calls
+("<kind>.noname.N", counted per kind) never repeat a name, so their slots are
+per shape (the metadata of every rank), and the round's flags carry the N of
+this rank's one unnamed hit: its slot runs only where every rank offers the
+same N (two unnamed hits on a rank take a full round, which fuses them). A
+round with a lone allreduce hit (a synchronous call's) reduces the flags and,
+when every rank offers it, the data in one call into libloom (one release of
+the GIL, no Python between the two).
 
 Errors are raised, never turned into hangs: metadata that differs across ranks
 fails that name on every rank with a message naming it; names that cannot
