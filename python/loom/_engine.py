@@ -24,7 +24,14 @@ it off). A round first reduces (MIN) one byte per slot, set where this rank has
 that name submitted unchanged, and a leading byte cleared by any rank that
 needs a full round (a new name, changed metadata, a pending table, shutdown, or
 its cached names found no partner last round); the slots every rank set run at
-once, in slot order, without any table exchange.
+once, in slot order, without any table exchange. Unnamed calls
+("<kind>.noname.N", counted per kind) never repeat a name, so their slots are
+per shape (the metadata of every rank), and the round's flags carry the N of
+this rank's one unnamed hit: its slot runs only where every rank offers the
+same N (two unnamed hits on a rank take a full round, which fuses them). A
+round with a lone allreduce hit (a synchronous call's) reduces the flags and,
+when every rank offers it, the data in one call into libloom (one release of
+the GIL, no Python between the two).
 
 Errors are raised, never turned into hangs: metadata that differs across ranks
 fails that name on every rank with a message naming it; names that cannot
@@ -124,10 +131,13 @@ inline = threading.local()
 
 
 class Handle:
-    __slots__ = ("event", "result", "error", "name")
+    __slots__ = ("done", "event", "result", "error", "name")
 
     def __init__(self, name):
-        self.event = threading.Event()
+        self.done = False
+        # Made by the first thread that blocks on it (Engine._block): most
+        # synchronous calls complete in the thread that waits, never blocking.
+        self.event = None
         self.result = None
         self.error = None
         self.name = name
@@ -137,7 +147,7 @@ class Entry:
     """One submitted collective. output is written in place (it is the input
     tensor for the in-place calls); meta travels to the other ranks."""
     __slots__ = ("kind", "name", "tensor", "output", "op", "pre", "post", "root", "splits",
-                 "handle", "finish", "backend")
+                 "handle", "finish", "backend", "slot", "count")
 
     def __init__(self, kind, name, tensor=None, output=None, op=None, pre=1.0, post=1.0,
                  root=-1, splits=None, finish=None, backend=None):
@@ -146,6 +156,8 @@ class Entry:
         self.op, self.pre, self.post, self.root, self.splits = op, pre, post, root, splits
         self.handle = Handle(name)
         self.finish = finish   # optional: called on the result before the handle completes
+        self.slot = None       # its response-cache slot while a cache hit
+        self.count = None      # N of an unnamed call "<kind>.noname.N" while a cache hit
 
     def meta(self):
         t = self.tensor
@@ -234,8 +246,11 @@ class Engine:
         self.done = False        # every rank shut down: no more rounds
         self.round_lock = threading.Lock()   # one round at a time, engine thread or waiter
         # The response cache, identical on every rank: name -> (slot, metas).
+        # Keys are names, or (prefix, metas) for unnamed calls ("allreduce.noname"):
+        # their names never come again, but their shapes do.
         self.cache = {}
-        self.slots = []          # slot -> name
+        self.slots = []          # slot -> key
+        self.mine = {}           # (prefix, this rank's meta) -> key of an unnamed call's slot
         self.waiting = 0         # user threads blocked in synchronize
         self.stop_req = False
         self.broken = None       # the LoomError that ended the engine
@@ -261,9 +276,10 @@ class Engine:
     def submit(self, entry):
         return self.submit_many([entry])[0]
 
-    def submit_many(self, entries):
+    def submit_many(self, entries, wake=True):
         """Submit entries together: the engine sees all of them in one round
-        (so a group fuses), or none when one name is a duplicate."""
+        (so a group fuses), or none when one name is a duplicate. wake=False:
+        the caller waits for them at once (its rounds, as inline.on)."""
         with self.cond:
             if self.broken is not None:
                 raise _like(self.broken, "loom: the engine stopped after an error: %s" % self.broken)
@@ -280,38 +296,56 @@ class Engine:
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name="loom-engine", daemon=True)
                 self.thread.start()
-            if not getattr(inline, "on", False):
+            if wake and not getattr(inline, "on", False):
                 self.cond.notify_all()
         return [e.handle for e in entries]
 
+    def run(self, entry):
+        """Submit entry and wait for it: a synchronous call, whose rounds this
+        thread runs (see wait) without waking the engine thread."""
+        return self.wait(self.submit_many([entry], wake=False)[0])
+
     def wait(self, handle):
-        if not handle.event.is_set():
+        if not handle.done:
             with self.cond:
                 self.waiting += 1
             try:
-                while not handle.event.is_set():
+                while not handle.done:
                     # While the engine thread is not in a round, the waiting
                     # thread runs the rounds itself: a synchronous call then
                     # costs no hand-over to the engine thread and back. Rounds
                     # stay serial on this rank (the round lock), whoever runs them.
                     if self.round_lock.acquire(blocking=False):
                         try:
-                            if not handle.event.is_set():
+                            if not handle.done:
                                 self._step_guarded()
                         finally:
                             self.round_lock.release()
-                        if self.idle and not handle.event.is_set():
-                            handle.event.wait(self.cycle)
+                        if self.idle and not handle.done:
+                            self._block(handle, self.cycle)
                     else:
-                        handle.event.wait(max(self.cycle, 1e-3))
+                        self._block(handle, max(self.cycle, 1e-3))
             finally:
                 with self.cond:
                     self.waiting -= 1
-                    if not self.waiting:
-                        self.cond.notify_all()   # the engine thread's turn again
+                    if not self.waiting and (self.queue or self.fresh or self.hits or self.local or
+                                             self.stop_req):
+                        # The engine thread's turn again. With nothing pending it
+                        # would only wake to sleep again: a thread switch per call.
+                        self.cond.notify_all()
         if handle.error is not None:
             raise handle.error
         return handle.result
+
+    def _block(self, handle, timeout):
+        """Wait up to timeout for handle to complete."""
+        with self.cond:
+            if handle.done:
+                return
+            if handle.event is None:
+                handle.event = threading.Event()
+            event = handle.event
+        event.wait(timeout)
 
     def stop(self):
         with self.cond:
@@ -359,18 +393,20 @@ class Engine:
             if not (self.queue or self.fresh or self.hits or self.local or self.stop_req):
                 return
             new, self.queue = self.queue, []
+            waiting = self.waiting > 0 or self.stop_req
+            stopping = self.stop_req
         tl = _basics.timeline
         if tl and tl.mark_cycles:
             tl.instant("CYCLE_START", "cycle")
-        with self.cond:
-            waiting = self.waiting > 0 or self.stop_req
-            stopping = self.stop_req
         for e in new:
-            c = self.cache.get(e.name)
-            if c is not None and c[1][self.me] == e.meta():
+            if self._slot_of(e):
                 self.hits[e.name] = e
             else:
                 self.fresh.append(e)
+        self._negotiate(stopping, waiting)
+
+    def _negotiate(self, stopping, waiting):
+        """The round proper: the cache's, else a full one."""
         if self.slots and self._cached_round(stopping):
             return
         with self.cond:
@@ -379,34 +415,126 @@ class Engine:
             self.fresh, self.hits = [], {}
             for e in announce:
                 self.local[e.name] = e
+                e.slot = e.count = None
         msg = ([(e.name, e.meta()) for e in announce], stopping, waiting)
         if self._round(msg):
             with self.cond:
                 self.done = True
                 self.cond.notify_all()
 
+    def _slot_of(self, e):
+        """Whether e is a cache hit (its slot, and its N when unnamed, set on e)."""
+        c = self.cache.get(e.name)
+        if c is not None:
+            if c[1][self.me] != e.meta():
+                return False
+            e.slot = c[0]
+            return True
+        counted = _counted(e.name)
+        if counted is None or not self.mine:
+            return False
+        key = self.mine.get((counted[0], e.meta()))
+        if key is None:
+            return False
+        e.slot, e.count = self.cache[key][0], counted[1]
+        return True
+
     def _cached_round(self, stopping):
-        """The cache's round: True when it ran instead of a full round."""
-        flags = bytearray(1 + len(self.slots))
-        flags[0] = 0 if (self.fresh or stopping or self.table or (self.hits and self.idle)) else 1
-        for name in self.hits:
-            flags[1 + self.cache[name][0]] = 1
+        """The cache's round: True when it ran instead of a full round.
+
+        flags: [0] go (MIN: every rank can do without a full round), [1:9] the
+        N of this rank's unnamed hit and [9:17] its complement (0xff where it
+        has none: MIN's identity), then a byte per slot. The N of an unnamed
+        call is what matches it across ranks (its slot only says its shape),
+        so its slot runs only when every rank offers the same N: MIN of the
+        bytes and of their complements gives this rank's bytes back only
+        when every rank's are the same, and then on every rank."""
+        flags = bytearray(_FLAG_SLOTS + len(self.slots))
+        flags[1:_FLAG_SLOTS] = _NO_COUNT
+        counted = None
+        go = not (self.fresh or stopping or self.table or (self.hits and self.idle))
+        for e in self.hits.values():
+            flags[_FLAG_SLOTS + e.slot] = 1
+            if e.count is not None:
+                if counted is not None:
+                    # Unnamed calls submitted together: one full round
+                    # announces them all, so they fuse.
+                    go = False
+                counted = e
+        flags[0] = go
+        if counted is not None:
+            mine = counted.count.to_bytes(8, "little") + (counted.count ^ _ALL_ONES).to_bytes(8, "little")
+            flags[1:_FLAG_SLOTS] = mine
         tl = _basics.timeline
+        if len(self.hits) == 1 and not tl:
+            e = next(iter(self.hits.values()))
+            if e.kind == "allreduce" and e.pre == 1.0 and e.op != _basics.Adasum:
+                return self._gated_round(flags, e)
         t0 = tl.now() if tl else 0
         self.comm.allreduce(None, flags, _loom.MIN, dtype=_loom.UINT8)
         if not flags[0]:
             return False
+        ready = []
+        i = flags.find(1, _FLAG_SLOTS)
+        while i >= 0:
+            ready.append(self.slots[i - _FLAG_SLOTS])
+            i = flags.find(1, i + 1)
+        if counted is not None and flags[1:_FLAG_SLOTS] != mine:
+            # Ranks offer different N: none runs it (the same test on every
+            # rank); the next round is a full one, which names them.
+            key = self.slots[counted.slot]
+            if key in ready:
+                ready.remove(key)
         if tl:
-            tl.span("NEGOTIATE_CACHED", "negotiation", t0, tl.now(),
-                    {"ready": [self.slots[i - 1] for i in range(1, len(flags)) if flags[i]]})
+            tl.span("NEGOTIATE_CACHED", "negotiation", t0, tl.now(), {"ready": [_key_name(k) for k in ready]})
         self.stats["rounds"] += 1
         self.stats["cached_rounds"] += 1
-        ready = [self.slots[i - 1] for i in range(1, len(flags)) if flags[i]]
+        run = []
         with self.cond:
-            for name in ready:
-                self.local[name] = self.hits.pop(name)
+            if ready:
+                by_slot = {e.slot: e for e in self.hits.values()}
+                for key in ready:
+                    e = by_slot[self.cache[key][0]]
+                    del self.hits[e.name]
+                    self.local[e.name] = e
+                    run.append((e.name, list(self.cache[key][1])))
         self.idle = not ready
-        self._execute([(name, list(self.cache[name][1])) for name in ready], set())
+        self._execute(run, (), checked=True)
+        return True
+
+    def _gated_round(self, flags, e):
+        """_cached_round for a lone allreduce (a synchronous call's): the
+        flags and, when every rank offers it, the data in one call."""
+        b = e.backend
+        dt = b.loom_dtype(self.cache[self.slots[e.slot]][1][self.me][1])
+        try:
+            r = self.comm.gated_allreduce(flags, _FLAG_SLOTS + e.slot, 1 if e.count is None else _FLAG_SLOTS,
+                                          b.cap(e.output), e.op, dt)
+        except LoomInternalError:
+            raise
+        except LoomError as exc:
+            if self._comm_broken(exc):
+                raise
+            # The data's call refused its arguments before moving anything,
+            # as on every rank (the same metadata): this call fails alone.
+            self.idle = False
+            self._complete(e, error=exc)
+            return True
+        if not r:
+            return False
+        self.stats["rounds"] += 1
+        self.stats["cached_rounds"] += 1
+        self.idle = r == 1
+        if r == 1:
+            return True
+        self.stats["tensors"] += 1
+        try:
+            if e.post != 1.0:
+                b.scale_(e.output, e.post)
+        except Exception as exc:   # noqa: BLE001 - handed to the waiting thread
+            self._complete(e, error=LoomError("loom: '%s' failed: %s: %s" % (e.name, type(exc).__name__, exc)))
+            return True
+        self._complete(e, e.output)
         return True
 
     def _break(self, exc):
@@ -433,7 +561,10 @@ class Engine:
             if self.hits.get(e.name) is e:
                 del self.hits[e.name]
             self.names.discard(e.name)
-        h.event.set()
+            h.done = True
+            event = h.event
+        if event is not None:
+            event.set()
 
     def _exchange(self, msg):
         data = bytearray(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
@@ -518,11 +649,12 @@ class Engine:
             return True
         return False
 
-    def _execute(self, ready, joined):
-        """Run the ready names, [(name, metas)], in this order on every rank."""
+    def _execute(self, ready, joined, checked=False):
+        """Run the ready names, [(name, metas)], in this order on every rank
+        (checked: the cache's, whose metadata passed every check already)."""
         buckets = {}   # (dtype, op, pre, post) -> [(name, metas)], bytes
         for name, metas in ready:
-            error = _mismatch(name, metas, joined, self.n)
+            error = None if checked else _mismatch(name, metas, joined, self.n)
             # Left in self.local until completed: should the collective fail,
             # _break completes it with the error (nobody waits forever).
             e = self.local.get(name)
@@ -532,7 +664,7 @@ class Engine:
                 continue
             meta = next(m for m in metas if m is not None)
             kind = meta[0]
-            if kind != JOIN and all(m is not None for m in metas):
+            if kind != JOIN and not checked and all(m is not None for m in metas):
                 self._remember(name, metas)
             if kind == "allreduce" and meta[3] == _basics.Adasum:
                 self._guarded([(e, meta)], self._adasum)
@@ -579,7 +711,7 @@ class Engine:
             if isinstance(exc, LoomError) and self._comm_broken(exc):
                 raise
             for e, _ in items:
-                if e is not None and not e.handle.event.is_set():
+                if e is not None and not e.handle.done:
                     err = exc if isinstance(exc, LoomError) else LoomError(
                         "loom: '%s' failed: %s: %s" % (e.name, type(exc).__name__, exc))
                     self._complete(e, error=err)
@@ -591,14 +723,21 @@ class Engine:
         return getattr(exc, "status", None) not in (_loom.ERR_INVALID_ARG, _loom.ERR_UNSUPPORTED)
 
     def _remember(self, name, metas):
+        metas = tuple(metas)
+        key = name
         if ".noname." in name:
-            return   # counted names never come again: they would only fill the cache
-        c = self.cache.get(name)
+            counted = _counted(name)
+            if counted is None:
+                return   # a group's unnamed members: the group's N is not what matches them
+            key = (counted[0], metas)
+        c = self.cache.get(key)
         if c is not None:
-            self.cache[name] = (c[0], tuple(metas))
+            self.cache[key] = (c[0], metas)
         elif len(self.slots) < self.capacity:
-            self.cache[name] = (len(self.slots), tuple(metas))
-            self.slots.append(name)
+            self.cache[key] = (len(self.slots), metas)
+            self.slots.append(key)
+            if key is not name:
+                self.mine[(key[0], metas[self.me])] = key
 
     def _allreduce(self, items):
         """Reduce items (entries, or None where this rank joined) in one call."""
@@ -712,6 +851,23 @@ class Engine:
                 b.scale_(out, e.post)
             return out
         raise LoomError("loom: unknown collective %r for '%s'" % (kind, name))
+
+
+_FLAG_SLOTS = 17               # the cached round's flags before the slots
+_NO_COUNT = b"\xff" * 16
+_ALL_ONES = (1 << 64) - 1
+
+
+def _counted(name):
+    """("<kind>.noname", N) for an unnamed call's name, else None."""
+    head, _, n = name.rpartition(".")
+    if head.endswith(".noname") and n.isdigit():
+        return head, int(n)
+    return None
+
+
+def _key_name(key):
+    return key if isinstance(key, str) else key[0] + ".*"
 
 
 def _like(exc, text):

@@ -711,6 +711,56 @@ static PyObject *Comm_allreduce(CommObject *self, PyObject *args, PyObject *kw)
     return call_run(self, &k, nb);
 }
 
+/* gated_allreduce(flags, slot, keep, buf, op, dtype): the loom engine's cached
+ * round for one tensor (python/loom/_engine.py), both collectives under one
+ * release of the GIL: a Python thread that waits to take the GIL back may
+ * wait a whole switch interval, and the Python that ran between the two
+ * calls delayed the second on every rank. */
+static PyObject *Comm_gated_allreduce(CommObject *self, PyObject *args)
+{
+    PyObject *flags, *buf;
+    int slot, keep, op, dt;
+    unsigned char before[64];
+    call_t f = {.coll = C_ALLREDUCE, .name = "allreduce"};
+    call_t k = {.coll = C_ALLREDUCE, .name = "allreduce"};
+    if (!PyArg_ParseTuple(args, "OiiOii", &flags, &slot, &keep, &buf, &op, &dt) || !comm_ok(self) ||
+        check_op(op) < 0)
+        return NULL;
+    if (get_b(&f, flags) < 0)
+        return fail_call(&f);
+    if (slot < 1 || (size_t)slot >= f.b.nbytes || keep < 1 || keep > slot ||
+        (size_t)keep > sizeof before) {
+        PyErr_Format(PyExc_ValueError, "gated_allreduce: slot %d, keep %d for %zu flag bytes",
+                     slot, keep, f.b.nbytes);
+        return fail_call(&f);
+    }
+    if (get_b(&k, buf) < 0 || (k.dt = resolve_dtype(dt, NULL, &k.b, k.name)) < 0) {
+        call_release(&f);
+        return fail_call(&k);
+    }
+    unsigned char *fl = f.b.ptr;
+    memcpy(before, fl, (size_t)keep);
+    loom_comm_t c = self->comm;
+    loom_status_t st;
+    int ran = 0;
+    comm_lock(self);
+    Py_BEGIN_ALLOW_THREADS
+    st = loom_allreduce(LOOM_IN_PLACE, fl, f.b.nbytes, LOOM_UINT8, LOOM_MIN, c);
+    if (st == LOOM_SUCCESS && fl[0] && fl[slot] && !memcmp(fl + 1, before + 1, (size_t)keep - 1)) {
+        ran = 1;
+        st = loom_allreduce(LOOM_IN_PLACE, k.b.ptr, elems(&k.b, k.dt), (loom_dtype_t)k.dt,
+                            (loom_op_t)op, c);
+    }
+    Py_END_ALLOW_THREADS
+    comm_unlock(self);
+    int result = !fl[0] ? 0 : ran ? 2 : 1;
+    call_release(&f);
+    call_release(&k);
+    if (st != LOOM_SUCCESS)
+        return raise_status(self->comm, st, "allreduce");
+    return PyLong_FromLong(result);
+}
+
 /* reduce(send, recv, op, root, dtype, nonblocking): recv used at root only */
 static PyObject *Comm_reduce(CommObject *self, PyObject *args, PyObject *kw)
 {
@@ -980,6 +1030,10 @@ static PyMethodDef Comm_methods[] = {
      "Collective: how many processes wait to join the next epoch (0 unless elastic)."},
     {"allreduce", (PyCFunction)(void (*)(void))Comm_allreduce, METH_VARARGS | METH_KEYWORDS,
      "allreduce(send, recv, op=SUM, dtype=-1, nonblocking=False); send None or recv: in place."},
+    {"gated_allreduce", (PyCFunction)Comm_gated_allreduce, METH_VARARGS,
+     "gated_allreduce(flags, slot, keep, buf, op, dtype) -> 0, 1 or 2: allreduce flags (bytes, MIN) in\n"
+     "place; then, when flags[0] and flags[slot] are set and flags[1:keep] came back unchanged (the\n"
+     "same on every rank), allreduce buf in place. 0: flags[0] was clear; 1: buf left alone; 2: reduced."},
     {"reduce", (PyCFunction)(void (*)(void))Comm_reduce, METH_VARARGS | METH_KEYWORDS,
      "reduce(send, recv, op=SUM, root=0, dtype=-1, nonblocking=False)"},
     {"broadcast", (PyCFunction)(void (*)(void))Comm_broadcast, METH_VARARGS | METH_KEYWORDS,

@@ -1,7 +1,7 @@
 """The C extension's own API (loom._loom.Comm / Request): every collective
 and point-to-point call, blocking and non-blocking (loom_i* + wait/test), the
-GIL released while a call blocks, split, and errors raised as LoomError with
-libloom's message. Run under loomrun -np N (or alone)."""
+GIL released while a call blocks, split, errors raised as LoomError with
+libloom's message, and gated_allreduce (the loom engine's cached round). Run under loomrun -np N (or alone)."""
 import threading
 import time
 
@@ -146,7 +146,37 @@ def test_split_and_errors():
     c.barrier()
 
 
-for fn in (test_nonblocking, test_everything_blocking, test_gil_released, test_split_and_errors):
+def test_gated_allreduce():
+    """The engine's cached round in one call: flags reduced (MIN), then the data
+    only where flags[0] and flags[slot] are set on every rank and flags[1:keep]
+    came back the same; the same answer on every rank."""
+    def gated(go, slot_set, mark, slot=4, keep=3):
+        flags = bytearray([go, mark, 0xff ^ mark, 0, 0, 0])
+        flags[slot] = slot_set
+        data = np.full(5, R + 1.0)
+        r = c.gated_allreduce(flags, slot, keep, data, _loom.SUM, _loom.FLOAT64)
+        return r, data
+    r, data = gated(1, 1, 7)
+    T.check(r == 2 and np.all(data == N * (N + 1) / 2), "gated: every rank offers: %s %s" % (r, data))
+    r, data = gated(1 if R else 0, 1, 7)
+    T.check(r == 0 and np.all(data == R + 1.0), "gated: rank 0 clears flags[0]: %s" % r)
+    r, data = gated(1, 1 if R else 0, 7)
+    T.check(r == 1 and np.all(data == R + 1.0), "gated: rank 0 does not offer the slot: %s" % r)
+    r, data = gated(1, 1, 7 + R % 2)
+    T.check(r == 2 if N == 1 else r == 1 and np.all(data == R + 1.0),
+            "gated: odd ranks offer another mark: %s" % r)
+    r, data = gated(1, 1, 7 + R % 2, keep=1)
+    T.check(r == 2, "gated: marks not compared with keep=1: %s" % r)
+    for args in ((bytearray(4), 4, 1), (bytearray(4), 2, 3), (bytearray(4), 0, 1)):
+        try:
+            c.gated_allreduce(args[0], args[1], args[2], np.ones(2), _loom.SUM, _loom.FLOAT64)
+            T.check(False, "gated_allreduce%s did not fail" % (args[1:],))
+        except ValueError:
+            T.check(True, "")
+
+
+for fn in (test_nonblocking, test_everything_blocking, test_gil_released, test_split_and_errors,
+           test_gated_allreduce):
     T.run(fn)
 c.close()
 T.finish()

@@ -4,7 +4,8 @@ reducescatter; sparse allreduce and sparse gradients; int16; Adasum against
 its formula; the timeline API; Horovod's
 scaling; process-set roots as global ranks; DistributedOptimizer outside its
 set and without named_parameters; broadcast_optimizer_state on a new
-optimizer; SyncBatchNorm on the CPU; the response cache; Horovod's variables
+optimizer; SyncBatchNorm on the CPU; the response cache, unnamed calls and
+the fast path of small synchronous calls; Horovod's variables
 from loomrun. Run under loomrun -np N (N = 1, 2, 3)."""
 import os
 
@@ -279,6 +280,73 @@ def test_cache_and_fusion():
     T.check(after["fused_calls"] > before["fused_calls"], "a group was not fused: %s" % after)
 
 
+def test_small_calls_fast_path():
+    """Synchronous small calls, unnamed too, run from the response cache (a
+    cached round, one C call for a lone allreduce) with Horovod's semantics:
+    unnamed calls match by their call count, not by their shape; ranks may
+    submit in different orders; tensors submitted together still fuse; a
+    failing call is followed by good ones on the fast path."""
+    eng = hvd._engine_for(None)
+    stats = hvd._fusion_stats
+    t = torch.arange(2.0) + R
+    want = (torch.arange(2.0) * N + N * (N - 1) / 2)
+    before = stats()
+    for i in range(20):
+        got = hvd.allreduce(t, op=hvd.Sum)
+        T.check(torch.equal(got, want), "unnamed allreduce %d: %s" % (i, got))
+    after = stats()
+    if N > 1:
+        T.check(after["cached_rounds"] - before["cached_rounds"] >= 15,
+                "unnamed calls did not skip negotiation: %s then %s" % (before, after))
+    # Scaling and every op on the fast path.
+    got = hvd.allreduce(t, op=hvd.Sum, postscale_factor=0.5)
+    T.check(torch.equal(got, want * 0.5), "unnamed postscale: %s" % got)
+    got = hvd.allreduce(t)   # Average
+    T.check(torch.allclose(got, want / N), "unnamed average: %s" % got)
+    for _ in range(3):
+        got = hvd.allreduce(t, op=hvd.Max)
+    T.check(torch.equal(got, torch.arange(2.0) + N - 1), "unnamed max: %s" % got)
+    # A named and an unnamed call submitted in opposite orders on odd ranks,
+    # warm (cached) and over several rounds: each still meets its partner.
+    for i in range(5):
+        a, u = torch.full((3,), float(R)), torch.full((2,), 1.0)
+        if R % 2:
+            hu = hvd.allreduce_async(u, op=hvd.Sum)
+            ha = hvd.allreduce_async(a, op=hvd.Sum, name="order.a")
+        else:
+            ha = hvd.allreduce_async(a, op=hvd.Sum, name="order.a")
+            hu = hvd.allreduce_async(u, op=hvd.Sum)
+        ga, gu = hvd.synchronize(ha), hvd.synchronize(hu)
+        T.check(torch.equal(ga, torch.full((3,), N * (N - 1) / 2.0)) and torch.equal(gu, torch.full((2,), float(N))),
+                "opposite orders, round %d: %s %s" % (i, ga, gu))
+    # Unnamed calls of one shape submitted together (cached) still fuse.
+    before = stats()
+    hs = [hvd.allreduce_async(torch.full((2,), float(i)), op=hvd.Sum) for i in range(6)]
+    outs = [hvd.synchronize(h) for h in hs]
+    T.check(all(torch.equal(o, torch.full((2,), float(i * N))) for i, o in enumerate(outs)), "burst values")
+    after = stats()
+    if N > 1:
+        T.check(after["fused_calls"] > before["fused_calls"], "a burst of unnamed calls was not fused: %s" % after)
+    if N == 1:
+        return
+    # Unnamed calls are matched by count: shapes both cached, but different on
+    # odd ranks for the same count, fail on every rank...
+    hvd.allreduce(torch.ones(3))
+    expect_error("unnamed shape mismatch (both shapes cached)", lambda: hvd.allreduce(torch.ones(2 + R % 2)))
+    # ... and the same shape under different counts must not run together.
+    extra = eng.auto_name("allreduce") if R == 1 else None   # rank 1 counts one call ahead
+    expect_error("unnamed calls of different counts", lambda: hvd.allreduce(t, op=hvd.Sum))
+    if R != 1:
+        eng.auto_name("allreduce")   # in step again
+    T.check(extra is None or extra.startswith("allreduce.noname."), "auto_name: %s" % extra)
+    before = stats()
+    for _ in range(5):
+        got = hvd.allreduce(t, op=hvd.Sum)
+    T.check(torch.equal(got, want), "unnamed allreduce after the failures: %s" % got)
+    T.check(stats()["cached_rounds"] - before["cached_rounds"] >= 3,
+            "the fast path after the failures: %s then %s" % (before, stats()))
+
+
 def test_adasum():
     """op=Adasum against the formula: the tree of adasum(a, b) = (1 - a.b/2|a|^2) a
     + (1 - a.b/2|b|^2) b over every rank's vector, computed here in float64."""
@@ -358,7 +426,8 @@ def test_horovod_variables():
 
 
 for fn in (test_failures_then_good_calls, test_int16_and_scaling, test_gradients, test_sparse,
-           test_process_sets_and_optimizer, test_sync_batch_norm, test_cache_and_fusion, test_adasum,
+           test_process_sets_and_optimizer, test_sync_batch_norm, test_cache_and_fusion,
+           test_small_calls_fast_path, test_adasum,
            test_timeline, test_horovod_variables):
     T.run(fn)
 hvd.shutdown()
