@@ -151,6 +151,18 @@ static inline loom_unexp_t *loom_unexp_take(loom_unexp_queue_t *q, const loom_tp
     return NULL;
 }
 
+/* loom_unexp_take for an instance: a mismatch fails it (loom_tp_fail). */
+static inline loom_unexp_t *loom_tp_unexp_match(loom_unexp_queue_t *q, const loom_tp_req_t *req,
+                                                loom_status_t *failed, loom_err_t *err,
+                                                const char *subsys, int rank)
+{
+    loom_status_t st = LOOM_SUCCESS;
+    loom_unexp_t *u = loom_unexp_take(q, req, rank, err, &st);
+    if (st != LOOM_SUCCESS)
+        loom_tp_fail(failed, err, subsys, rank, st, "%s", err->msg);
+    return u;
+}
+
 /* Whether a message for tag waits in q. */
 static inline int loom_unexp_probe(const loom_unexp_queue_t *q, uint64_t tag)
 {
@@ -176,20 +188,21 @@ void loom_unexp_free_all(loom_unexp_queue_t *q);
 
 /* A message to ourselves, matched in memory: copied into the oldest receive
  * posted for its tag in rq, else kept in uq as an early message, in an entry
- * hold returns with room for all of it (NULL: out of memory, err set), or one
- * from malloc when hold is NULL. req completes either way. Returns a failure,
- * its message in err: a receive it does not fit, or LOOM_ERR_NO_MEMORY. */
+ * hold returns with room for all of it (NULL: out of memory, the instance
+ * failed), or one from malloc when hold is NULL. req completes either way.
+ * A receive it does not fit, or want of memory, fails the instance
+ * (loom_tp_fail); returns the status in force. */
 static inline loom_status_t loom_tp_self_send(loom_tp_t *tp, loom_req_queue_t *rq,
                                               loom_unexp_queue_t *uq, loom_tp_req_t *req,
-                                              int my_rank, loom_err_t *err,
+                                              loom_status_t *failed, loom_err_t *err,
+                                              const char *subsys, int rank,
                                               loom_unexp_t *(*hold)(loom_tp_t *,
                                                                     const loom_frame_t *))
 {
     loom_frame_t f = {.kind = LOOM_FRAME_DATA, .match = req->match, .len = req->len};
-    loom_status_t st = LOOM_SUCCESS;
-    loom_tp_req_t *r = loom_req_queue_take(rq, &f, my_rank, err, &st);
-    if (st != LOOM_SUCCESS)
-        return st;
+    loom_tp_req_t *r = loom_tp_match(rq, &f, failed, err, subsys, rank);
+    if (*failed)
+        return *failed;
     if (r) {
         if (req->len)
             memcpy(r->buf, req->buf, req->len);
@@ -201,9 +214,8 @@ static inline loom_status_t loom_tp_self_send(loom_tp_t *tp, loom_req_queue_t *r
             u = NULL;
         }
         if (!u)
-            return hold ? LOOM_ERR_NO_MEMORY
-                        : loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory holding a "
-                                       "%zu-byte message to ourselves", req->len);
+            return loom_tp_fail(failed, err, subsys, rank, LOOM_ERR_NO_MEMORY, "out of memory "
+                                "holding a %zu-byte message to ourselves", req->len);
         if (hold && req->len)
             memcpy(u->data, req->buf, req->len);
         u->got = req->len;

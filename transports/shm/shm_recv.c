@@ -113,11 +113,11 @@ loom_status_t shm_irecv(loom_tp_t *tp, loom_tp_req_t *req)
         return tp->failed;
     loom_req_start(req);
     shm_peer_t *peer = &tp->peers[req->peer];
-    loom_status_t st = LOOM_SUCCESS;
-    loom_unexp_t *u = loom_unexp_take(&peer->uq, req, tp->rank, tp->err, &st);
-    if (st != LOOM_SUCCESS)
-        return tp_fail(tp, st, "%s", tp->err->msg);
+    loom_unexp_t *u = loom_tp_unexp_match(&peer->uq, req, &tp->failed, tp->err, "shm", tp->rank);
+    if (tp->failed)
+        return tp->failed;
     if (u) {
+        loom_status_t st = LOOM_SUCCESS;
         if (!u->data) {
             st = cma_read(tp, peer, req, u->addr, u->token);
         } else {

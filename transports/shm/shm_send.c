@@ -91,11 +91,9 @@ loom_status_t shm_isend(loom_tp_t *tp, loom_tp_req_t *req)
         return tp->failed;
     loom_req_start(req);
     shm_peer_t *peer = &tp->peers[req->peer];
-    if (req->peer == tp->rank) {   /* matched in memory */
-        loom_status_t st = loom_tp_self_send(tp, &peer->rq, &peer->uq, req, tp->rank, tp->err,
-                                             NULL);
-        return st ? tp_fail(tp, st, "%s", tp->err->msg) : LOOM_SUCCESS;
-    }
+    if (req->peer == tp->rank)   /* matched in memory */
+        return loom_tp_self_send(tp, &peer->rq, &peer->uq, req, &tp->failed, tp->err, "shm",
+                                 tp->rank, NULL);
     if (peer->said_bye || atomic_load(&peer->seg->closed))
         return tp_fail(tp, LOOM_ERR_PEER_LOST,
                        "rank %d sends to rank %d, which has destroyed or given up on its "
