@@ -5,11 +5,22 @@
  * The parent is rank 0 (the victim); a forked child is rank 1, a real
  * transport instance that maps the victim's segment like any peer and then,
  * instead of sending properly, writes into its ring by hand. The transport's
- * source is included so the forger knows the record and ring layout. */
-#define loom_shm_transport hostile_shm_transport
-#include "shm/shm.c"
-
+ * private header tells the forger the record and ring layout. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
+
+#include "shm/shm_int.h"
+
+#define shm_create loom_shm_transport.create
+#define shm_connect loom_shm_transport.connect
+#define shm_destroy loom_shm_transport.destroy
 
 typedef enum {
     START_TOO_LONG_UNEXPECTED,   /* START, len > msglen, no receive posted */

@@ -201,3 +201,15 @@ loom_tp_req_t *loom_req_queue_take(loom_req_queue_t *q, const loom_frame_t *f, i
     }
     return NULL;
 }
+
+void loom_unexp_free_all(loom_unexp_queue_t *q)
+{
+    for (loom_unexp_t *u = q->head, *next; u; u = next) {
+        next = u->next;
+        free(u->data);
+        free(u);
+    }
+    q->head = q->tail = NULL;
+    q->count = 0;
+    q->bytes = 0;
+}

@@ -1,8 +1,11 @@
-/* fuzz_shm_ring.c - the shared-memory ring consumer (drain() in
- * transports/shm/shm.c): the input is what a peer wrote into our ring, head
- * included, with or without a receive posted. Whatever the bytes, drain must
- * either consume them or fail the instance, within the ring's bounds. */
-#include "shm/shm.c"
+/* fuzz_shm_ring.c - the shared-memory ring consumer (shm_drain() in
+ * transports/shm/shm_recv.c): the input is what a peer wrote into our ring,
+ * head included, with or without a receive posted. Whatever the bytes, drain
+ * must either consume them or fail the instance, within the ring's bounds. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "shm/shm_int.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -12,7 +15,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     loom_tp_params_t p = {.rank = 0, .size = 2, .err = &err};
     char addr[128];
     loom_tp_t *tp;
-    if (shm_create(&p, addr, sizeof(addr), &tp) != LOOM_SUCCESS)
+    if (loom_shm_transport.create(&p, addr, sizeof(addr), &tp) != LOOM_SUCCESS)
         return 0;
     /* The peer is ourselves: its segment is ours, so wake-ups stay inside. */
     shm_peer_t *peer = &tp->peers[1];
@@ -51,7 +54,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         shm_irecv(tp, &reqs[1]);
     for (int round = 0; round < 4 && !tp->failed; round++) {
         int moved = 0;
-        drain(tp, peer, &moved);
+        shm_drain(tp, peer, &moved);
         uint64_t t = atomic_load(&ring->tail);
         if (!tp->failed && t != atomic_load(&ring->head))
             abort();   /* drain stopped short without failing */
@@ -63,13 +66,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         shm_irecv(tp, &r);
     }
     peer->local = 0;   /* its segment is ours: unmapped once, below */
-    for (shm_unexp_t *u = peer->uq_head, *next; u; u = next) {
-        next = u->next;
-        free(u->data);
-        free(u);
-    }
-    peer->uq_head = NULL;
+    loom_unexp_free_all(&peer->uq);
     free(peer->fins);
-    shm_destroy(tp, 0);
+    loom_shm_transport.destroy(tp, 0);
     return 0;
 }

@@ -47,7 +47,7 @@ cmp -s "$out/config.h.new" "$out/config.h" || mv "$out/config.h.new" "$out/confi
 cppflags="-include $out/config.h -DLOOM_BUILDING -I$srcdir/include -I$srcdir/src \
 -I$srcdir/transports -I$srcdir/algorithms -I$builddir"
 common=$(cd "$srcdir" && ls src/*.c algorithms/*.c transports/tp_util.c transports/tp_handshake.c transports/tp_mux.c transports/tcp/tcp.c \
-    transports/shm/shm.c transports/ibverbs/ib_util.c transports/ibverbs/ib_regcache.c)
+    transports/shm/*.c transports/ibverbs/ib_util.c transports/ibverbs/ib_regcache.c)
 libs="-lpthread -lm -ldl"
 if grep -q '^#define HAVE_HIREDIS 1' "$out/config.h"; then
     libs="$libs ${HIREDIS_LIBS:--lhiredis}"

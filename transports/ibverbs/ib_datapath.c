@@ -234,17 +234,15 @@ static int pump(loom_tp_t *tp, ib_peer_t *p)
     return posted;
 }
 
-/* A message to ourselves: matched in memory, as in tcp.c. */
-static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req);
-
 static loom_status_t isend_owned(loom_tp_t *tp, loom_tp_req_t *req)
 {
     if (tp->failed)
         return tp->failed;
     loom_req_start(req);
-    if (req->peer == tp->rank)
-        return self_send(tp, req);
     ib_peer_t *p = &tp->peers[req->peer];
+    if (req->peer == tp->rank)   /* matched in memory */
+        return loom_tp_self_send(tp, &p->rq, &p->uq, req, &tp->failed, tp->err, "ibverbs",
+                                 tp->rank, NULL);
     if (!p->active)
         return tp_fail(tp, LOOM_ERR_INTERNAL, "ibverbs: rank %d is not connected to rank %d",
                        tp->rank, req->peer);
@@ -289,21 +287,14 @@ static loom_frame_t hdr_frame(const loom_ib_hdr_t *h)
     return f;
 }
 
-/* Unlink and return the oldest receive posted for h's tag after checking that
- * h fits it (a mismatch fails the instance); NULL when none is posted. */
-static loom_tp_req_t *rq_take(loom_tp_t *tp, ib_peer_t *p, const loom_ib_hdr_t *h)
-{
-    loom_frame_t f = hdr_frame(h);
-    loom_status_t st = LOOM_SUCCESS;
-    loom_tp_req_t *r = loom_req_queue_take(&p->rq, &f, tp->rank, tp->err, &st);
-    if (st != LOOM_SUCCESS)
-        tp_fail(tp, st, "%s", tp->err->msg);
-    return r;
-}
+/* The oldest receive posted for f's tag, unlinked; NULL when none is posted
+ * or f does not fit it (then the instance has failed). */
+#define rq_take(tp, p, f) \
+    loom_tp_match(&(p)->rq, f, &(tp)->failed, (tp)->err, "ibverbs", (tp)->rank)
 
 /* A receive matched an RTS: register the buffer and say where to write. */
 static loom_status_t start_rdv_recv(loom_tp_t *tp, ib_peer_t *p, loom_tp_req_t *req,
-                                    const loom_ib_hdr_t *rts)
+                                    uint32_t cookie)
 {
     int id = rdv_alloc(tp, &tp->rdv_recv);
     if (id < 0)
@@ -319,47 +310,13 @@ static loom_status_t start_rdv_recv(loom_tp_t *tp, ib_peer_t *p, loom_tp_req_t *
     r->peer = p->rank;
     r->req = req;
     p->rdv_in++;
-    loom_ib_hdr_t cts = {.type = LOOM_IB_CTS, .len = req->len, .cookie = rts->cookie,
+    loom_ib_hdr_t cts = {.type = LOOM_IB_CTS, .len = req->len, .cookie = cookie,
                          .peer_cookie = (uint32_t)id, .rkey = r->reg->rkey,
                          .addr = (uintptr_t)req->buf};
     if (enqueue(tp, p, OP_CTS, NULL, 0, &cts) != LOOM_SUCCESS)
         return tp->failed;
     pump(tp, p);
     return tp->failed;
-}
-
-static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req)
-{
-    ib_peer_t *self = &tp->peers[tp->rank];
-    loom_ib_hdr_t h = {.type = LOOM_IB_EAGER, .desc = req->match.desc, .tag = req->match.tag,
-                       .total = req->match.total, .len = req->len};
-    loom_tp_req_t *r = rq_take(tp, self, &h);
-    if (tp->failed)
-        return tp->failed;
-    if (r) {
-        if (req->len)
-            memcpy(r->buf, req->buf, req->len);
-        loom_req_complete(r);
-        loom_req_complete(req);
-        return LOOM_SUCCESS;
-    }
-    ib_unexp_t *u = calloc(1, sizeof(*u));
-    if (u)
-        u->data = malloc(req->len ? req->len : 1);
-    if (!u || !u->data) {
-        free(u);
-        return tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory");
-    }
-    u->hdr = h;
-    if (req->len)
-        memcpy(u->data, req->buf, req->len);
-    if (self->uq_tail)
-        self->uq_tail->next = u;
-    else
-        self->uq_head = u;
-    self->uq_tail = u;
-    loom_req_complete(req);
-    return LOOM_SUCCESS;
 }
 
 static loom_status_t irecv_owned(loom_tp_t *tp, loom_tp_req_t *req)
@@ -371,27 +328,14 @@ static loom_status_t irecv_owned(loom_tp_t *tp, loom_tp_req_t *req)
     if (req->peer != tp->rank && !p->active)
         return tp_fail(tp, LOOM_ERR_INTERNAL, "ibverbs: rank %d is not connected to rank %d",
                        tp->rank, req->peer);
-    ib_unexp_t *prev = NULL;
-    for (ib_unexp_t *u = p->uq_head; u; prev = u, u = u->next) {
-        if (u->hdr.tag != req->match.tag)
-            continue;
-        loom_frame_t f = hdr_frame(&u->hdr);
-        loom_status_t st = loom_frame_check(&f, req, tp->rank, tp->err);
-        if (st != LOOM_SUCCESS)
-            return tp_fail(tp, st, "%s", tp->err->msg);
-        if (prev)
-            prev->next = u->next;
+    loom_unexp_t *u = loom_tp_unexp_match(&p->uq, req, &tp->failed, tp->err, "ibverbs", tp->rank);
+    if (tp->failed)
+        return tp->failed;
+    if (u) {
+        if (u->data)
+            loom_unexp_deliver(u, req);
         else
-            p->uq_head = u->next;
-        if (p->uq_tail == u)
-            p->uq_tail = prev;
-        if (u->hdr.type == LOOM_IB_EAGER) {
-            if (req->len)
-                memcpy(req->buf, u->data, req->len);
-            loom_req_complete(req);
-        } else {
-            start_rdv_recv(tp, p, req, &u->hdr);
-        }
+            start_rdv_recv(tp, p, req, (uint32_t)u->token);
         free(u->data);
         free(u);
         return tp->failed;
@@ -420,36 +364,31 @@ static loom_status_t on_message(loom_tp_t *tp, ib_peer_t *p, const uint8_t *slot
         pump(tp, p);
         return tp->failed;
     }
-    loom_tp_req_t *req = rq_take(tp, p, &h);
+    loom_frame_t f = hdr_frame(&h);
+    loom_tp_req_t *req = rq_take(tp, p, &f);
     if (tp->failed)
         return tp->failed;
     if (req) {
         if (h.type == LOOM_IB_RTS)
-            return start_rdv_recv(tp, p, req, &h);
+            return start_rdv_recv(tp, p, req, h.cookie);
         if (h.len)
             memcpy(req->buf, slot + LOOM_IB_HDR_BYTES, h.len);
         loom_req_complete(req);
         return LOOM_SUCCESS;
     }
-    ib_unexp_t *u = calloc(1, sizeof(*u));
+    loom_unexp_t *u = loom_unexp_new(&f);
     if (!u)
         return tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory");
-    u->hdr = h;
+    u->token = h.cookie;
     if (h.type == LOOM_IB_EAGER) {
         tp->nunexpected++;
-        if (!(u->data = malloc(h.len ? h.len : 1))) {
+        if (loom_unexp_hold(u, slot + LOOM_IB_HDR_BYTES, h.len) != 0) {
             free(u);
             return tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory holding a %llu-byte early "
                            "message", (unsigned long long)h.len);
         }
-        if (h.len)
-            memcpy(u->data, slot + LOOM_IB_HDR_BYTES, h.len);
     }
-    if (p->uq_tail)
-        p->uq_tail->next = u;
-    else
-        p->uq_head = u;
-    p->uq_tail = u;
+    loom_unexp_push(&p->uq, u);
     return LOOM_SUCCESS;
 }
 
@@ -841,9 +780,7 @@ loom_status_t ib_irecv(loom_tp_t *tp, loom_tp_req_t *req)
 int ib_probe(loom_tp_t *tp, int rank, uint64_t tag)
 {
     loom_tp_own(&tp->owner);
-    int found = 0;
-    for (const ib_unexp_t *u = tp->peers[rank].uq_head; u && !found; u = u->next)
-        found = u->hdr.tag == tag;
+    int found = loom_unexp_probe(&tp->peers[rank].uq, tag);
     loom_tp_disown(&tp->owner);
     return found;
 }

@@ -52,12 +52,6 @@ typedef struct ib_op {
     loom_ib_hdr_t hdr;       /* CTS */
 } ib_op_t;
 
-typedef struct ib_unexp {
-    struct ib_unexp *next;
-    loom_ib_hdr_t hdr;       /* EAGER (data holds the payload) or RTS */
-    uint8_t *data;
-} ib_unexp_t;
-
 /* A rendezvous in flight: on the sender (an RTS went out) or the receiver (a CTS). */
 typedef struct ib_rdv {
     int used;
@@ -104,7 +98,8 @@ typedef struct ib_peer {
     uint64_t freed, advertised;
     int rdv_in;              /* rendezvous receives in flight */
     loom_req_queue_t rq;     /* posted receives, in posting order */
-    ib_unexp_t *uq_head, *uq_tail;
+    loom_unexp_queue_t uq;   /* EAGER (data holds the payload) or RTS (data NULL,
+                              * token the sender's cookie) */
 } ib_peer_t;
 
 typedef struct ib_ctrl {

@@ -134,11 +134,7 @@ void ib_destroy(loom_tp_t *tp, double timeout_s)
         ib_peer_t *p = &tp->peers[j];
         if (p->qp)
             tp->api->destroy_qp(p->qp);
-        for (ib_unexp_t *u = p->uq_head, *next; u; u = next) {
-            next = u->next;
-            free(u->data);
-            free(u);
-        }
+        loom_unexp_free_all(&p->uq);
         for (ib_op_t *op = p->oq_head, *next; op; op = next) {
             next = op->next;
             free(op);

@@ -85,15 +85,9 @@ enum { MAC_NONE = 0, MAC_HEADERS = 1, MAC_FULL = 2 };
 
 typedef struct tcp_xfer tcp_xfer_t;
 
-typedef struct tcp_unexp {
-    struct tcp_unexp *next;
-    loom_frame_t frame;
-    size_t got;          /* striped: of slice 0 (stream 0's part) until complete */
-    int complete;
-    uint8_t *data;
-    size_t cap;
-    tcp_xfer_t *xfer;    /* a striped message still arriving, else NULL */
-} tcp_unexp_t;
+/* An early message: got counts, for a striped one, slice 0 (stream 0's part)
+ * until it is complete; xfer is the striped message still arriving, else NULL. */
+typedef loom_unexp_t tcp_unexp_t;
 
 /* A striped message in flight, sent or received: stream 0 moves slice 0 and
  * each other stream k slice k. Both sides keep them in one list per peer in
@@ -175,7 +169,7 @@ typedef struct tcp_peer {
     uint64_t cur_seq;
     loom_hmac_t rx_mac;  /* over the payload received so far (MAC_FULL) */
     loom_req_queue_t rq;
-    tcp_unexp_t *uq_head, *uq_tail;
+    loom_unexp_queue_t uq;
     size_t early_bytes;  /* held in uq buffers, at most tp->early_max */
     /* LOOM_SOCKETS_PER_PEER > 1: streams 1.. (lanes[k - 1] is stream k) */
     tcp_lane_t *lanes;
@@ -914,7 +908,7 @@ static void buf_put(loom_tp_t *tp, uint8_t *buf, size_t cap)
 /* An early message with room for its first bytes (at most first of them). */
 static tcp_unexp_t *unexp_new(loom_tp_t *tp, const loom_frame_t *f, size_t first)
 {
-    tcp_unexp_t *u = calloc(1, sizeof(*u));
+    tcp_unexp_t *u = loom_unexp_new(f);
     if (u)
         u->data = buf_get(tp, f->len < first ? f->len : first, &u->cap);
     if (!u || !u->data) {
@@ -923,69 +917,21 @@ static tcp_unexp_t *unexp_new(loom_tp_t *tp, const loom_frame_t *f, size_t first
                 (unsigned long long)f->len);
         return NULL;
     }
-    u->frame = *f;
     return u;
-}
-
-static void unexp_append(tcp_peer_t *peer, tcp_unexp_t *u)
-{
-    if (peer->uq_tail)
-        peer->uq_tail->next = u;
-    else
-        peer->uq_head = u;
-    peer->uq_tail = u;
-}
-
-static void unexp_remove(tcp_peer_t *peer, tcp_unexp_t *u, tcp_unexp_t *prev)
-{
-    if (prev)
-        prev->next = u->next;
-    else
-        peer->uq_head = u->next;
-    if (peer->uq_tail == u)
-        peer->uq_tail = prev;
 }
 
 /* The oldest receive posted for f's tag, unlinked; NULL when none is posted
  * or f does not fit it (then the instance has failed). */
-static loom_tp_req_t *rq_take(loom_tp_t *tp, tcp_peer_t *peer, const loom_frame_t *f)
-{
-    loom_status_t st = LOOM_SUCCESS;
-    loom_tp_req_t *r = loom_req_queue_take(&peer->rq, f, tp->rank, tp->err, &st);
-    if (st != LOOM_SUCCESS)
-        tp_fail(tp, st, "%s", tp->err->msg);
-    return r;
-}
+#define rq_take(tp, peer, f) \
+    loom_tp_match(&(peer)->rq, f, &(tp)->failed, (tp)->err, "tcp", (tp)->rank)
 
-/* A message to ourselves (user send/recv to self): matched in memory. */
-static loom_status_t self_send(loom_tp_t *tp, loom_tp_req_t *req)
+/* Room for a whole message to ourselves, from the pool as early messages are. */
+static tcp_unexp_t *self_hold(loom_tp_t *tp, const loom_frame_t *f)
 {
-    tcp_peer_t *self = &tp->peers[tp->rank];
-    loom_frame_t f = {.kind = LOOM_FRAME_DATA, .match = req->match, .len = req->len};
-    loom_tp_req_t *r = rq_take(tp, self, &f);
-    if (tp->failed)
-        return tp->failed;
-    if (r) {
-        if (req->len)
-            memcpy(r->buf, req->buf, req->len);
-        r->off = r->len;
-        r->done = 1;
-        req->off = req->len;
-        req->done = 1;
-        return LOOM_SUCCESS;
-    }
-    tcp_unexp_t *u = unexp_new(tp, &f, req->len);
-    if (!u)
-        return tp->failed;
-    if (req->len)
-        memcpy(u->data, req->buf, req->len);
-    u->got = req->len;
-    u->complete = 1;
-    self->early_bytes += u->cap;
-    unexp_append(self, u);
-    req->off = req->len;
-    req->done = 1;
-    return LOOM_SUCCESS;
+    tcp_unexp_t *u = unexp_new(tp, f, f->len);
+    if (u)
+        tp->peers[tp->rank].early_bytes += u->cap;
+    return u;
 }
 
 static loom_status_t gave_up_fail(loom_tp_t *tp, const tcp_peer_t *peer)
@@ -998,9 +944,10 @@ static loom_status_t isend_owned(loom_tp_t *tp, loom_tp_req_t *req)
     if (tp->failed)
         return tp->failed;
     loom_req_start(req);
-    if (req->peer == tp->rank)
-        return self_send(tp, req);
     tcp_peer_t *peer = &tp->peers[req->peer];
+    if (req->peer == tp->rank)   /* matched in memory */
+        return loom_tp_self_send(tp, &peer->rq, &peer->uq, req, &tp->failed, tp->err, "tcp",
+                                 tp->rank, self_hold);
     if (peer->said_bye)
         return tp_fail(tp, LOOM_ERR_PEER_LOST,
                        "rank %d sends to rank %d, which has destroyed its communicator", tp->rank,
@@ -1025,21 +972,13 @@ static loom_status_t irecv_owned(loom_tp_t *tp, loom_tp_req_t *req)
     loom_req_start(req);
     tcp_peer_t *peer = &tp->peers[req->peer];
     /* Early messages arrived before the held one, so they match first. */
-    tcp_unexp_t *prev = NULL;
-    for (tcp_unexp_t *u = peer->uq_head; u; prev = u, u = u->next) {
-        if (!tag_matches(req, &u->frame))
-            continue;
-        loom_status_t st = loom_frame_check(&u->frame, req, tp->rank, tp->err);
-        if (st != LOOM_SUCCESS)
-            return tp_fail(tp, st, "%s", tp->err->msg);
-        if (u->got)
-            memcpy(req->buf, u->data, u->got);
-        req->off = u->got;
-        unexp_remove(peer, u, prev);
+    tcp_unexp_t *u = loom_tp_unexp_match(&peer->uq, req, &tp->failed, tp->err, "tcp", tp->rank);
+    if (tp->failed)
+        return tp->failed;
+    if (u) {
+        loom_unexp_deliver(u, req);
         peer->early_bytes -= u->cap;
-        if (u->complete) {
-            req->done = 1;
-        } else {
+        if (!u->complete) {
             /* Still arriving: the rest goes straight into the posted buffer. */
             tcp_xfer_t *x = u->xfer;
             if (x) {
@@ -1175,7 +1114,7 @@ static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_fra
         if (!peer->cur_unexp)
             return tp->failed;
         peer->early_bytes += peer->cur_unexp->cap;
-        unexp_append(peer, peer->cur_unexp);
+        loom_unexp_push(&peer->uq, peer->cur_unexp);
         if (peer->cur_x) {
             peer->cur_x->unexp = peer->cur_unexp;
             peer->cur_unexp->xfer = peer->cur_x;
@@ -1657,9 +1596,7 @@ static int tcp_probe(loom_tp_t *tp, int rank, uint64_t tag)
 {
     loom_tp_own(&tp->owner);
     const tcp_peer_t *peer = &tp->peers[rank];
-    int found = peer->held && peer->cur.match.tag == tag;
-    for (const tcp_unexp_t *u = peer->uq_head; u && !found; u = u->next)
-        found = u->frame.match.tag == tag;
+    int found = (peer->held && peer->cur.match.tag == tag) || loom_unexp_probe(&peer->uq, tag);
     loom_tp_disown(&tp->owner);
     return found;
 }
@@ -1743,11 +1680,7 @@ static void tcp_destroy(loom_tp_t *tp, double timeout_s)
         }
     for (int j = 0; j < tp->size; j++) {
         tcp_peer_t *peer = &tp->peers[j];
-        for (tcp_unexp_t *u = peer->uq_head, *next; u; u = next) {
-            next = u->next;
-            free(u->data);
-            free(u);
-        }
+        loom_unexp_free_all(&peer->uq);
         free(peer->stage);
         /* Requests a failed instance left pending are the caller's: only ours are freed. */
         for (tcp_xfer_t *x = peer->sx_head, *next; x; x = next) {
