@@ -46,7 +46,7 @@ cflags="-std=gnu11 -g -O1 -fno-omit-frame-pointer -Wall -Wno-unused-function $sa
 cmp -s "$out/config.h.new" "$out/config.h" || mv "$out/config.h.new" "$out/config.h"
 cppflags="-include $out/config.h -DLOOM_BUILDING -I$srcdir/include -I$srcdir/src \
 -I$srcdir/transports -I$srcdir/algorithms -I$builddir"
-common=$(cd "$srcdir" && ls src/*.c algorithms/*.c transports/tp_util.c transports/tp_handshake.c transports/tp_mux.c transports/tcp/tcp.c \
+common=$(cd "$srcdir" && ls src/*.c algorithms/*.c transports/tp_util.c transports/tp_handshake.c transports/tp_mux.c transports/tcp/*.c \
     transports/shm/*.c transports/ibverbs/ib_util.c transports/ibverbs/ib_regcache.c)
 libs="-lpthread -lm -ldl"
 if grep -q '^#define HAVE_HIREDIS 1' "$out/config.h"; then
