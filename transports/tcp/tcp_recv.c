@@ -6,7 +6,6 @@
 
 /* ---- receiving ------------------------------------------------------------ */
 
-
 loom_status_t tcp_irecv_owned(loom_tp_t *tp, loom_tp_req_t *req)
 {
     if (tp->failed)

@@ -6,14 +6,6 @@
 
 /* ---- sending -------------------------------------------------------------- */
 
-
-
-
-
-
-
-
-
 /* Queue x behind the striped messages of its direction; streams with none
  * in hand take it next. */
 void tcp_xfer_queue(loom_tp_t *tp, tcp_peer_t *peer, tcp_xfer_t *x, int sending)
@@ -281,7 +273,6 @@ loom_status_t tcp_lane_flush(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, 
     return tp->failed;
 }
 
-
 uint8_t *tcp_buf_get(loom_tp_t *tp, size_t len, size_t *cap_p)
 {
     int best = -1;
@@ -346,7 +337,6 @@ static tcp_unexp_t *self_hold(loom_tp_t *tp, const loom_frame_t *f)
         tp->peers[tp->rank].early_bytes += u->cap;
     return u;
 }
-
 
 loom_status_t tcp_isend_owned(loom_tp_t *tp, loom_tp_req_t *req)
 {
