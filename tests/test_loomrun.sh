@@ -489,6 +489,29 @@ else
     fail "silent host (rc=$rc, ${elapsed} s)"; dump
 fi
 
+# The same two hosts in an elastic job: ssh's reason reaches the report, and
+# a silent host is given up after --timeout and blacklisted like a crash
+# (the fake ssh would hang 60 s). With no host left the job fails.
+LOOMRUN_TEST_SSH=fail PATH="$tmp/bin:$PATH" run --elastic -np 1 -H fakehost:1 true
+if [ $rc -ne 0 ] &&
+   grep -qx 'loomrun: cannot reach host fakehost: ssh: connect to host fakehost port 22: Connection refused' \
+       "$tmp/err" && grep -q 'host fakehost blacklisted' "$tmp/err"; then
+    pass "elastic: ssh cannot connect: the report gives ssh's reason, the host is blacklisted"
+else
+    fail "elastic ssh failure (rc=$rc)"; dump
+fi
+
+start=$(date +%s)
+LOOMRUN_TEST_SSH=hang PATH="$tmp/bin:$PATH" run --elastic --timeout 1 -np 1 -H fakehost:1 true
+elapsed=$(($(date +%s) - start))
+if [ $rc -ne 0 ] && [ $elapsed -lt 40 ] &&
+   grep -qx 'loomrun: cannot reach host fakehost: no answer within 1 s; rank 0 given up' "$tmp/err" &&
+   grep -q 'host fakehost blacklisted' "$tmp/err"; then
+    pass "elastic: a host that does not answer is given up after --timeout (${elapsed} s)"
+else
+    fail "elastic silent host (rc=$rc, ${elapsed} s)"; dump
+fi
+
 # ---- argument errors ------------------------------------------------------
 # expect_usage_error WHAT ARGS...: loomrun exits 2 and says why on stderr.
 expect_usage_error() {

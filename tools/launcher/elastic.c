@@ -34,6 +34,7 @@ typedef struct ehost {
 
 typedef struct eproc {
     int removed;           /* asked to leave: its host left */
+    int unanswered;        /* its host did not answer in time: killed, reported */
     long long kill_at;     /* SIGKILL after the SIGTERM, -1: none due */
     int code;              /* exit code once exited, -1 before */
 } eproc_t;
@@ -156,7 +157,7 @@ static int elastic_start(ejob_t *j, int h)
     rk->kind = g_hosts[h].local ? RANK_LOCAL : RANK_SSH;
     rk->out.fd = rk->err.fd = rk->out.file = rk->err.file = rk->ctl = -1;
     rk->answer_by = -1;
-    g_ep[r] = (eproc_t){ 0, -1, -1 };
+    g_ep[r] = (eproc_t){ .kill_at = -1, .code = -1 };
     g_np++;
     char *id_s = format_int(r), *rank_s = format_int(r % j->np0);
     envv_t *e = rk->kind == RANK_LOCAL ? &j->env : &j->xenv;
@@ -365,9 +366,6 @@ static void elastic_exit(int r, const siginfo_t *si, int code, void *arg)
 {
     ejob_t *j = arg;
     rank_t *rk = &g_ranks[r];
-    /* As before the loops were one: an elastic job's report does not use the
-     * stderr an ssh rank held back before its program started. */
-    sb_free(&rk->held);
     g_ep[r].code = code;
     char key[200];
     loom_err_t err;
@@ -382,7 +380,8 @@ static void elastic_exit(int r, const siginfo_t *si, int code, void *arg)
     } else if (code != 0 && g_ep[r].removed) {
         fprintf(stderr, "loomrun: rank %d left with host %s\n", r, g_hosts[rk->host].name);
     } else if (code != 0 && !j->finishing && !j->loop.got_signal && !j->exit_code) {
-        report(r, si);
+        if (!g_ep[r].unanswered)
+            report(r, si);   /* with ssh's own reason when the host was not reached */
         j->nfailed++;
         j->changes++;
         ehost_t *eh = &g_eh[rk->host];
@@ -456,6 +455,23 @@ static void elastic_rediscover(ejob_t *j, long long now)
     }
 }
 
+/* A host that has not started its rank within the answer time (a hung
+ * login, say) counts as that rank's failure: the ssh client is killed and
+ * the host earns a strike towards the blacklist, as a crash would. */
+static void elastic_check_answers(ejob_t *j, long long now)
+{
+    for (int r = 0; r < g_np; r++) {
+        rank_t *rk = &g_ranks[r];
+        if (!rk->running || rk->answer_by < 0 || now < rk->answer_by)
+            continue;
+        rk->answer_by = -1;
+        g_ep[r].unanswered = 1;
+        fprintf(stderr, "loomrun: cannot reach host %s: no answer within %g s; rank %d "
+                "given up\n", g_hosts[rk->host].name, j->answer_s, r);
+        signal_rank(rk, SIGKILL);
+    }
+}
+
 /* The job runs until every process is gone once it finishes or fails. */
 static void elastic_loop(ejob_t *j)
 {
@@ -465,6 +481,7 @@ static void elastic_loop(ejob_t *j)
     while (g_nrunning > 0 || (!j->finishing && !j->exit_code && !j->loop.got_signal)) {
         evloop_turn(&j->loop, 100, elastic_exit, j);
         long long now = now_ms();
+        elastic_check_answers(j, now);
         /* Ranks of hosts that left, past their grace time. */
         for (int r = 0; r < g_np; r++)
             if (g_ranks[r].running && g_ep[r].kill_at >= 0 && now >= g_ep[r].kill_at) {
