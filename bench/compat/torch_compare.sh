@@ -10,10 +10,14 @@
 #   BUILD=dir  this tree's build (default: the source tree); BENCH_SCALE=0.2
 #   shortens every case. Prints, per case, the median microseconds of each
 #   build and the ratio this/other.
+#   HOROVODRUN=path  the other is Horovod itself: its horovodrun starts the
+#   same script with BENCH_MODULE=horovod.torch (--gloo, -H localhost:N),
+#   under HOROVOD_PYTHON (default: the same interpreter); OTHER_PYTHONPATH
+#   is then its PYTHONPATH ("" for none).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
-[ $# -ge 1 ] || { sed -n '2,14p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,18p' "$0"; exit 2; }
 other=$1
 shift
 np=2
@@ -33,8 +37,12 @@ this=$tmp/lib
 for rep in $(seq "$reps"); do
     for which in this other; do
         eval "pp=\$$which"
-        PYTHONPATH=$pp "$LOOMRUN" -np "$np" "$py" "$here/torch_bench.py" 2>&1 |
-            sed -n 's/^\[0\]<stdout>: //p' | sed "s/^/$which /" >> "$tmp/times"
+        if [ "$which" = other ] && [ -n "${HOROVODRUN:-}" ]; then
+            PYTHONPATH=$pp BENCH_MODULE=horovod.torch "$HOROVODRUN" -np "$np" -H "localhost:$np" \
+                --gloo "${HOROVOD_PYTHON:-$py}" "$here/torch_bench.py" 2>&1
+        else
+            PYTHONPATH=$pp "$LOOMRUN" -np "$np" "$py" "$here/torch_bench.py" 2>&1
+        fi | sed -n 's/^\[0\]<stdout>: *//p' | sed "s/^/$which /" >> "$tmp/times"
     done
 done
 "$py" - "$tmp/times" <<'PY'
