@@ -1,7 +1,9 @@
 """The background engine behind the framework adapters' collectives (loom.torch,
 loom.tensorflow): Horovod's coordinator, over libloom.
 
-Every collective is an entry with a name. A thread per process set runs
+Every collective is an entry with a name, which stays taken on its rank until
+synchronize (wait) hands its result over, so a duplicate is refused whatever
+the timing. A thread per process set runs
 rounds: each round every rank contributes the entries submitted since the last
 one (name and metadata) through an allgather on the engine's own communicator,
 so every rank sees the same table and takes the same decisions from it. A name
@@ -131,10 +133,15 @@ inline = threading.local()
 
 
 class Handle:
-    __slots__ = ("done", "event", "result", "error", "name")
+    __slots__ = ("done", "event", "result", "error", "name", "held")
 
     def __init__(self, name):
         self.done = False
+        # Its name stays taken until wait() hands the result over, not just
+        # until the collective ends: a second submission of the name before
+        # then fails on every run, not only when the first was still slower
+        # than the program (Horovod's tests of duplicate names rely on it).
+        self.held = True
         # Made by the first thread that blocks on it (Engine._block): most
         # synchronous calls complete in the thread that waits, never blocking.
         self.event = None
@@ -288,8 +295,9 @@ class Engine:
             seen = set()
             for entry in entries:
                 if entry.name in self.names or entry.name in seen:
-                    raise ValueError("loom: a collective named '%s' is already pending on this rank; "
-                                     "names must be unique among unfinished operations" % entry.name)
+                    raise ValueError("loom: a collective named '%s' is already pending on this rank "
+                                     "(submitted, and its result not yet taken by synchronize); names "
+                                     "must be unique among unfinished operations" % entry.name)
                 seen.add(entry.name)
             self.names.update(seen)
             self.queue.extend(entries)
@@ -333,9 +341,17 @@ class Engine:
                         # The engine thread's turn again. With nothing pending it
                         # would only wake to sleep again: a thread switch per call.
                         self.cond.notify_all()
+        self._release(handle)
         if handle.error is not None:
             raise handle.error
         return handle.result
+
+    def _release(self, handle):
+        """The name of a finished handle is free again (see Handle.held)."""
+        with self.cond:
+            if handle.held:
+                handle.held = False
+                self.names.discard(handle.name)
 
     def _block(self, handle, timeout):
         """Wait up to timeout for handle to complete."""
@@ -560,7 +576,6 @@ class Engine:
                 del self.local[e.name]
             if self.hits.get(e.name) is e:
                 del self.hits[e.name]
-            self.names.discard(e.name)
             h.done = True
             event = h.event
         if event is not None:

@@ -80,6 +80,20 @@ def test_failures_then_good_calls():
     T.check(all(torch.equal(hvd.synchronize(x), torch.full((2,), float(N))) for x in [h] + others),
             "the first of a duplicate")
     good_call("duplicate name")
+    # A finished collective's name stays taken until synchronize takes its
+    # result; else whether a quick second submission is refused would depend
+    # on how fast the first one ran (it raced in Horovod's own tests).
+    h = hvd.allreduce_async(torch.ones(2), name="taken", op=hvd.Sum)
+    while not hvd.poll(h):
+        pass
+    try:
+        hvd.allreduce_async(torch.ones(2), name="taken", op=hvd.Sum)
+        T.check(False, "the name of a finished, unsynchronized collective was reused")
+    except ValueError as e:
+        T.check("synchronize" in str(e), "why the name is taken: %s" % e)
+    T.check(torch.equal(hvd.synchronize(h), torch.full((2,), float(N))), "the first 'taken'")
+    T.check(torch.equal(hvd.allreduce(torch.ones(2), name="taken", op=hvd.Sum), torch.full((2,), float(N))),
+            "the name is free once synchronized")
     # Several failures in flight together with good calls: only the bad ones fail.
     hs = [hvd.allreduce_async(torch.ones(2), name="mix.good.%d" % i, op=hvd.Sum) for i in range(3)]
     bad = hvd.allreduce_async(torch.ones(1 + R), name="mix.bad")
