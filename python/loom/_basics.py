@@ -23,6 +23,7 @@ _world = None            # the world Comm
 _sets = {}               # process_set_id -> ProcessSet
 _next_set_id = 1
 _shutdown_hooks = []     # callables run by shutdown(), last registered first
+_add_set_gates = []      # callables run by add_process_set(set_id) before its split
 _reset_hooks = []        # callables run after an elastic rebuild (adapters drop stale handles)
 
 
@@ -209,6 +210,12 @@ def add_process_set(process_set):
     global _next_set_id
     _check_init()
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    # The split below is a collective of the world outside the engine: a rank
+    # still in an engine collective would meet it only at LOOM_TIMEOUT, with
+    # the communicator lost. Negotiated first, such a mismatch fails here, on
+    # every rank, after LOOM_STALL_TIMEOUT, and the engine goes on.
+    for gate in _add_set_gates:
+        gate(_next_set_id)
     with _lock:
         if ps.process_set_id is not None and ps.process_set_id in _sets:
             raise ValueError("add_process_set: %r is already registered" % (ps,))

@@ -930,3 +930,13 @@ def _stop_engines(process_set=None):
 
 
 _basics._shutdown_hooks.append(_stop_engines)
+
+
+def _gate_add_set(set_id):
+    """add_process_set's negotiation on the world's engine, where one runs."""
+    eng = engines.get(_basics.global_process_set.process_set_id)
+    if eng is not None and eng.broken is None:
+        eng.wait(eng.submit(Entry("barrier", "__loom_add_process_set__.%d" % set_id)))
+
+
+_basics._add_set_gates.append(_gate_add_set)

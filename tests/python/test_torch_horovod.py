@@ -8,6 +8,7 @@ optimizer; SyncBatchNorm on the CPU; the response cache, unnamed calls and
 the fast path of small synchronous calls; Horovod's variables
 from loomrun. Run under loomrun -np N (N = 1, 2, 3)."""
 import os
+import time
 
 import numpy as np
 import torch
@@ -80,6 +81,14 @@ def test_failures_then_good_calls():
     T.check(all(torch.equal(hvd.synchronize(x), torch.full((2,), float(N))) for x in [h] + others),
             "the first of a duplicate")
     good_call("duplicate name")
+    # add_process_set on one rank while the others are in a collective: it is
+    # negotiated like one, so both sides fail after LOOM_STALL_TIMEOUT (not at
+    # LOOM_TIMEOUT, with the communicator lost) and the next call succeeds.
+    if N > 1:
+        t0 = time.monotonic()
+        expect_error("add_process_set against a barrier",
+                     (lambda: hvd.add_process_set(list(range(N)))) if R == 0 else hvd.barrier)
+        T.check(time.monotonic() - t0 < 60, "the mismatch took %.0f s" % (time.monotonic() - t0))
     # A finished collective's name stays taken until synchronize takes its
     # result; else whether a quick second submission is refused would depend
     # on how fast the first one ran (it raced in Horovod's own tests).
