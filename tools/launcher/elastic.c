@@ -462,9 +462,8 @@ static void elastic_check_answers(ejob_t *j, long long now)
 {
     for (int r = 0; r < g_np; r++) {
         rank_t *rk = &g_ranks[r];
-        if (!rk->running || rk->answer_by < 0 || now < rk->answer_by)
+        if (!answer_overdue(rk, now))
             continue;
-        rk->answer_by = -1;
         g_ep[r].unanswered = 1;
         fprintf(stderr, "loomrun: cannot reach host %s: no answer within %g s; rank %d "
                 "given up\n", g_hosts[rk->host].name, j->answer_s, r);

@@ -221,6 +221,7 @@ void parse_args(int argc, char **argv, options_t *o);
 /* main.c */
 int rank_exited(int r, siginfo_t *si);
 int report(int r, const siginfo_t *si);
+int answer_overdue(rank_t *rk, long long now);
 char *format_int(int v);
 
 /* loop.c */

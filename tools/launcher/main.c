@@ -435,9 +435,8 @@ static void check_answers(job_t *j, long long now)
 {
     for (int r = 0; r < g_np; r++) {
         rank_t *rk = &g_ranks[r];
-        if (!rk->running || rk->answer_by < 0 || now < rk->answer_by)
+        if (!answer_overdue(rk, now))
             continue;
-        rk->answer_by = -1;
         if (j->exit_code == 0 && !j->loop.got_signal) {
             fprintf(stderr, "loomrun: cannot reach host %s: no answer within %g s\n",
                     g_hosts[rk->host].name, j->answer_s);

@@ -232,3 +232,13 @@ void install_handlers(void)
     sigemptyset(&ign.sa_mask);
     sigaction(SIGPIPE, &ign, &g_orig_pipe);
 }
+
+/* Whether the host of a running ssh rank let its answer time pass; true once,
+ * as the deadline is then cleared. */
+int answer_overdue(rank_t *rk, long long now)
+{
+    if (!rk->running || rk->answer_by < 0 || now < rk->answer_by)
+        return 0;
+    rk->answer_by = -1;
+    return 1;
+}
