@@ -181,6 +181,7 @@ void signal_rank(rank_t *rk, int sig);
 void kill_all(int sig);
 void reap_all(void);
 void install_handlers(void);
+int answer_overdue(rank_t *rk, long long now);
 
 /* output.c */
 void flush_held(rank_t *rk);
@@ -221,7 +222,6 @@ void parse_args(int argc, char **argv, options_t *o);
 /* main.c */
 int rank_exited(int r, siginfo_t *si);
 int report(int r, const siginfo_t *si);
-int answer_overdue(rank_t *rk, long long now);
 char *format_int(int v);
 
 /* loop.c */
