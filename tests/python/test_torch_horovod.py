@@ -103,6 +103,13 @@ def test_failures_then_good_calls():
     T.check(torch.equal(hvd.synchronize(h), torch.full((2,), float(N))), "the first 'taken'")
     T.check(torch.equal(hvd.allreduce(torch.ones(2), name="taken", op=hvd.Sum), torch.full((2,), float(N))),
             "the name is free once synchronized")
+    if N > 1:
+        # A group whose first member fails: synchronize still takes every
+        # member, so the group's names are free for the next try.
+        expect_error("a group's first member", lambda: hvd.grouped_allreduce_(
+            [torch.ones(1 + R), torch.ones(2)], name="grp.retry", op=hvd.Sum))
+        got = hvd.grouped_allreduce_([torch.ones(2), torch.ones(2)], name="grp.retry", op=hvd.Sum)
+        T.check(all(torch.equal(g, torch.full((2,), float(N))) for g in got), "the group again: %s" % got)
     # Several failures in flight together with good calls: only the bad ones fail.
     hs = [hvd.allreduce_async(torch.ones(2), name="mix.good.%d" % i, op=hvd.Sum) for i in range(3)]
     bad = hvd.allreduce_async(torch.ones(1 + R), name="mix.bad")

@@ -631,7 +631,17 @@ def poll(handle):
 def synchronize(handle):
     """Wait for an asynchronous operation; returns its result."""
     if handle in _groups:
-        return [synchronize(h) for h in _groups.pop(handle)]
+        # Every member is taken, even after one failed: a member left behind
+        # would keep its name taken (see _engine.Handle.held).
+        results, error = [], None
+        for h in _groups.pop(handle):
+            try:
+                results.append(synchronize(h))
+            except Exception as exc:   # noqa: BLE001 - raised once all are taken
+                error = error or exc
+        if error is not None:
+            raise error
+        return results
     try:
         eng, h = _handles.pop(handle)
     except KeyError:
