@@ -4,8 +4,9 @@
 # and .ci/run both call this script), then the Python environments from PyPI:
 # /opt/loom-tf (TensorFlow and Keras: PyPI's tensorflow-cpu brings NumPy 2,
 # which Debian's python3-torch, built for NumPy 1, cannot load, so it has an
-# environment of its own) and, where python/torch_env.sh exists, the one it
-# makes (/opt/loom-torch, PyPI's PyTorch).
+# environment of its own), /opt/loom-fuzz (atheris, for the Python fuzz
+# target) and, where python/torch_env.sh exists, the one it makes
+# (/opt/loom-torch, PyPI's PyTorch).
 #   tests/install-deps.sh            install (as root, or through sudo)
 #   tests/install-deps.sh --list     print the package names only
 #   tests/install-deps.sh --dry-run  ask apt-get what it would do; no PyPI
@@ -60,6 +61,16 @@ elif $as_root /usr/bin/python3 -m venv /opt/loom-tf && $as_root /opt/loom-tf/bin
     echo "install-deps: made /opt/loom-tf (TensorFlow and Keras)"
 else
     echo "install-deps: warning: could not install tensorflow-cpu into /opt/loom-tf: the TensorFlow and Keras tests will be skipped" >&2
+fi
+# atheris, for the Python fuzz target (tests/fuzz/fuzz_negotiation.py): an
+# environment of its own, as it needs nothing else (without it, the target
+# runs on a mutator of its own, without coverage).
+if /opt/loom-fuzz/bin/python -c 'import atheris' 2>/dev/null; then
+    echo "install-deps: /opt/loom-fuzz has atheris"
+elif $as_root /usr/bin/python3 -m venv /opt/loom-fuzz && $as_root /opt/loom-fuzz/bin/pip install -q atheris; then
+    echo "install-deps: made /opt/loom-fuzz (atheris)"
+else
+    echo "install-deps: warning: could not install atheris into /opt/loom-fuzz: the Python fuzz target runs without coverage" >&2
 fi
 if [ -x python/torch_env.sh ]; then
     $as_root python/torch_env.sh ||

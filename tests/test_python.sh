@@ -3,7 +3,8 @@
 # libloom into a scratch directory, then runs tests/python/*.py under loomrun on
 # 1, 2 and 3 ranks: the extension's Comm/Request API (blocking, non-blocking,
 # the GIL released), every collective and type through loom (NumPy) and
-# loom.torch, fusion and negotiation, the mismatch errors, and the
+# loom.torch, fusion and negotiation (its binary format: test_negotiation.py),
+# the mismatch errors, and the
 # DistributedOptimizer equivalence test (fusion on and off), Horovod parity
 # (test_torch_horovod.py: every failure kind followed by a good call, the
 # gradients of every collective, sparse, int16, scaling, SyncBatchNorm, the
@@ -38,6 +39,7 @@ run() {  # run NP SCRIPT [VAR=value...]: one loomrun job (PYTHON_FOR_TEST=... pi
     grep -h "passed, .* failed" "$tmp/out" | sed 's/^/    /'
 }
 
+run 1 tests/python/test_negotiation.py
 for np in 1 2 3; do
     run $np tests/python/test_comm.py
     run $np tests/python/test_numpy.py

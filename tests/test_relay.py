@@ -27,7 +27,12 @@ LOOM_ERR_TRANSPORT and no call may return a wrong element. Without a key the
 outcome is printed (README: "Threat model") and checked against what the README
 says: the network relay changes results unnoticed.
 
-usage: test_relay.py BUILDDIR SHIM.so
+  engine   (test_relay_engine.sh) loom.torch's negotiation over the same
+           interception, without a key and with LOOM_AUTH_MAC=headers: the
+           relay replaces each negotiation message with a pickle that runs a
+           command; no rank may run it.
+
+usage: test_relay.py BUILDDIR SHIM.so [engine PYTHON]
 """
 import os
 import re
@@ -101,10 +106,12 @@ class Pump(threading.Thread):
     (header, header tag, payload, payload tag with a key) and adds 999 to the
     first int32 of every payload."""
 
-    def __init__(self, src, dst, skip, keyed, streams=1):
+    def __init__(self, src, dst, skip, keyed, streams=1, alter=None, payload_tags=True):
         super().__init__(daemon=True)
         self.src, self.dst, self.skip, self.keyed = src, dst, skip, keyed
         self.streams = streams
+        self.alter = alter or add_999
+        self.payload_tags = keyed and payload_tags
         self.altered = 0
 
     def run(self):
@@ -133,11 +140,12 @@ class Pump(threading.Thread):
                         if plen:
                             state, need = "payload", plen
                     elif state == "payload":
-                        if len(part) >= 4:
-                            v = struct.unpack("<i", part[:4])[0] + 999
-                            part = struct.pack("<i", v) + part[4:]
+                        changed = self.alter(part)
+                        if changed is not None:
+                            part = changed
                             self.altered += 1
-                        state, need = ("tag", TAG) if self.keyed else ("hdr", HDR)
+                        state, need = ("tag", TAG) if self.payload_tags else \
+                            ("hdr", HDR + (TAG if self.keyed else 0))
                     elif state == "tag":
                         state, need = "hdr", HDR + TAG
                     out += part
@@ -150,6 +158,13 @@ class Pump(threading.Thread):
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+def add_999(payload):
+    """The first int32 plus 999 (None: too short to alter)."""
+    if len(payload) < 4:
+        return None
+    return struct.pack("<i", struct.unpack("<i", payload[:4])[0] + 999) + payload[4:]
 
 
 def slice0(length, streams):
@@ -167,10 +182,12 @@ class PortTaken(Exception):
 class Relay(threading.Thread):
     """Listens on port (0: any), forwards every connection to target."""
 
-    def __init__(self, keyed, port=0, streams=1):
+    def __init__(self, keyed, port=0, streams=1, alter=None, payload_tags=True, preamble=False):
         super().__init__(daemon=True)
         self.keyed = keyed
+        self.preamble = preamble   # each connection names its target (relay_shim's RELAY_ANY_TO_PORT)
         self.streams = streams
+        self.alter, self.payload_tags = alter, payload_tags
         self.ls = socket.socket()
         self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         for _ in range(100):   # the old port may linger a moment after its job
@@ -197,13 +214,25 @@ class Relay(threading.Thread):
                 return
             self.connections += 1
             try:
-                u = socket.create_connection(self.target)
+                target = self.target
+                if self.preamble:
+                    c.settimeout(10)
+                    want = b""
+                    while len(want) < 2:
+                        got = c.recv(2 - len(want))
+                        if not got:
+                            raise OSError("closed before its preamble")
+                        want += got
+                    c.settimeout(None)
+                    target = ("127.0.0.1", struct.unpack(">H", want)[0])
+                u = socket.create_connection(target)
             except OSError:
                 c.close()
                 continue
             up = Pump(c, u, HELLO + NONCE + PROOF if self.keyed else HELLO, self.keyed,
-                      self.streams)
-            down = Pump(u, c, CHAL + ACK if self.keyed else ACK, self.keyed, self.streams)
+                      self.streams, self.alter, self.payload_tags)
+            down = Pump(u, c, CHAL + ACK if self.keyed else ACK, self.keyed, self.streams,
+                        self.alter, self.payload_tags)
             self.pumps += [up, down]
             up.start()
             down.start()
@@ -362,6 +391,70 @@ def network_attack(keyed, streams=1):
         store.wait()
 
 
+def evil_pickle(marker):
+    """A pickle that runs a shell command when loaded: what an interceptor
+    puts in place of a negotiation message to run code in a rank."""
+    return b"cos\nsystem\n(S'touch %s'\ntR." % marker.encode()
+
+
+def engine_attack(python, keyed):
+    """loom.torch's engine negotiates over the wire (every new name takes a
+    full round). The interceptor sits on rank 1's connection to rank 0, as in
+    network_attack, and puts a pickle that runs `touch` in place of every
+    negotiation message it sees (the binary format's magic "LMNG", or a
+    pickle's protocol header as the engine used to send), padded to the
+    frame's length (headers mode: the length is tagged, the payload is not).
+    No rank may run it; each must fail or return correct results."""
+    global failures
+    store, port = start_store()
+    mode = "LOOM_AUTH_MAC=headers" if keyed else "no key"
+    job = "relay-engine-%d-%d" % (keyed, os.getpid())
+    marker_dir = tempfile.mkdtemp(prefix="relay-engine-")
+    marker = os.path.join(marker_dir, "code-ran")
+    evil = evil_pickle(marker)
+
+    def swap(payload):
+        if not (payload[:4] == b"LMNG" or payload[:1] == b"\x80") or len(payload) < len(evil):
+            return None
+        return evil + b"\0" * (len(payload) - len(evil))
+
+    extra = {"LOOM_AUTH_MAC": "headers"} if keyed else {}
+    ranks = []
+    try:
+        relay = Relay(keyed, alter=swap, payload_tags=False, preamble=True)
+        relay.start()
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "python", "relay_engine_rank.py")
+
+        def start(rank, more):
+            env = rank_env(rank, port, keyed, job, dict(extra, **more))
+            return subprocess.Popen([python, script], env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, text=True)
+        # Every connection rank 1 makes to rank 0 (the world's, and the
+        # engine's own communicator's, split off later on a port of its own).
+        ranks.append(start(0, {}))
+        ranks.append(start(1, {"LD_PRELOAD": SHIM, "RELAY_ANY_TO_PORT": str(relay.port),
+                               "RELAY_EXCEPT_PORT": str(port)}))
+        res = [outcome(p) for p in ranks]
+        ran = os.path.exists(marker)
+        sound = all((r[0] == "SUCCESS" and r[1] == 0) or r[0] not in ("SUCCESS", "HUNG", "CRASHED")
+                    for r in res)
+        ok = not ran and sound and relay.altered() > 0
+        print("%s engine payloads replaced by a pickle (%s): the relay replaced %d message(s); "
+              "code ran: %s; %s" % ("PASS" if ok else "FAIL", mode, relay.altered(),
+                                     "YES" if ran else "no", "; ".join(r[2] for r in res)))
+        failures += not ok
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        store.kill()
+        store.wait()
+        if os.path.exists(marker):
+            os.unlink(marker)
+        os.rmdir(marker_dir)
+
+
 def idle_flood(keyed):
     """200 idle connections to rank 0 while it waits for ranks 1 and 2."""
     global failures
@@ -454,6 +547,12 @@ def huge_announcement():
         store.wait()
 
 
+if len(sys.argv) > 3 and sys.argv[3] == "engine":
+    # test_relay_engine.sh: loom.torch's engine, under the interpreter given.
+    engine_attack(sys.argv[4], False)
+    engine_attack(sys.argv[4], True)
+    print("%d passed, %d failed" % (2 - failures, failures))
+    sys.exit(1 if failures else 0)
 idle_flood(False)
 idle_flood(True)
 huge_announcement()

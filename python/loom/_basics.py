@@ -412,3 +412,28 @@ def _env_size(name, default):
         return int(float(s) * mult)
     except ValueError:
         raise ValueError("%s=%r is not a byte count" % (name, v)) from None
+
+
+_objects_warned = False
+
+
+def _warn_objects_trusted():
+    """broadcast_object and allgather_object unpickle what other ranks send,
+    as Horovod's do, so whoever can change those bytes on the way can run
+    code in this process. Only LOOM_AUTH_KEY with LOOM_AUTH_MAC=full (every
+    TCP payload tagged) keeps a stranger's bytes out; say once when that is
+    not set, so that nobody relies on it unawares (README, Threat model)."""
+    global _objects_warned
+    if _objects_warned:
+        return
+    _objects_warned = True
+    keyed = bool(os.environ.get("LOOM_AUTH_KEY") or os.environ.get("LOOM_AUTH_KEY_FILE"))
+    if keyed and os.environ.get("LOOM_AUTH_MAC", "full") != "headers":
+        return
+    import warnings
+    warnings.warn("loom: broadcast_object/allgather_object unpickle what the other ranks send: "
+                  "%s, so the ranks and the network between them must be trusted (whoever can "
+                  "change the bytes on the way can run code here); set LOOM_AUTH_KEY with "
+                  "LOOM_AUTH_MAC=full to refuse changed bytes" %
+                  ("LOOM_AUTH_MAC=headers leaves payloads untagged" if keyed else "there is no LOOM_AUTH_KEY"),
+                  RuntimeWarning, stacklevel=3)

@@ -5,8 +5,9 @@ Every collective is an entry with a name, which stays taken on its rank until
 synchronize (wait) hands its result over, so a duplicate is refused whatever
 the timing. A thread per process set runs
 rounds: each round every rank contributes the entries submitted since the last
-one (name and metadata) through an allgather on the engine's own communicator,
-so every rank sees the same table and takes the same decisions from it. A name
+one (name and metadata, in loom._negotiation's binary format: nothing a peer
+sends is unpickled) through an allgather on the engine's own communicator, so
+every rank sees the same table and takes the same decisions from it. A name
 is ready once every rank has submitted it; ready names run in the order they
 became ready (ranks may submit in different orders). Ready allreduces of one
 type, op and scaling are packed into a fusion buffer of up to
@@ -50,11 +51,10 @@ the prefix of the type name that travels in the metadata ("torch.float32",
 "np.float32"), so one engine per process set serves every adapter.
 """
 import array
-import pickle
 import threading
 import time
 
-from . import _adasum, _basics, _loom
+from . import _adasum, _basics, _loom, _negotiation
 from ._loom import LoomError, LoomInternalError
 
 JOIN = "__loom_join__"
@@ -582,18 +582,42 @@ class Engine:
             event.set()
 
     def _exchange(self, msg):
-        data = bytearray(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+        """Every rank's message of this round, decoded (loom._negotiation:
+        bytes that can only describe collectives, never objects or code)."""
+        data = _negotiation.encode(msg)
         lens = array.array("q", bytes(8 * self.n))
         self.comm.allgather(array.array("q", [len(data)]), lens, dtype=_loom.INT64)
         lens = lens.tolist()
+        for r, n in enumerate(lens):
+            if not 0 < n <= _negotiation.MAX_MESSAGE_BYTES:
+                self._refuse(r, "it announced a message of %d bytes (at most %d)"
+                             % (n, _negotiation.MAX_MESSAGE_BYTES))
         out = bytearray(sum(lens))
         self.comm.allgatherv(data, out, lens, dtype=_loom.UINT8)
         msgs, off = [], 0
         view = memoryview(out)
-        for n in lens:
-            msgs.append(pickle.loads(view[off:off + n]))
+        for r, n in enumerate(lens):
+            try:
+                msgs.append(_negotiation.decode(view[off:off + n]))
+            except _negotiation.NegotiationError as exc:
+                self._refuse(r, exc)
             off += n
         return msgs
+
+    def _refuse(self, r, why):
+        """A message that is not negotiation: the exchange cannot be trusted
+        any more, so the communicator is closed (the other ranks fail at
+        once, not after LOOM_TIMEOUT) and the engine stops."""
+        try:
+            self.comm.abort()
+        except LoomError:
+            pass
+        exc = LoomInternalError("loom: rank %d of process set %d sent a negotiation message this rank "
+                                "cannot read: %s (a rank of another Loom version, or bytes changed on the way, "
+                                "which LOOM_AUTH_KEY with LOOM_AUTH_MAC=full detects)"
+                                % (r, self.ps.process_set_id, why))
+        exc.status = _loom.ERR_TRANSPORT
+        raise exc
 
     def _round(self, msg):
         """One negotiation round; True when the engine is to stop."""

@@ -5,7 +5,7 @@ import pickle
 
 import numpy as np
 
-from . import _engine, _loom
+from . import _basics, _engine, _loom
 from ._basics import (Adasum, Average, LoomError, Max, Min, Product, Sum, _set_comm, global_process_set)
 
 try:
@@ -183,6 +183,9 @@ def join():
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """obj from root_rank on every rank, pickled: the ranks must trust each
+    other (see _basics._warn_objects_trusted)."""
+    _basics._warn_objects_trusted()
     comm = _set_comm(process_set)
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if comm.rank == root_rank else None
     n = np.array([data.size if data is not None else 0], dtype=np.int64)
@@ -193,6 +196,8 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
+    """[obj of rank 0, obj of rank 1, ...] on every rank, pickled (as broadcast_object)."""
+    _basics._warn_objects_trusted()
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     comm = _set_comm(process_set)
     sizes = np.empty(comm.size, dtype=np.int64)

@@ -5,10 +5,11 @@
 # `make fuzz` runs it. A crash leaves its input in BUILDDIR/fuzz-build/ as
 # crash-<target>-*: add it to the corpus (it becomes a test case) and fix it.
 #
-# Environment: FUZZ_SECONDS, FUZZ_TARGETS (default: every fuzz_*.c here),
-# FUZZ_CC (default: clang, else clang-18 .. clang-14), HIREDIS_LIBS.
-# A new target is one file, tests/fuzz/fuzz_<name>.c defining
-# LLVMFuzzerTestOneInput, plus a seed corpus in tests/fuzz/corpus/<name>/; it
+# Environment: FUZZ_SECONDS, FUZZ_TARGETS (default: every fuzz_*.c and
+# fuzz_*.py here), FUZZ_CC (default: clang, else clang-18 .. clang-14),
+# HIREDIS_LIBS. A new target is one file, tests/fuzz/fuzz_<name>.c defining
+# LLVMFuzzerTestOneInput (or fuzz_<name>.py taking libFuzzer's arguments, run
+# under atheris where /opt/loom-fuzz has it), plus a seed corpus in tests/fuzz/corpus/<name>/; it
 # links with the whole library, instrumented (a target that #includes a
 # source file, as fuzz_store_server.c does store_tcp_server.c, gets that file
 # left out of its link: see own_source).
@@ -22,7 +23,48 @@ seconds=${FUZZ_SECONDS:-30}
 out=$builddir/fuzz-build
 mkdir -p "$out/obj" || exit 1
 
-skip() { echo "fuzz: skipped: $*"; exit 77; }
+all_targets=$(cd "$srcdir/tests/fuzz" && ls fuzz_*.c fuzz_*.py | sed 's/^fuzz_//; s/\.[cp]y*$//')
+targets=${FUZZ_TARGETS:-$all_targets}
+
+# Python targets (fuzz_<name>.py, the decoders the Python package runs):
+# under atheris where /opt/loom-fuzz has it (tests/install-deps.sh), else
+# with the target's own mutator; the same corpus layout and arguments.
+failed=0
+py_targets=""
+for t in $targets; do
+    [ -f "$srcdir/tests/fuzz/fuzz_$t.py" ] && py_targets="$py_targets $t"
+done
+fuzz_py=python3
+if /opt/loom-fuzz/bin/python -c 'import atheris' 2>/dev/null; then
+    fuzz_py=/opt/loom-fuzz/bin/python
+fi
+for t in $py_targets; do
+    seeds=$srcdir/tests/fuzz/corpus/$t
+    work=$out/corpus/$t
+    mkdir -p "$work"
+    engine="$fuzz_py (atheris)"
+    [ "$fuzz_py" = python3 ] && engine="python3 (no atheris: its own mutator)"
+    if ! $fuzz_py "$srcdir/tests/fuzz/fuzz_$t.py" -runs=0 "$seeds" >"$out/$t.replay.log" 2>&1; then
+        echo "fuzz: FAIL: fuzz_$t fails on its corpus ($out/$t.replay.log)" >&2
+        tail -n 30 "$out/$t.replay.log" >&2
+        failed=1
+    elif $fuzz_py "$srcdir/tests/fuzz/fuzz_$t.py" -max_total_time="$seconds" -timeout=10 \
+            -rss_limit_mb=2048 -artifact_prefix="$out/crash-$t-" -print_final_stats=1 \
+            "$work" "$seeds" >"$out/$t.log" 2>&1; then
+        echo "fuzz: ok: fuzz_$t under $engine, corpus of $(ls "$seeds" | wc -l) replayed, $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$out/$t.log" | grep -o '[0-9]*$') runs in ${seconds} s"
+    else
+        echo "fuzz: FAIL: fuzz_$t: $(tail -n 5 "$out/$t.log")" >&2
+        echo "      add the crash-$t-* input in $out to tests/fuzz/corpus/$t/ and fix the bug" >&2
+        failed=1
+    fi
+done
+c_targets=""
+for t in $targets; do
+    [ -f "$srcdir/tests/fuzz/fuzz_$t.py" ] || c_targets="$c_targets $t"
+done
+[ -n "$c_targets" ] || exit $failed
+
+skip() { echo "fuzz: skipped: $*"; [ "$failed" = 0 ] || exit 1; exit 77; }
 cc=${FUZZ_CC:-}
 if [ -z "$cc" ]; then
     for c in clang clang-18 clang-17 clang-16 clang-15 clang-14; do
@@ -36,7 +78,6 @@ printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (v
     skip "$cc cannot link libFuzzer (apt-get install libclang-rt-14-dev, or the one of your clang)"
 [ -f "$builddir/config.h" ] || { echo "fuzz: run configure first" >&2; exit 1; }
 
-targets=${FUZZ_TARGETS:-$(cd "$srcdir/tests/fuzz" && ls fuzz_*.c | sed 's/^fuzz_//; s/\.c$//')}
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
 cflags="-std=gnu11 -g -O1 -fno-omit-frame-pointer -Wall -Wno-unused-function $san"
 # The host-memory library: the build's configuration without CUDA and verbs
@@ -67,8 +108,7 @@ done
 # The library source a target includes itself, if any.
 own_source() { sed -n 's/^#include "\(.*\)\.c"$/\1.c/p' "$1" | sed 's|.*/||'; }
 
-failed=0
-for t in $targets; do
+for t in $c_targets; do
     src=$srcdir/tests/fuzz/fuzz_$t.c
     [ -f "$src" ] || { echo "fuzz: no target $t ($src)" >&2; failed=1; continue; }
     own=$(own_source "$src")

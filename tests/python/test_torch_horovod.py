@@ -446,6 +446,35 @@ def test_timeline():
     os.remove(mine)
 
 
+def test_object_warning():
+    """Object collectives unpickle peers' bytes: a one-time warning unless
+    LOOM_AUTH_KEY with LOOM_AUTH_MAC=full tags every payload."""
+    import warnings
+    from loom import _basics
+    saved = {v: os.environ.pop(v, None) for v in ("LOOM_AUTH_KEY", "LOOM_AUTH_KEY_FILE", "LOOM_AUTH_MAC")}
+    try:
+        for env, want in (({}, True), ({"LOOM_AUTH_KEY": "k"}, False),
+                          ({"LOOM_AUTH_KEY": "k", "LOOM_AUTH_MAC": "full"}, False),
+                          ({"LOOM_AUTH_KEY_FILE": "/k", "LOOM_AUTH_MAC": "headers"}, True)):
+            for v in saved:
+                os.environ.pop(v, None)
+            os.environ.update(env)
+            _basics._objects_warned = False
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = hvd.broadcast_object({"x": 1} if R == 0 else None, 0, name="warn.%d" % len(env))
+                hvd.allgather_object(R, name="warn.ag.%d" % len(env))
+            texts = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+            T.check(got == {"x": 1}, "broadcast_object's value with %s" % env)
+            T.check(len(texts) == (1 if want else 0) and all("trusted" in x for x in texts),
+                    "with %s: %s" % (env or "no key", texts))
+    finally:
+        for v, val in saved.items():
+            os.environ.pop(v, None)
+            if val is not None:
+                os.environ[v] = val
+
+
 def test_horovod_variables():
     if "HOROVOD_RANK" not in os.environ:
         return   # run by hand: loomrun exports them
@@ -458,7 +487,7 @@ def test_horovod_variables():
 for fn in (test_failures_then_good_calls, test_int16_and_scaling, test_gradients, test_sparse,
            test_process_sets_and_optimizer, test_sync_batch_norm, test_cache_and_fusion,
            test_small_calls_fast_path, test_adasum,
-           test_timeline, test_horovod_variables):
+           test_timeline, test_object_warning, test_horovod_variables):
     T.run(fn)
 hvd.shutdown()
 T.finish()

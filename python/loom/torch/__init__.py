@@ -652,7 +652,9 @@ def synchronize(handle):
 # ---- objects -------------------------------------------------------------------
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """obj from root_rank, on every rank (pickled)."""
+    """obj from root_rank, on every rank (pickled: the ranks must trust each
+    other, see _basics._warn_objects_trusted)."""
+    _basics._warn_objects_trusted()
     name = name or type(obj).__name__
     if _basics.rank() == root_rank:
         b = io.BytesIO()
@@ -671,7 +673,8 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
-    """[obj of rank 0, obj of rank 1, ...] on every rank."""
+    """[obj of rank 0, obj of rank 1, ...] on every rank (pickled, as broadcast_object)."""
+    _basics._warn_objects_trusted()
     name = name or type(obj).__name__
     data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
     sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64), name + ".sz", process_set)
