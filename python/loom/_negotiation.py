@@ -46,24 +46,33 @@ _KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 _HEAD = struct.Struct("<4sBBI")
 _U16 = struct.Struct("<H")
 _U8 = struct.Struct("<B")
-_I64 = struct.Struct("<q")
+_KIND_DTYPE = struct.Struct("<BB")
 _TAIL = struct.Struct("<BqqddI")       # has-op, op, root, pre, post, split count (as u32)
 _FLAG_STOPPING, _FLAG_WAITING = 1, 2
 _NO_SPLITS = 0xFFFFFFFF
-_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 _DTYPE_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._")
 _MIN_ENTRY = _U16.size + 1 + 1 + 1 + _TAIL.size
+
+
+_dtype_seen = {}   # decoded type names, by their bytes
 
 
 class NegotiationError(ValueError):
     """A negotiation message that is not a well-formed one of this version."""
 
 
-def _int64(value, what):
-    v = int(value)
-    if not _I64_MIN <= v <= _I64_MAX:
-        raise ValueError("loom: %s %d does not fit the negotiation format (64-bit)" % (what, v))
-    return v
+_dtype_ok = {}   # type names seen valid: a round repeats a handful of them
+
+
+def _dtype_bytes(dtype):
+    d = _dtype_ok.get(dtype)
+    if d is None:
+        d = dtype.encode("ascii", "replace")
+        if len(d) > MAX_DTYPE_BYTES or not _DTYPE_CHARS.issuperset(d):
+            raise ValueError("loom: type name %r cannot be negotiated" % dtype)
+        if len(_dtype_ok) < 256:
+            _dtype_ok[dtype] = d
+    return d
 
 
 def encode(msg):
@@ -74,31 +83,27 @@ def encode(msg):
     for name, meta in entries:
         kind, dtype, shape, op, root, pre, post, splits = meta
         raw = name.encode("utf-8")
-        if len(raw) > MAX_NAME_BYTES:
-            raise ValueError("loom: tensor name of %d bytes is longer than %d" % (len(raw), MAX_NAME_BYTES))
-        d = dtype.encode("ascii")
-        if len(d) > MAX_DTYPE_BYTES or not _DTYPE_CHARS.issuperset(d):
-            raise ValueError("loom: type name %r cannot be negotiated" % dtype)
-        if len(shape) > MAX_RANK:
-            raise ValueError("loom: tensor '%s' has %d dimensions; at most %d can be negotiated"
-                             % (name, len(shape), MAX_RANK))
-        out.append(_U16.pack(len(raw)))
-        out.append(raw)
         code = _KIND_CODE.get(kind)
         if code is None:
             raise ValueError("loom: '%s': %r is not a collective the engine negotiates" % (name, kind))
-        out.append(_U8.pack(code))
-        out.append(_U8.pack(len(d)))
-        out.append(d)
-        out.append(_U8.pack(len(shape)))
-        out.extend(_I64.pack(_int64(s, "dimension")) for s in shape)
-        n_splits = _NO_SPLITS if splits is None else len(splits)
-        if splits is not None and n_splits > MAX_SPLITS:
-            raise ValueError("loom: %d splits are more than %d" % (n_splits, MAX_SPLITS))
-        out.append(_TAIL.pack(op is not None, 0 if op is None else _int64(op, "op"),
-                              _int64(root, "root"), float(pre), float(post), n_splits))
-        if splits is not None:
-            out.extend(_I64.pack(_int64(s, "split")) for s in splits)
+        if len(raw) > MAX_NAME_BYTES:
+            raise ValueError("loom: tensor name of %d bytes is longer than %d" % (len(raw), MAX_NAME_BYTES))
+        if len(shape) > MAX_RANK:
+            raise ValueError("loom: tensor '%s' has %d dimensions; at most %d can be negotiated"
+                             % (name, len(shape), MAX_RANK))
+        if splits is not None and len(splits) > MAX_SPLITS:
+            raise ValueError("loom: %d splits are more than %d" % (len(splits), MAX_SPLITS))
+        d = _dtype_bytes(dtype)
+        try:
+            out.append(b"".join((
+                _U16.pack(len(raw)), raw, _KIND_DTYPE.pack(code, len(d)), d,
+                _U8.pack(len(shape)), struct.pack("<%dq" % len(shape), *shape),
+                _TAIL.pack(op is not None, 0 if op is None else op, root, pre, post,
+                           _NO_SPLITS if splits is None else len(splits)),
+                b"" if splits is None else struct.pack("<%dq" % len(splits), *splits))))
+        except struct.error as exc:
+            raise ValueError("loom: tensor '%s' cannot be negotiated: %s (dimensions, op, root and "
+                             "splits are 64-bit integers)" % (name, exc)) from None
     return b"".join(out)
 
 
@@ -124,37 +129,42 @@ def decode(data):
         raise NegotiationError("%d entries cannot fit in %d bytes" % (count, n - off))
     entries = []
     for i in range(count):
-        def need(k, what):
-            if k > n - off:
-                raise NegotiationError("entry %d: %s runs past the end of the message" % (i, what))
-        need(_U16.size, "the name's length")
+        if n - off < _U16.size:
+            raise NegotiationError("entry %d: the name's length runs past the end of the message" % i)
         (ln,) = _U16.unpack_from(view, off)
         off += _U16.size
-        need(ln + 2, "the name")
+        if n - off < ln + 2:
+            raise NegotiationError("entry %d: the name runs past the end of the message" % i)
         try:
-            name = bytes(view[off:off + ln]).decode("utf-8")
+            name = str(view[off:off + ln], "utf-8")
         except UnicodeDecodeError:
             raise NegotiationError("entry %d: the name is not UTF-8" % i) from None
         off += ln
-        code, ld = view[off], view[off + 1]
+        code, ld = _KIND_DTYPE.unpack_from(view, off)
         off += 2
         if code >= len(KINDS):
             raise NegotiationError("entry %d ('%s'): unknown collective code %d" % (i, name, code))
-        if ld > MAX_DTYPE_BYTES:
+        if ld > MAX_DTYPE_BYTES or n - off < ld + 1:
             raise NegotiationError("entry %d ('%s'): a type name of %d bytes" % (i, name, ld))
-        need(ld + 1, "the type name")
         d = bytes(view[off:off + ld])
-        if not _DTYPE_CHARS.issuperset(d):
-            raise NegotiationError("entry %d ('%s'): the type name has characters no type has" % (i, name))
+        dtype = _dtype_seen.get(d)
+        if dtype is None:
+            if not _DTYPE_CHARS.issuperset(d):
+                raise NegotiationError("entry %d ('%s'): the type name has characters no type has"
+                                       % (i, name))
+            dtype = d.decode("ascii")
+            if len(_dtype_seen) < 256:
+                _dtype_seen[d] = dtype
         off += ld
         rank = view[off]
         off += 1
         if rank > MAX_RANK:
             raise NegotiationError("entry %d ('%s'): %d dimensions" % (i, name, rank))
-        need(rank * 8 + _TAIL.size, "the shape")
+        if n - off < rank * 8 + _TAIL.size:
+            raise NegotiationError("entry %d ('%s'): the shape runs past the end of the message" % (i, name))
         shape = struct.unpack_from("<%dq" % rank, view, off)
         off += rank * 8
-        if any(not 0 <= s <= MAX_DIM for s in shape):
+        if shape and (min(shape) < 0 or max(shape) > MAX_DIM):
             raise NegotiationError("entry %d ('%s'): a dimension out of range in %s" % (i, name, list(shape)))
         has_op, op, root, pre, post, n_splits = _TAIL.unpack_from(view, off)
         off += _TAIL.size
@@ -162,15 +172,14 @@ def decode(data):
             raise NegotiationError("entry %d ('%s'): a malformed op" % (i, name))
         splits = None
         if n_splits != _NO_SPLITS:
-            if n_splits > MAX_SPLITS:
-                raise NegotiationError("entry %d ('%s'): %d splits" % (i, name, n_splits))
-            need(n_splits * 8, "the splits")
+            if n_splits > MAX_SPLITS or n - off < n_splits * 8:
+                raise NegotiationError("entry %d ('%s'): %d splits in what is left of the message"
+                                       % (i, name, n_splits))
             splits = struct.unpack_from("<%dq" % n_splits, view, off)
             off += n_splits * 8
-            if any(s < 0 for s in splits):
+            if splits and min(splits) < 0:
                 raise NegotiationError("entry %d ('%s'): a negative split" % (i, name))
-        entries.append((name, (KINDS[code], d.decode("ascii"), shape, op if has_op else None,
-                               root, pre, post, splits)))
+        entries.append((name, (KINDS[code], dtype, shape, op if has_op else None, root, pre, post, splits)))
     if off != n:
         raise NegotiationError("%d bytes after the last entry" % (n - off))
     return entries, bool(flags & _FLAG_STOPPING), bool(flags & _FLAG_WAITING)
