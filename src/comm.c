@@ -306,7 +306,8 @@ static loom_status_t exchange_addresses(loom_comm_t c, const char *mine, size_t 
      * key. With one, the record is signed, so it can only be an old one
      * replayed; the handshake's binding refuses whoever dials it, and we stay
      * to refuse them (so they learn why at once) rather than leave them to
-     * time out. */
+     * time out. Shared memory has no handshake: its connect fails us at once,
+     * and the segment's binding refuses our peers (transports/shm/shm.c). */
     if (st == LOOM_SUCCESS && strcmp(values[c->rank], mine) != 0) {
         if (c->cfg.auth_keylen)
             LOOM_WARN("init", "rank %d finds an older signed address of its own under %s "
