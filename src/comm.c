@@ -292,14 +292,22 @@ static loom_status_t exchange_addresses(loom_comm_t c, const char *mine, size_t 
         loom_err_set(err, st, "%s", wait_err.msg);
     for (int r = 0; r < c->size && st == LOOM_SUCCESS; r++) {
         size_t vlen;
+        loom_err_t get_err = {0};
         st = loom_store_get_signed(c->store->store, keys[r], (void **)&values[r], &vlen,
-                                   c->cfg.timeout_s, err);
+                                   c->cfg.timeout_s, &get_err);
+        /* The store's message names the key; users think in ranks. */
+        if (st == LOOM_ERR_AUTH)
+            loom_err_set(err, st, "rank %d refuses rank %d's record: %s", c->rank, r,
+                         get_err.msg);
+        else if (st != LOOM_SUCCESS)
+            loom_err_set(err, st, "%s", get_err.msg);
     }
     /* Our own record as others read it: a rewrite shows here even without a
      * key. With one, the record is signed, so it can only be an old one
      * replayed; the handshake's binding refuses whoever dials it, and we stay
      * to refuse them (so they learn why at once) rather than leave them to
-     * time out. */
+     * time out. Shared memory has no handshake: its connect fails us at once,
+     * and the segment's binding refuses our peers (transports/shm/shm.c). */
     if (st == LOOM_SUCCESS && strcmp(values[c->rank], mine) != 0) {
         if (c->cfg.auth_keylen)
             LOOM_WARN("init", "rank %d finds an older signed address of its own under %s "
@@ -506,7 +514,8 @@ static loom_status_t create_from(const loom_settings_t *cfg, int rank, int size,
             goto err_free;
         }
         atomic_init(&c->store->refs, 1);
-        st = loom_store_open_callbacks(cb, &c->work_err, &c->store->store);
+        st = loom_store_open_callbacks(cb, cfg->auth_key, cfg->auth_keylen, &c->work_err,
+                                       &c->store->store);
         if (st != LOOM_SUCCESS) {
             free(c->store);
             c->store = NULL;

@@ -272,14 +272,22 @@ loom_status_t loom_store_open_key(const char *uri, int rank, double timeout_s, c
 }
 
 loom_status_t loom_store_wrap(const loom_store_ops_t *ops, void *impl, const char *name,
-                              loom_err_t *err, loom_store_t **store_p)
+                              const void *key, size_t keylen, loom_err_t *err,
+                              loom_store_t **store_p)
 {
     loom_store_t *s;
+    if (keylen > sizeof(((loom_store_t *)0)->key)) {
+        ops->close(impl);
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG, "LOOM_AUTH_KEY is too long");
+    }
     loom_status_t st = handle_new(ops, name, err, &s);
     if (st != LOOM_SUCCESS) {
         ops->close(impl);
         return st;
     }
+    if (keylen > 0)
+        memcpy(s->key, key, keylen);
+    s->keylen = keylen;
     s->impl = impl;
     *store_p = s;
     return LOOM_SUCCESS;

@@ -29,9 +29,11 @@ loom_status_t loom_store_open_key(const char *uri, int rank, double timeout_s, c
                                   size_t keylen, loom_err_t *err, loom_store_t **store_p);
 void loom_store_close(loom_store_t *s);
 
-/* The caller's callbacks as a store (store_cb.c): loom_comm_create_with_store. */
-loom_status_t loom_store_open_callbacks(const loom_store_callbacks_t *cb, loom_err_t *err,
-                                        loom_store_t **store_p);
+/* The caller's callbacks as a store (store_cb.c): loom_comm_create_with_store.
+ * key/keylen (LOOM_AUTH_KEY, keylen 0: none) sign and check values as for
+ * loom_store_open_key; the callbacks never see the key. */
+loom_status_t loom_store_open_callbacks(const loom_store_callbacks_t *cb, const void *key,
+                                        size_t keylen, loom_err_t *err, loom_store_t **store_p);
 
 /* Keys are NUL-terminated strings of at most 1024 bytes; values are bytes. */
 loom_status_t loom_store_set(loom_store_t *s, const char *key, const void *val, size_t len,
@@ -126,10 +128,11 @@ extern const loom_store_ops_t loom_store_file_ops;
 /* redis://host:port[/prefix] (store_redis.c), built when configure found hiredis. */
 extern const loom_store_ops_t loom_store_redis_ops;
 
-/* A store over an open backend instance impl (named name in messages); takes
- * impl: on failure it is closed. */
+/* A store over an open backend instance impl (named name in messages), whose
+ * signed calls use key (keylen 0: none); takes impl: on failure it is closed. */
 loom_status_t loom_store_wrap(const loom_store_ops_t *ops, void *impl, const char *name,
-                              loom_err_t *err, loom_store_t **store_p);
+                              const void *key, size_t keylen, loom_err_t *err,
+                              loom_store_t **store_p);
 
 /* ---- Helpers shared by store.c and the backends (internal). --------------- */
 #define LOOM_STORE_KEY_MAX   1024u         /* bytes, without the NUL */

@@ -145,8 +145,8 @@ static const loom_store_ops_t cb_ops = {
     .local_host = NULL,
 };
 
-loom_status_t loom_store_open_callbacks(const loom_store_callbacks_t *cb, loom_err_t *err,
-                                        loom_store_t **store_p)
+loom_status_t loom_store_open_callbacks(const loom_store_callbacks_t *cb, const void *key,
+                                        size_t keylen, loom_err_t *err, loom_store_t **store_p)
 {
     loom_store_callbacks_t in;
     memset(&in, 0, sizeof(in));
@@ -170,5 +170,8 @@ loom_status_t loom_store_open_callbacks(const loom_store_callbacks_t *cb, loom_e
         return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory opening the caller's store");
     }
     s->cb = in;
-    return loom_store_wrap(&cb_ops, s, "the caller's store", err, store_p);
+    /* The caller's store is as open to others as any file:// or redis:// one
+     * (torch's TCPStore takes any client), so the records read through it are
+     * signed and checked with LOOM_AUTH_KEY like theirs. */
+    return loom_store_wrap(&cb_ops, s, "the caller's store", key, keylen, err, store_p);
 }

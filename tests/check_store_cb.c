@@ -1,7 +1,9 @@
 /* check_store_cb.c - communicators over the caller's store callbacks
  * (loom_comm_create_with_store): ranks as threads rendezvous through an
  * in-memory map, run collectives and a split; a missing rank times out naming
- * it; a callback's own message reaches loom_comm_last_error; release runs once. */
+ * it; a callback's own message reaches loom_comm_last_error; release runs once;
+ * with LOOM_AUTH_KEY the records are signed and any rewrite of rank 0's is
+ * refused naming it. */
 #include <check.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -25,7 +27,65 @@ typedef struct map_store {
     void *vals[MAP_MAX];
     size_t lens[MAP_MAX];
     atomic_int releases, gets, waits, fail_set;
+    int rewrite;          /* REWRITE_*: how rank 0's record is altered on its way in */
+    atomic_int rewrites;
 } map_store_t;
+
+/* What a writer of the store does to rank 0's address record ("size\naddress\n
+ * host id\nshared-memory address", after the signature when there is one). */
+enum {
+    REWRITE_NONE = -1,
+    REWRITE_SIZE, REWRITE_ADDR, REWRITE_HOST, REWRITE_SHM,   /* one field each */
+    REWRITE_MAC,           /* one byte of the MAC */
+    REWRITE_UNSIGNED,      /* the signature stripped, the value kept */
+    REWRITE_CASES
+};
+static const char *const rewrite_names[REWRITE_CASES] = {
+    "size", "transport address", "host id", "shared-memory address", "MAC", "signature removed"};
+
+#define SIG_HEAD "LOOMSIG1"
+#define SIG_HEAD_BYTES (8 + 32)
+
+static int ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), t = strlen(tail);
+    return n >= t && strcmp(s + n - t, tail) == 0;
+}
+
+/* The record as a rewrite leaves it (malloc'ed, *len_p updated): the
+ * signature, when there is one, is kept as it was, as a writer without the key
+ * must. */
+static void *rewrite_record(int how, const void *val, size_t *len_p)
+{
+    size_t len = *len_p;
+    size_t head = len >= SIG_HEAD_BYTES && memcmp(val, SIG_HEAD, 8) == 0 ? SIG_HEAD_BYTES : 0;
+    char *out = malloc(len + 64);
+    ck_assert_ptr_nonnull(out);
+    if (how == REWRITE_MAC || how == REWRITE_UNSIGNED) {
+        size_t skip = how == REWRITE_UNSIGNED ? head : 0;
+        memcpy(out, (const char *)val + skip, len - skip);
+        if (how == REWRITE_MAC)
+            out[head ? 8 : 0] ^= 1;   /* unsigned: the size field's first digit */
+        *len_p = len - skip;
+        return out;
+    }
+    static const char *const repl[4] = {"3", "tcp:127.0.0.1:1", "elsewhere/0", "-"};
+    char body[2048];
+    ck_assert_uint_lt(len - head, sizeof(body));
+    memcpy(body, (const char *)val + head, len - head);
+    body[len - head] = '\0';
+    char *f[4], *save = NULL;
+    f[0] = strtok_r(body, "\n", &save);
+    for (int i = 1; i < 4; i++)
+        f[i] = strtok_r(NULL, "\n", &save);
+    ck_assert_msg(f[3] != NULL, "rank 0's record has fewer than 4 fields");
+    ck_assert_str_ne(f[how], repl[how]);
+    f[how] = (char *)repl[how];
+    memcpy(out, val, head);
+    int n = snprintf(out + head, len + 64 - head, "%s\n%s\n%s\n%s", f[0], f[1], f[2], f[3]);
+    *len_p = head + (size_t)n;
+    return out;
+}
 
 static int map_find(map_store_t *m, const char *key)
 {
@@ -43,6 +103,12 @@ static loom_status_t map_set(void *ctx, const char *key, const void *val, size_t
         snprintf(msg, msglen, "map store refuses key %s", key);
         return LOOM_ERR_TRANSPORT;
     }
+    void *altered = NULL;
+    if (m->rewrite != REWRITE_NONE && ends_with(key, "/addr/0")) {
+        altered = rewrite_record(m->rewrite, val, &len);
+        val = altered;
+        atomic_fetch_add(&m->rewrites, 1);
+    }
     pthread_mutex_lock(&m->mu);
     int i = map_find(m, key);
     if (i < 0) {
@@ -57,6 +123,7 @@ static loom_status_t map_set(void *ctx, const char *key, const void *val, size_t
     m->lens[i] = len;
     pthread_cond_broadcast(&m->cond);
     pthread_mutex_unlock(&m->mu);
+    free(altered);
     return LOOM_SUCCESS;
 }
 
@@ -134,6 +201,7 @@ static void map_release(void *ctx)
 static void map_init(map_store_t *m)
 {
     memset(m, 0, sizeof(*m));
+    m->rewrite = REWRITE_NONE;
     pthread_mutex_init(&m->mu, NULL);
     pthread_cond_init(&m->cond, NULL);
 }
@@ -302,6 +370,60 @@ START_TEST(test_cb_bad_args)
 }
 END_TEST
 
+/* With LOOM_AUTH_KEY, the records ranks publish through the caller's store
+ * (torch.distributed's c10d::Store) are signed like those of any other store:
+ * every one carries the MAC, and the group works over shared memory. */
+START_TEST(test_cb_records_signed)
+{
+    map_store_t m;
+    map_init(&m);
+    setenv("LOOM_SHM", "1", 1);
+    setenv("LOOM_AUTH_KEY", "cb-store-key", 1);
+    rank_arg_t a[2];
+    run_ranks(&m, a, 2, 2, 1, 20.0);
+    unsetenv("LOOM_AUTH_KEY");
+    for (int r = 0; r < 2; r++) {
+        ck_assert_msg(a[r].st == LOOM_SUCCESS, "rank %d: %s", r, a[r].msg);
+        ck_assert(a[r].sum == 3.0);
+    }
+    int records = 0;
+    for (int i = 0; i < m.n; i++)
+        if (strstr(m.keys[i], "/addr/") != NULL) {
+            records++;
+            ck_assert_msg(m.lens[i] > SIG_HEAD_BYTES && memcmp(m.vals[i], SIG_HEAD, 8) == 0,
+                          "%s is stored unsigned", m.keys[i]);
+        }
+    ck_assert_int_ge(records, 2);
+    map_free(&m);
+}
+END_TEST
+
+/* A writer of the caller's store rewrites one part of rank 0's record as it
+ * is stored: each rewrite fails both ranks with LOOM_ERR_AUTH naming rank 0
+ * and LOOM_AUTH_KEY, at once, never a group that quietly uses the record. */
+START_TEST(test_cb_rewrite_refused)
+{
+    map_store_t m;
+    map_init(&m);
+    m.rewrite = _i;
+    setenv("LOOM_SHM", "1", 1);
+    setenv("LOOM_AUTH_KEY", "cb-store-key", 1);
+    rank_arg_t a[2];
+    run_ranks(&m, a, 2, 2, 1, 20.0);
+    unsetenv("LOOM_AUTH_KEY");
+    ck_assert_int_ge(atomic_load(&m.rewrites), 1);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_msg(a[r].st == LOOM_ERR_AUTH, "rewrite of the %s: rank %d got %s: %s",
+                      rewrite_names[_i], r, loom_strerror(a[r].st), a[r].msg);
+        ck_assert_msg(strstr(a[r].msg, "rank 0's record") != NULL &&
+                      strstr(a[r].msg, "LOOM_AUTH_KEY") != NULL,
+                      "rewrite of the %s: rank %d's message names neither rank 0 nor the "
+                      "key: %s", rewrite_names[_i], r, a[r].msg);
+    }
+    map_free(&m);
+}
+END_TEST
+
 Suite *loom_store_cb_suite(void)
 {
     Suite *s = suite_create("store_callbacks");
@@ -311,6 +433,8 @@ Suite *loom_store_cb_suite(void)
     tcase_add_test(tc, test_cb_missing_rank_times_out);
     tcase_add_test(tc, test_cb_error_message);
     tcase_add_test(tc, test_cb_bad_args);
+    tcase_add_test(tc, test_cb_records_signed);
+    tcase_add_loop_test(tc, test_cb_rewrite_refused, 0, REWRITE_CASES);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -7,7 +7,8 @@
 # FileStore; a HashStore with ranks as threads): every operation and dtype
 # (BAND/BOR/BXOR on integers and bool), uneven all_to_all, sub-groups, async
 # work and futures; wrong usage (mismatched sizes, a dead rank) ending in an
-# error within the group's timeout, and an abort ends pending work; DDP (no_sync, find_unused_parameters, fp16
+# error within the group's timeout, and an abort ends pending work; with
+# LOOM_AUTH_KEY the records in torch's store are signed and a rewrite refused; DDP (no_sync, find_unused_parameters, fp16
 # and PowerSGD hooks), FSDP2 and ZeroRedundancyOptimizer ending with the
 # weights of one process on the whole batch and of the same run over gloo;
 # examples/python/ddp_train.py and fsdp_train.py lower their loss.
@@ -91,6 +92,9 @@ with_loomrun 2 tests/python/test_c10d_equiv.py
 # HashStore and PrefixStore: three ranks as threads of one process.
 timeout 300 "$py" "$srcdir/tests/python/test_c10d_hashstore.py" > "$tmp/out" 2>&1
 report $? "tests/python/test_c10d_hashstore.py (3 ranks as threads over a HashStore)"
+# LOOM_AUTH_KEY: records signed in torch's store, every rewrite of one refused.
+timeout 300 "$py" "$srcdir/tests/python/test_c10d_signed.py" > "$tmp/out" 2>&1
+report $? "tests/python/test_c10d_signed.py (signed records, rewrites refused naming rank 0)"
 
 # The examples: the loss must fall.
 example() {  # example NP SCRIPT ARGS

@@ -16,6 +16,20 @@
  * An idle receiver sleeps on a futex in its own segment; writers wake it only
  * when it says it sleeps. A peer that dies is noticed by its pid vanishing.
  *
+ * Any process of the same user can open any segment by its /proc path, and an
+ * address record says which path: a record replayed from another job of that
+ * user (same LOOM_JOB_ID, same LOOM_AUTH_KEY, so it verifies) names that job's
+ * segment. Unlike TCP there is no handshake, so each segment carries one: at
+ * connect its owner writes a binding into the header, a MAC with LOOM_AUTH_KEY
+ * (a plain SHA-256 without one) over the job, the communicator, its rank and
+ * every local rank's address as it read them from the store, then sets
+ * `bound`. A peer maps the segment, waits (bounded) for `bound`, computes the
+ * binding from its own view of the addresses and writes nothing into any
+ * segment (attached, doorbells, records, BYE) nor reads the owner's memory by
+ * CMA before all of them matched. Another job's rank bound other addresses
+ * (its own peers' pids and descriptors), so its segment is refused and that
+ * job never sees us; a mistake in our store fails only our job.
+ *
  * This file sets the transport up and tears it down; shm_send.c writes to the
  * peers' rings, shm_recv.c matches and drains ours; shm_int.h has the layout.
  */
@@ -36,6 +50,7 @@
 #include "clock.h"
 #include "log.h"
 #include "settings.h"
+#include "sha256.h"
 #include "shm_int.h"
 
 /* ---- setup ---------------------------------------------------------------- */
@@ -52,6 +67,15 @@ static loom_status_t shm_create(const loom_tp_params_t *p, char *addr, size_t ad
     tp->memfd = -1;
     tp->probe = SEGMENT_MAGIC ^ (uint64_t)getpid();
     tp->use_cma = p->settings ? p->settings->shm_cma : 1;
+    tp->job_hash = p->job_hash;
+    tp->comm_hash = p->comm_hash;
+    if (p->settings) {
+        snprintf(tp->job_id, sizeof(tp->job_id), "%s", p->settings->job_id);
+        if (p->settings->auth_keylen <= sizeof(tp->key)) {
+            memcpy(tp->key, p->settings->auth_key, p->settings->auth_keylen);
+            tp->keylen = p->settings->auth_keylen;
+        }
+    }
     tp->peers = calloc((size_t)p->size, sizeof(shm_peer_t));
     tp->seg_bytes = sizeof(segment_t) + (size_t)p->size * sizeof(ring_t) + WINDOW_BYTES;
     if (!tp->peers) {
@@ -87,10 +111,62 @@ static loom_status_t shm_create(const loom_tp_params_t *p, char *addr, size_t ad
     }
     tp->seg->magic = SEGMENT_MAGIC;
     tp->seg->size = (uint64_t)p->size;
-    snprintf(addr, addrlen, "shm:%d:%d:%zu:%llx", (int)getpid(), tp->memfd, tp->seg_bytes,
-             (unsigned long long)(uintptr_t)&tp->probe);
+    snprintf(tp->addr, sizeof(tp->addr), "shm:%d:%d:%zu:%llx", (int)getpid(), tp->memfd,
+             tp->seg_bytes, (unsigned long long)(uintptr_t)&tp->probe);
+    snprintf(addr, addrlen, "%s", tp->addr);
     *tp_p = tp;
     return LOOM_SUCCESS;
+}
+
+/* Hashes (with a key: MACs) the binding's parts, each length-prefixed so
+ * that no two views give the same bytes. */
+typedef struct binder {
+    loom_sha256_t sha;
+    loom_hmac_t mac;
+    int keyed;
+} binder_t;
+
+static void bind_part(binder_t *b, const void *data, size_t len)
+{
+    uint64_t n = len;
+    if (b->keyed) {
+        loom_hmac_update(&b->mac, &n, sizeof(n));
+        loom_hmac_update(&b->mac, data, len);
+    } else {
+        loom_sha256_update(&b->sha, &n, sizeof(n));
+        loom_sha256_update(&b->sha, data, len);
+    }
+}
+
+/* The binding rank owner writes into its segment, given view[r]: rank r's
+ * shared-memory address (NULL: not a local peer). Each side computes it from
+ * its own view; they agree only when both read the same records. */
+static void binding_of(const loom_tp_t *tp, const char *const *view, int owner,
+                       uint8_t out[BINDING_BYTES])
+{
+    static const char domain[] = "loom shm binding v1";
+    binder_t b = {.keyed = tp->keylen > 0};
+    loom_hmac_key_t k;
+    if (b.keyed) {
+        loom_hmac_key_init(&k, tp->key, tp->keylen);
+        loom_hmac_start(&b.mac, &k);
+    } else {
+        loom_sha256_init(&b.sha);
+    }
+    uint64_t ids[4] = {tp->job_hash, tp->comm_hash, (uint64_t)tp->size, (uint64_t)owner};
+    bind_part(&b, domain, sizeof(domain));
+    bind_part(&b, tp->job_id, strlen(tp->job_id));
+    bind_part(&b, ids, sizeof(ids));
+    for (int r = 0; r < tp->size; r++) {
+        uint8_t present = view[r] != NULL;
+        bind_part(&b, &present, 1);
+        bind_part(&b, view[r] ? view[r] : "", view[r] ? strlen(view[r]) : 0);
+    }
+    if (b.keyed)
+        loom_hmac_final(&b.mac, out);
+    else
+        loom_sha256_final(&b.sha, out);
+    explicit_bzero(&k, sizeof(k));
 }
 
 /* Can we read the peer's memory? Read its probe word and compare. */
@@ -101,58 +177,141 @@ static int cma_works(pid_t pid, uint64_t probe_addr, uint64_t want)
     return process_vm_readv(pid, &l, 1, &r, 1, 0) == (ssize_t)sizeof(got) && got == want;
 }
 
+/* Map rank r's segment and check that it is bound to our view, reading it
+ * only: on success peer->seg is set (peer->local not yet). */
+static loom_status_t map_and_check(loom_tp_t *tp, int r, const char *addr,
+                                   const char *const *view, double deadline, double timeout_s)
+{
+    shm_peer_t *peer = &tp->peers[r];
+    int pid, fd;
+    size_t bytes;
+    unsigned long long probe;
+    if (sscanf(addr, "shm:%d:%d:%zu:%llx", &pid, &fd, &bytes, &probe) != 4 ||
+        bytes != tp->seg_bytes)
+        return tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d published a bad shared-memory "
+                       "address \"%s\"", r, addr);
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
+    int pfd = open(path, O_RDWR | O_CLOEXEC);
+    if (pfd < 0)
+        return tp_fail(tp, LOOM_ERR_TRANSPORT,
+                       "shared memory: cannot open rank %d's segment %s: %s (are the ranks "
+                       "in one container, under one user? LOOM_SHM=0 turns shared memory "
+                       "off)", r, path, strerror(errno));
+    /* Only a sealed memfd of the announced size: mapping anything shorter
+     * (or a file its owner may still shrink) would let a touch beyond its
+     * end kill us with SIGBUS. */
+    struct stat sb;
+    int seals = fcntl(pfd, F_GET_SEALS);
+    if (fstat(pfd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != bytes ||
+        seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+        close(pfd);
+        return tp_fail(tp, LOOM_ERR_TRANSPORT, "shared memory: rank %d's segment %s is not "
+                       "a sealed memfd of %zu bytes", r, path, bytes);
+    }
+    /* Writable because we will produce into it, but nothing is written before
+     * the binding matched. */
+    segment_t *seg = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+    close(pfd);
+    if (seg == MAP_FAILED)
+        return tp_fail(tp, LOOM_ERR_TRANSPORT, "shared memory: cannot map rank %d's "
+                       "segment: %s", r, strerror(errno));
+    loom_status_t st = LOOM_SUCCESS;
+    if (seg->magic != SEGMENT_MAGIC || seg->size != (uint64_t)tp->size) {
+        st = tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d's shared-memory segment is not one of "
+                     "this communicator (another Loom version, or another job's)", r);
+        goto err_unmap;
+    }
+    /* Its owner binds it when it reaches connect; a segment of a job that
+     * never does is refused after LOOM_TIMEOUT like a rank that never came. */
+    while (atomic_load_explicit(&seg->bound, memory_order_acquire) != SEG_BOUND) {
+        if (loom_now_s() > deadline) {
+            st = tp_fail(tp, LOOM_ERR_TIMEOUT, "rank %d timed out after %.1f s waiting for "
+                         "rank %d to bind its shared memory", tp->rank, timeout_s, r);
+            goto err_unmap;
+        }
+        if (kill(pid, 0) != 0 && errno == ESRCH) {
+            st = tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d died while connecting", r);
+            goto err_unmap;
+        }
+        usleep(200);
+    }
+    uint8_t want[BINDING_BYTES], got[BINDING_BYTES];
+    binding_of(tp, view, r, want);
+    memcpy(got, seg->binding, sizeof(got));
+    if (!loom_equal_ct(want, got, sizeof(want))) {
+        if (tp->keylen)
+            st = tp_fail(tp, LOOM_ERR_AUTH, "shared memory: rank %d's segment (pid %d) is "
+                         "bound to another job or communicator: its LOOM_AUTH_KEY binding does "
+                         "not match the addresses rank %d read from the store (a record of "
+                         "another job with the same key and LOOM_JOB_ID replayed into this "
+                         "job's store?); nothing was written to it", r, pid, tp->rank);
+        else
+            st = tp_fail(tp, LOOM_ERR_TRANSPORT, "shared memory: rank %d's segment (pid %d) "
+                         "belongs to another job or communicator: its binding does not match "
+                         "the addresses rank %d read from the store (a stale or copied record, "
+                         "or two jobs sharing a LOOM_JOB_ID and store?); nothing was written "
+                         "to it", r, pid, tp->rank);
+        goto err_unmap;
+    }
+    peer->seg = seg;
+    peer->seg_bytes = bytes;
+    peer->pid = pid;
+    return LOOM_SUCCESS;
+
+err_unmap:
+    munmap(seg, bytes);
+    return st;
+}
+
 static loom_status_t shm_connect(loom_tp_t *tp, char *const *addrs, double timeout_s)
 {
+    double deadline = loom_now_s() + timeout_s;
+    loom_status_t st = LOOM_SUCCESS;
+    /* Our own record as the store gave it back: another's means every peer
+     * would be sent to a segment not ours. */
+    if (addrs[tp->rank] && strcmp(addrs[tp->rank], tp->addr) != 0)
+        return tp_fail(tp, tp->keylen ? LOOM_ERR_AUTH : LOOM_ERR_TRANSPORT,
+                       "shared memory: rank %d's address in the store is \"%s\", not its own "
+                       "\"%s\": another process's record (replayed from another job with the "
+                       "same LOOM_JOB_ID?)", tp->rank, addrs[tp->rank], tp->addr);
+    const char **view = calloc((size_t)tp->size, sizeof(char *));
+    if (!view)
+        return tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory");
+    for (int r = 0; r < tp->size; r++)
+        view[r] = r == tp->rank ? tp->addr : addrs[r];
+    binding_of(tp, view, tp->rank, tp->seg->binding);
+    atomic_store_explicit(&tp->seg->bound, SEG_BOUND, memory_order_release);
+
+    /* Every peer's segment checked before we write into any of them. */
+    for (int r = 0; r < tp->size && st == LOOM_SUCCESS; r++)
+        if (r != tp->rank && addrs[r] != NULL)
+            st = map_and_check(tp, r, addrs[r], view, deadline, timeout_s);
+    free(view);
+    if (st != LOOM_SUCCESS) {
+        for (int r = 0; r < tp->size; r++)
+            if (tp->peers[r].seg) {
+                munmap(tp->peers[r].seg, tp->peers[r].seg_bytes);
+                tp->peers[r].seg = NULL;
+            }
+        return st;
+    }
     for (int r = 0; r < tp->size; r++) {
         shm_peer_t *peer = &tp->peers[r];
-        if (r == tp->rank || addrs[r] == NULL)
+        if (!peer->seg)
             continue;
-        int pid, fd;
-        size_t bytes;
         unsigned long long probe;
-        if (sscanf(addrs[r], "shm:%d:%d:%zu:%llx", &pid, &fd, &bytes, &probe) != 4 ||
-            bytes != tp->seg_bytes)
-            return tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d published a bad shared-memory "
-                           "address \"%s\"", r, addrs[r]);
-        char path[64];
-        snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
-        int pfd = open(path, O_RDWR | O_CLOEXEC);
-        if (pfd < 0)
-            return tp_fail(tp, LOOM_ERR_TRANSPORT,
-                           "shared memory: cannot open rank %d's segment %s: %s (are the ranks "
-                           "in one container, under one user? LOOM_SHM=0 turns shared memory "
-                           "off)", r, path, strerror(errno));
-        /* Only a sealed memfd of the announced size: mapping anything shorter
-         * (or a file its owner may still shrink) would let a touch beyond its
-         * end kill us with SIGBUS. */
-        struct stat sb;
-        int seals = fcntl(pfd, F_GET_SEALS);
-        if (fstat(pfd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != bytes ||
-            seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
-            close(pfd);
-            return tp_fail(tp, LOOM_ERR_TRANSPORT, "shared memory: rank %d's segment %s is not "
-                           "a sealed memfd of %zu bytes", r, path, bytes);
-        }
-        void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
-        close(pfd);
-        if (m == MAP_FAILED)
-            return tp_fail(tp, LOOM_ERR_TRANSPORT, "shared memory: cannot map rank %d's "
-                           "segment: %s", r, strerror(errno));
-        peer->seg = m;
-        peer->seg_bytes = bytes;
-        peer->pid = pid;
+        if (sscanf(addrs[r], "shm:%*d:%*d:%*u:%llx", &probe) != 1)
+            probe = 0;
         peer->local = 1;
-        if (peer->seg->magic != SEGMENT_MAGIC || peer->seg->size != (uint64_t)tp->size)
-            return tp_fail(tp, LOOM_ERR_TRANSPORT, "rank %d's shared-memory segment is not "
-                           "one of this communicator", r);
         ring_t *mine = &tp->seg->rings[r];
         atomic_store(&mine->consumer_cma,
-                     tp->use_cma && cma_works(pid, probe, SEGMENT_MAGIC ^ (uint64_t)pid) ? 1u : 0u);
+                     tp->use_cma && cma_works(peer->pid, probe,
+                                              SEGMENT_MAGIC ^ (uint64_t)peer->pid) ? 1u : 0u);
         atomic_store(&peer->seg->rings[tp->rank].attached, 1u);
     }
     /* Each peer must have checked whether it can read us before we choose how
      * to send it large messages. */
-    double deadline = loom_now_s() + timeout_s;
     for (int r = 0; r < tp->size; r++) {
         shm_peer_t *peer = &tp->peers[r];
         if (!peer->local)
@@ -226,6 +385,7 @@ static void shm_destroy(loom_tp_t *tp, double timeout_s)
     loom_unexp_free_all(&tp->peers[tp->rank].uq);
     munmap(tp->seg, tp->seg_bytes);
     close(tp->memfd);
+    explicit_bzero(tp->key, sizeof(tp->key));
     free(tp->peers);
     free(tp);
 }

@@ -24,7 +24,9 @@
 #define CMA_MIN_BYTES (32 * 1024)
 /* Streamed messages are cut into records of at most this much payload. */
 #define CHUNK_BYTES (RING_BYTES / 4)
-#define SEGMENT_MAGIC UINT64_C(0x4c4f4f4d53484d31)   /* "LOOMSHM1" */
+/* "LOOMSHM2": the header gained the binding (shm.c); a LOOMSHM1 peer, which
+ * would write into a segment before checking whose it is, is refused. */
+#define SEGMENT_MAGIC UINT64_C(0x4c4f4f4d53484d32)
 #define LIVENESS_CHECK_S 0.1
 /* After the rings: a window that node-local algorithms stage data in, which
  * every peer maps. Its pages are only touched when an algorithm uses it. */
@@ -63,9 +65,19 @@ typedef struct ring {
     _Alignas(64) uint8_t data[RING_BYTES];
 } ring_t;
 
+/* segment_t.bound: the owner wrote its binding; until then no peer writes. */
+enum { SEG_UNBOUND = 0, SEG_BOUND = 1 };
+#define BINDING_BYTES 32
+
 typedef struct segment {
     uint64_t magic;
     uint64_t size;                               /* communicator size: number of rings */
+    /* Which job's ranks may write here: a MAC (a hash without LOOM_AUTH_KEY)
+     * over the job, communicator, owner's rank and every local rank's address
+     * as the owner read them (shm.c, binding_of). Written once by the owner
+     * before it sets bound; peers compare it before their first write. */
+    uint8_t binding[BINDING_BYTES];
+    _Atomic uint32_t bound;                      /* SEG_UNBOUND or SEG_BOUND */
     _Alignas(64) _Atomic uint32_t doorbell;
     _Atomic uint32_t sleeping;
     _Atomic uint32_t closed;                     /* SEG_OPEN, SEG_DESTROYED or SEG_BROKEN */
@@ -98,6 +110,11 @@ typedef struct shm_peer {
 struct loom_tp {
     int rank, size;
     loom_err_t *err;
+    char addr[128];                    /* what create published: peers' view of us */
+    uint64_t job_hash, comm_hash;
+    char job_id[128];
+    uint8_t key[1024];                 /* LOOM_AUTH_KEY for the binding; keylen 0: none */
+    size_t keylen;
     int memfd;
     segment_t *seg;
     size_t seg_bytes;
