@@ -29,6 +29,9 @@ typedef struct loom_ctx {
     struct loom_spin *spin;  /* the communicator's spin policy (src/spin.h); NULL: spin_us */
     int spin_yield;          /* yield the core between polls (ranks outnumber cores) */
     loom_err_t *err;
+    /* Where a wait that timed out records whom it blames (the communicator's,
+     * shared by the contexts derived from this one), or NULL. */
+    loom_tp_fault_t *fault;
     void *scratch;           /* grown by loom_ctx_scratch, freed with the context */
     size_t scratch_size;
     size_t segment_bytes;    /* pipelining unit for ring algorithms (LOOM_SEGMENT_BYTES) */
