@@ -60,6 +60,10 @@ void loom_ctx_set_topology(loom_ctx_t *ctx, const int *node_of, int node_count);
 /* ---- p2p (src/p2p.c): tagged messages inside the running collective. -----
  * step distinguishes messages of one collective; messages between a pair with
  * equal step are matched in posting order. peer must differ from ctx->rank. */
+/* A wait on peer waited_on (a transport rank, -1: none in particular) ran
+ * out of LOOM_TIMEOUT: returns the rank to blame (-1: none), records it in
+ * ctx->fault and writes a clause for the message into why. */
+int loom_p2p_blame(loom_ctx_t *ctx, int waited_on, char *why, size_t len);
 loom_status_t loom_p2p_isend(loom_ctx_t *ctx, int peer, uint32_t step, const void *buf,
                              size_t bytes, loom_tp_req_t *req);
 loom_status_t loom_p2p_irecv(loom_ctx_t *ctx, int peer, uint32_t step, void *buf, size_t bytes,

@@ -151,11 +151,14 @@ static loom_status_t any_source_wait(loom_comm_t c, struct loom_request *op)
         double now = loom_now_s();
         if (moved)
             last_moved = now;
-        else if (now - last_moved > c->ctx.timeout_s)
+        else if (now - last_moved > c->ctx.timeout_s) {
+            char why[160];
+            loom_p2p_blame(&c->ctx, -1, why, sizeof(why));
             return loom_err_set(&c->work_err, LOOM_ERR_TIMEOUT,
                                 "timed out: rank %d waited %.1f s (LOOM_TIMEOUT) for a message "
-                                "with tag %llu from any rank", c->rank, c->ctx.timeout_s,
-                                (unsigned long long)op->tp_req.match.tag);
+                                "with tag %llu from any rank%s", c->rank, c->ctx.timeout_s,
+                                (unsigned long long)op->tp_req.match.tag, why);
+        }
         st = any_source_try(c, op);
     }
     return st;
@@ -270,12 +273,17 @@ static void *worker_main(void *arg)
                         last_moved = now;
                 }
             if (st == LOOM_SUCCESS && now - last_moved > c->ctx.timeout_s) {
-                c->fault = (loom_tp_fault_t){.culprit = -1, .reporter = c->rank,
-                                             .why = LOOM_ERR_TIMEOUT,
-                                             .waited_ms = (uint32_t)(c->ctx.timeout_s * 1000)};
+                /* The oldest posted request names the peer waited on. */
+                int waited_on = -1;
+                for (struct loom_request *op = c->active; op; op = op->next)
+                    if (op->posted || !op->any_source)
+                        waited_on = op->tp_req.peer;
+                char why[160];
+                loom_p2p_blame(&c->ctx, waited_on, why, sizeof(why));
                 st = loom_err_set(&c->work_err, LOOM_ERR_TIMEOUT,
                                   "timed out: a non-blocking send/recv of rank %d made no "
-                                  "progress for %.1f s (LOOM_TIMEOUT)", c->rank, c->ctx.timeout_s);
+                                  "progress for %.1f s (LOOM_TIMEOUT)%s", c->rank,
+                                  c->ctx.timeout_s, why);
             }
             if (st != LOOM_SUCCESS)
                 mark_broken(c, st);

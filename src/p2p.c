@@ -154,44 +154,56 @@ static double silent_s(const loom_ctx_t *ctx, int peer)
     return ops->silent_s(ctx->tp, peer);
 }
 
-/* A wait ran out of LOOM_TIMEOUT on r's peer. That peer may only be waiting
- * itself, on a rank further down a chain of waits (the steps of an
- * algorithm): when it was heard from recently (its transport sends
- * keepalives while it waits), the rank silent the longest is the one that
- * stopped answering. The blame goes into ctx->fault, which the
- * communicator passes to its transport, which tells every peer. */
-static loom_status_t timed_out(loom_ctx_t *ctx, const loom_tp_req_t *r)
+/* A wait ran out of LOOM_TIMEOUT on peer waited_on (-1: on no one rank).
+ * That peer may only be waiting itself, on a rank further down a chain of
+ * waits (the steps of an algorithm): when it was heard from recently (its
+ * transport sends keepalives while it waits), the rank silent the longest
+ * is the one that stopped answering. The blame goes into ctx->fault, which
+ * the communicator hands its transport, which tells every peer. */
+int loom_p2p_blame(loom_ctx_t *ctx, int waited_on, char *why, size_t len)
 {
     int me = ctx->rank_map ? ctx->rank_map[ctx->rank] : ctx->rank;
-    int waited_on = r ? r->peer : -1, culprit = waited_on;
+    int culprit = waited_on;
     double quiet = waited_on >= 0 ? silent_s(ctx, waited_on) : -1, worst = -1;
-    char why[160] = "";
-    if (quiet >= 0 && quiet < ctx->timeout_s / 2) {
-        int full = ctx->tp_ops->silent_s != NULL;
-        for (int p = 0; p < ctx->size && full; p++) {
+    why[0] = '\0';
+    if (waited_on < 0 || (quiet >= 0 && quiet < ctx->timeout_s / 2)) {
+        int worst_peer = -1;
+        for (int p = 0; p < ctx->size; p++) {
             int peer = ctx->rank_map ? ctx->rank_map[p] : p;
             double s = peer == me ? -1 : silent_s(ctx, peer);
             if (s > worst) {
                 worst = s;
-                culprit = peer;
+                worst_peer = peer;
             }
         }
-        if (worst >= ctx->timeout_s / 2)
-            snprintf(why, sizeof(why), "; rank %d stopped answering (silent for %.1f s, while "
-                     "rank %d is alive and waits in turn)", culprit, worst, waited_on);
-        else
-            culprit = waited_on;
+        if (worst >= ctx->timeout_s / 2) {
+            culprit = worst_peer;
+            if (waited_on >= 0)
+                snprintf(why, len, "; rank %d stopped answering (silent for %.1f s, while rank "
+                         "%d is alive and waits in turn)", culprit, worst, waited_on);
+            else
+                snprintf(why, len, "; rank %d stopped answering (silent for %.1f s)", culprit,
+                         worst);
+        }
     }
     if (!why[0] && culprit >= 0)
-        snprintf(why, sizeof(why), "; rank %d stopped answering", culprit);
+        snprintf(why, len, "; rank %d stopped answering", culprit);
     if (ctx->fault)
         *ctx->fault = (loom_tp_fault_t){.culprit = culprit, .reporter = me,
                                         .why = LOOM_ERR_TIMEOUT,
                                         .waited_ms = (uint32_t)(ctx->timeout_s * 1000)};
+    return culprit;
+}
+
+static loom_status_t timed_out(loom_ctx_t *ctx, const loom_tp_req_t *r)
+{
+    int me = ctx->rank_map ? ctx->rank_map[ctx->rank] : ctx->rank;
+    char why[160];
+    loom_p2p_blame(ctx, r ? r->peer : -1, why, sizeof(why));
     return loom_err_set(ctx->err, LOOM_ERR_TIMEOUT,
                         "timed out: rank %d waited %.1f s (LOOM_TIMEOUT) without progress for %zu "
                         "bytes with rank %d%s", me, ctx->timeout_s, r ? r->len - r->off : 0,
-                        waited_on, why);
+                        r ? r->peer : -1, why);
 }
 
 /* Progress until every request of reqs is done, or with any_of set until one
