@@ -29,6 +29,9 @@ typedef struct loom_ctx {
     struct loom_spin *spin;  /* the communicator's spin policy (src/spin.h); NULL: spin_us */
     int spin_yield;          /* yield the core between polls (ranks outnumber cores) */
     loom_err_t *err;
+    /* Where a wait that timed out records whom it blames (the communicator's,
+     * shared by the contexts derived from this one), or NULL. */
+    loom_tp_fault_t *fault;
     void *scratch;           /* grown by loom_ctx_scratch, freed with the context */
     size_t scratch_size;
     size_t segment_bytes;    /* pipelining unit for ring algorithms (LOOM_SEGMENT_BYTES) */
@@ -57,6 +60,10 @@ void loom_ctx_set_topology(loom_ctx_t *ctx, const int *node_of, int node_count);
 /* ---- p2p (src/p2p.c): tagged messages inside the running collective. -----
  * step distinguishes messages of one collective; messages between a pair with
  * equal step are matched in posting order. peer must differ from ctx->rank. */
+/* A wait on peer waited_on (a transport rank, -1: none in particular) ran
+ * out of LOOM_TIMEOUT: returns the rank to blame (-1: none), records it in
+ * ctx->fault and writes a clause for the message into why. */
+int loom_p2p_blame(loom_ctx_t *ctx, int waited_on, char *why, size_t len);
 loom_status_t loom_p2p_isend(loom_ctx_t *ctx, int peer, uint32_t step, const void *buf,
                              size_t bytes, loom_tp_req_t *req);
 loom_status_t loom_p2p_irecv(loom_ctx_t *ctx, int peer, uint32_t step, void *buf, size_t bytes,

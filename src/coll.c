@@ -45,7 +45,10 @@ static int coll_has_op(loom_coll_t coll)
 }
 
 /* A failed operation leaves messages in flight: the streams are no longer in
- * step with the peers', so nothing more can run on this communicator. */
+ * step with the peers', so nothing more can run on this communicator. The
+ * transport tells every peer it reaches, naming the rank a timed-out wait
+ * blamed (c->fault), so that none of them waits out its own LOOM_TIMEOUT on
+ * a rank that is only waiting in turn. */
 static void mark_broken(loom_comm_t c, loom_status_t st)
 {
     if (c->broken)
@@ -53,7 +56,17 @@ static void mark_broken(loom_comm_t c, loom_status_t st)
     c->broken = st;
     snprintf(c->broken_msg, sizeof(c->broken_msg), "%s",
              c->work_err.msg[0] ? c->work_err.msg : loom_strerror(st));
-    c->tp_ops->abort(c->tp, st);
+    const loom_transport_ops_t *ops = c->tp_ops;
+    if (ops->size >= sizeof(loom_transport_ops_t) && ops->give_up) {
+        loom_tp_fault_t f = c->fault;
+        if (f.reporter < 0 && ops->fault)
+            ops->fault(c->tp, &f);
+        if (f.reporter < 0)
+            f = (loom_tp_fault_t){.culprit = -1, .reporter = c->rank, .why = st};
+        ops->give_up(c->tp, st, &f);
+    } else {
+        ops->abort(c->tp, st);
+    }
 }
 
 static loom_status_t run_collective(loom_comm_t c, const loom_coll_args_t *a)
@@ -138,11 +151,14 @@ static loom_status_t any_source_wait(loom_comm_t c, struct loom_request *op)
         double now = loom_now_s();
         if (moved)
             last_moved = now;
-        else if (now - last_moved > c->ctx.timeout_s)
+        else if (now - last_moved > c->ctx.timeout_s) {
+            char why[160];
+            loom_p2p_blame(&c->ctx, -1, why, sizeof(why));
             return loom_err_set(&c->work_err, LOOM_ERR_TIMEOUT,
                                 "timed out: rank %d waited %.1f s (LOOM_TIMEOUT) for a message "
-                                "with tag %llu from any rank", c->rank, c->ctx.timeout_s,
-                                (unsigned long long)op->tp_req.match.tag);
+                                "with tag %llu from any rank%s", c->rank, c->ctx.timeout_s,
+                                (unsigned long long)op->tp_req.match.tag, why);
+        }
         st = any_source_try(c, op);
     }
     return st;
@@ -257,9 +273,17 @@ static void *worker_main(void *arg)
                         last_moved = now;
                 }
             if (st == LOOM_SUCCESS && now - last_moved > c->ctx.timeout_s) {
+                /* The oldest posted request names the peer waited on. */
+                int waited_on = -1;
+                for (struct loom_request *op = c->active; op; op = op->next)
+                    if (op->posted || !op->any_source)
+                        waited_on = op->tp_req.peer;
+                char why[160];
+                loom_p2p_blame(&c->ctx, waited_on, why, sizeof(why));
                 st = loom_err_set(&c->work_err, LOOM_ERR_TIMEOUT,
                                   "timed out: a non-blocking send/recv of rank %d made no "
-                                  "progress for %.1f s (LOOM_TIMEOUT)", c->rank, c->ctx.timeout_s);
+                                  "progress for %.1f s (LOOM_TIMEOUT)%s", c->rank,
+                                  c->ctx.timeout_s, why);
             }
             if (st != LOOM_SUCCESS)
                 mark_broken(c, st);

@@ -456,6 +456,8 @@ static void init_ctx(loom_comm_t c)
     c->ctx.spin = &c->spin;
     c->ctx.spin_yield = c->cfg.spin_yield;
     c->ctx.err = &c->work_err;
+    c->fault = LOOM_TP_FAULT_NONE;
+    c->ctx.fault = &c->fault;
     c->ctx.segment_bytes = c->cfg.segment_bytes;
     loom_ctx_set_topology(&c->ctx, c->node_of, c->node_count);
     /* loom_settings_load refused a LOOM_ALGO this cannot parse. */

@@ -71,6 +71,7 @@ struct loom_comm {
     char last_error[LOOM_ERRMSG_MAX];
     loom_status_t broken;         /* sticky: a failed collective leaves the comm unusable */
     char broken_msg[LOOM_ERRMSG_MAX];   /* why, as first reported */
+    loom_tp_fault_t fault;        /* whom a timed-out wait blames (ctx.fault points here) */
 
     /* Non-blocking operations, run in submission order by the worker. */
     pthread_mutex_t qlock;

@@ -145,6 +145,67 @@ void loom_ctx_reduce(loom_ctx_t *ctx, void *out, const void *a, const void *b, s
     }
 }
 
+/* Seconds since peer was last heard from, < 0 when the transport cannot say. */
+static double silent_s(const loom_ctx_t *ctx, int peer)
+{
+    const loom_transport_ops_t *ops = ctx->tp_ops;
+    if (!ops || ops->size < sizeof(loom_transport_ops_t) || !ops->silent_s)
+        return -1;
+    return ops->silent_s(ctx->tp, peer);
+}
+
+/* A wait ran out of LOOM_TIMEOUT on peer waited_on (-1: on no one rank).
+ * That peer may only be waiting itself, on a rank further down a chain of
+ * waits (the steps of an algorithm): when it was heard from recently (its
+ * transport sends keepalives while it waits), the rank silent the longest
+ * is the one that stopped answering. The blame goes into ctx->fault, which
+ * the communicator hands its transport, which tells every peer. */
+int loom_p2p_blame(loom_ctx_t *ctx, int waited_on, char *why, size_t len)
+{
+    int me = ctx->rank_map ? ctx->rank_map[ctx->rank] : ctx->rank;
+    int culprit = waited_on;
+    double quiet = waited_on >= 0 ? silent_s(ctx, waited_on) : -1, worst = -1;
+    why[0] = '\0';
+    if (waited_on < 0 || (quiet >= 0 && quiet < ctx->timeout_s / 2)) {
+        int worst_peer = -1;
+        for (int p = 0; p < ctx->size; p++) {
+            int peer = ctx->rank_map ? ctx->rank_map[p] : p;
+            double s = peer == me ? -1 : silent_s(ctx, peer);
+            if (s > worst) {
+                worst = s;
+                worst_peer = peer;
+            }
+        }
+        if (worst >= ctx->timeout_s / 2) {
+            culprit = worst_peer;
+            if (waited_on >= 0)
+                snprintf(why, len, "; rank %d stopped answering (silent for %.1f s, while rank "
+                         "%d is alive and waits in turn)", culprit, worst, waited_on);
+            else
+                snprintf(why, len, "; rank %d stopped answering (silent for %.1f s)", culprit,
+                         worst);
+        }
+    }
+    if (!why[0] && culprit >= 0)
+        snprintf(why, len, "; rank %d stopped answering", culprit);
+    if (ctx->fault)
+        *ctx->fault = (loom_tp_fault_t){.culprit = culprit, .reporter = me,
+                                        .why = LOOM_ERR_TIMEOUT,
+                                        .waited_ms = (uint32_t)(ctx->timeout_s * 1000)};
+    return culprit;
+}
+
+static loom_status_t timed_out(loom_ctx_t *ctx, const loom_tp_req_t *r)
+{
+    int me = ctx->rank_map ? ctx->rank_map[ctx->rank] : ctx->rank;
+    char why[160];
+    loom_p2p_blame(ctx, r ? r->peer : -1, why, sizeof(why));
+    return loom_err_set(ctx->err, LOOM_ERR_TIMEOUT,
+                        "timed out: rank %d waited %.1f s (LOOM_TIMEOUT) without progress for %zu "
+                        "bytes with rank %d%s", me, ctx->timeout_s, r ? r->len - r->off : 0,
+                        r ? r->peer : -1, why);
+}
+
 /* Progress until every request of reqs is done, or with any_of set until one
  * of the requests any_of points to (NULL entries skipped) is done. */
 static loom_status_t wait_loop(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n,
@@ -187,11 +248,7 @@ static loom_status_t wait_loop(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n,
         } else if (idle_s > ctx->timeout_s) {
             const loom_tp_req_t *r = any_of ? any_of[first_pending < n ? first_pending : 0]
                                             : &reqs[first_pending];
-            return loom_err_set(ctx->err, LOOM_ERR_TIMEOUT,
-                                "timed out: rank %d waited %.1f s (LOOM_TIMEOUT) without progress "
-                                "for %zu bytes with rank %d",
-                                ctx->rank_map ? ctx->rank_map[ctx->rank] : ctx->rank,
-                                ctx->timeout_s, r ? r->len - r->off : 0, r ? r->peer : -1);
+            return timed_out(ctx, r);
         }
     }
     if (spin_us >= 0 && ctx->spin)

@@ -126,7 +126,7 @@ loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, lo
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d sent a frame with bad magic 0x%08x", peer,
                             magic);
-    if (in[4] < LOOM_FRAME_DATA || in[4] > LOOM_FRAME_SLICE)
+    if (in[4] < LOOM_FRAME_DATA || in[4] > LOOM_FRAME_KEEPALIVE)
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d sent a frame of unknown kind %u", peer, in[4]);
     if (in[5] != 0 || in[6] != 0 || in[7] != 0 || get32(in + 12) != 0)
@@ -140,6 +140,9 @@ loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, lo
     if ((in[4] == LOOM_FRAME_BYE || in[4] == LOOM_FRAME_GAVE_UP) && len != 0)
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d sent a farewell frame with a payload", peer);
+    if (in[4] == LOOM_FRAME_KEEPALIVE && len != 0)
+        return loom_err_set(err, LOOM_ERR_TRANSPORT,
+                            "protocol error: rank %d sent a keepalive frame with a payload", peer);
     f->kind = in[4];
     f->match.desc = get32(in + 8);
     f->match.tag = get64(in + 16);
@@ -302,4 +305,24 @@ int loom_proof_decode(const uint8_t in[LOOM_PROOF_BYTES], uint8_t proof[32])
         return -1;
     memcpy(proof, in + 8, 32);
     return 0;
+}
+
+void loom_gave_up_encode(const loom_tp_fault_t *fault, loom_frame_t *f)
+{
+    *f = (loom_frame_t){.kind = LOOM_FRAME_GAVE_UP};
+    f->match.tag = (uint64_t)(uint32_t)(fault->culprit + 1) |
+                   (uint64_t)(uint32_t)(fault->reporter + 1) << 32;
+    f->match.desc = (uint32_t)fault->why;
+    f->match.total = fault->waited_ms;
+}
+
+void loom_gave_up_decode(const loom_frame_t *f, int peer, int size, loom_tp_fault_t *fault)
+{
+    uint64_t culprit = f->match.tag & 0xffffffffu, reporter = f->match.tag >> 32;
+    /* Only a rank of this communicator can be named; anything else says nothing. */
+    fault->culprit = culprit >= 1 && culprit <= (uint64_t)size ? (int)culprit - 1 : -1;
+    fault->reporter = reporter >= 1 && reporter <= (uint64_t)size ? (int)reporter - 1 : peer;
+    fault->why = f->match.desc > 0 && f->match.desc <= (uint32_t)LOOM_ERR_INTERNAL
+                     ? (loom_status_t)f->match.desc : LOOM_ERR_PEER_LOST;
+    fault->waited_ms = f->match.total > UINT32_MAX ? UINT32_MAX : (uint32_t)f->match.total;
 }

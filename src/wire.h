@@ -13,8 +13,10 @@
 /* 2: proofs bind both endpoints' published addresses, and with a key every
  * frame carries MACs under a per-connection session key.
  * 3: several TCP streams per peer (the hello names its stream and the count),
- * large messages striped across them (STRIPED and SLICE frames). */
-#define LOOM_WIRE_VERSION 3
+ * large messages striped across them (STRIPED and SLICE frames).
+ * 4: GAVE_UP names the rank to blame, and a peer that gave up fails every
+ * rank it reaches, whatever they wait on; KEEPALIVE frames while waiting. */
+#define LOOM_WIRE_VERSION 4
 
 /* ---- handshake ------------------------------------------------------------ */
 #define LOOM_HELLO_MAGIC "LOOMHELO"
@@ -111,8 +113,11 @@ const char *loom_ack_reason(loom_ack_code_t code);
 #define LOOM_FRAME_MAX_LEN (UINT64_C(1) << 40)
 
 /* BYE: the sender destroyed its communicator on purpose; GAVE_UP: its
- * communicator failed (a mismatch it found, an abort, a lost peer), so no
- * collective with it can complete. Neither carries a payload. */
+ * communicator failed (a mismatch it found, an abort, a lost peer, a
+ * timeout), so no collective with it can complete: its header carries the
+ * fault (loom_gave_up_encode), which the receiver passes on. KEEPALIVE: the
+ * sender waits and is alive (sent at most every LOOM_TP_KEEPALIVE_S while it
+ * waits). None carries a payload. */
 /* STRIPED: a DATA frame whose payload is split across the pair's streams:
  * the header (len: the whole message) and slice 0 travel on stream 0, where
  * they are matched and ordered as any frame; SLICE: the header of slice k on
@@ -121,7 +126,7 @@ const char *loom_ack_reason(loom_ack_code_t code);
  * in the order stream 0 announced their messages. */
 typedef enum {
     LOOM_FRAME_DATA = 1, LOOM_FRAME_BYE = 2, LOOM_FRAME_GAVE_UP = 3, LOOM_FRAME_STRIPED = 4,
-    LOOM_FRAME_SLICE = 5
+    LOOM_FRAME_SLICE = 5, LOOM_FRAME_KEEPALIVE = 6
 } loom_frame_kind_t;
 
 typedef struct loom_frame {
@@ -131,6 +136,12 @@ typedef struct loom_frame {
 } loom_frame_t;
 
 void loom_frame_encode(const loom_frame_t *f, uint8_t out[LOOM_FRAME_BYTES]);
+/* A GAVE_UP frame's fields carry the fault: the tag the culprit and the
+ * reporter (each + 1, 0: none), desc the status the reporter saw, total the
+ * milliseconds it waited. decode fills what a frame from rank peer says
+ * (a reporter out of range: peer itself). */
+void loom_gave_up_encode(const loom_tp_fault_t *fault, loom_frame_t *f);
+void loom_gave_up_decode(const loom_frame_t *f, int peer, int size, loom_tp_fault_t *fault);
 /* The tags of a sealed frame, under one direction's session key: the header's
  * covers its sequence number and the header, the payload's (full mode) the
  * sequence number and the payload, fed in pieces as they travel. */

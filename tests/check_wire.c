@@ -122,6 +122,56 @@ START_TEST(test_frame_garbage)
 }
 END_TEST
 
+/* GAVE_UP carries the fault (culprit, reporter, status, wait) through a real
+ * encode/decode; a rank out of range names no one (the sender reports);
+ * KEEPALIVE has no payload. */
+START_TEST(test_gave_up_fault)
+{
+    uint8_t buf[LOOM_FRAME_BYTES];
+    loom_err_t err;
+    loom_frame_t f, g;
+    loom_tp_fault_t in = {.culprit = 2, .reporter = 0, .why = LOOM_ERR_TIMEOUT,
+                          .waited_ms = 10000}, out;
+    loom_gave_up_encode(&in, &f);
+    loom_frame_encode(&f, buf);
+    memset(&err, 0, sizeof(err));
+    ck_assert_int_eq(loom_frame_decode(buf, 3, &g, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(g.kind, LOOM_FRAME_GAVE_UP);
+    loom_gave_up_decode(&g, 3, 4, &out);
+    ck_assert_int_eq(out.culprit, 2);
+    ck_assert_int_eq(out.reporter, 0);
+    ck_assert_int_eq(out.why, LOOM_ERR_TIMEOUT);
+    ck_assert_uint_eq(out.waited_ms, 10000);
+
+    /* No culprit known (a mismatch): -1 travels as "none". */
+    in = (loom_tp_fault_t){.culprit = -1, .reporter = 1, .why = LOOM_ERR_MISMATCH};
+    loom_gave_up_encode(&in, &f);
+    loom_gave_up_decode(&f, 1, 4, &out);
+    ck_assert_int_eq(out.culprit, -1);
+    ck_assert_int_eq(out.reporter, 1);
+    ck_assert_int_eq(out.why, LOOM_ERR_MISMATCH);
+
+    /* A frame from an older sender (all zero) or naming ranks past the
+     * communicator: no culprit, the sender is the reporter, PEER_LOST. */
+    f = (loom_frame_t){.kind = LOOM_FRAME_GAVE_UP};
+    f.match.tag = (UINT64_C(77) << 32) | 9;
+    f.match.desc = 9999;
+    loom_gave_up_decode(&f, 3, 4, &out);
+    ck_assert_int_eq(out.culprit, -1);
+    ck_assert_int_eq(out.reporter, 3);
+    ck_assert_int_eq(out.why, LOOM_ERR_PEER_LOST);
+
+    loom_frame_t ka = {.kind = LOOM_FRAME_KEEPALIVE};
+    loom_frame_encode(&ka, buf);
+    ck_assert_int_eq(loom_frame_decode(buf, 1, &g, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(g.kind, LOOM_FRAME_KEEPALIVE);
+    ka.len = 8;
+    loom_frame_encode(&ka, buf);
+    ck_assert_int_eq(loom_frame_decode(buf, 1, &g, &err), LOOM_ERR_TRANSPORT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "keepalive"));
+}
+END_TEST
+
 /* Slices of a striped message: every byte in exactly one, in stream order,
  * page-sized where the message allows, the last taking the rest. */
 START_TEST(test_stripe_slices)
@@ -423,6 +473,7 @@ Suite *loom_wire_suite(void)
     tcase_add_test(tc, test_frame_roundtrip);
     tcase_add_test(tc, test_frame_garbage);
     tcase_add_test(tc, test_frame_check);
+    tcase_add_test(tc, test_gave_up_fault);
     tcase_add_test(tc, test_stripe_slices);
     tcase_add_test(tc, test_frame_striped_kinds);
     tcase_add_test(tc, test_hello_streams);

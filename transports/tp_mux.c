@@ -1,4 +1,5 @@
 /* tp_mux.c - see tp_mux.h. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -116,6 +117,47 @@ static void mux_abort(loom_tp_t *m, loom_status_t why)
         m->ops[i]->abort(m->tps[i], why);
 }
 
+static int has_op(const loom_transport_ops_t *ops, size_t end)
+{
+    return ops->size >= end;
+}
+#define MUX_HAS(ops, op) \
+    (has_op(ops, offsetof(loom_transport_ops_t, op) + sizeof((ops)->op)) && (ops)->op)
+
+/* Every transport tells its peers the same fault: the one a transport
+ * learned itself (a lost peer, a peer's news) before the caller's. */
+static void mux_give_up(loom_tp_t *m, loom_status_t why, const loom_tp_fault_t *fault)
+{
+    loom_tp_fault_t f = *fault;
+    for (int i = 0; i < m->ntp; i++) {
+        loom_tp_fault_t own;
+        if (MUX_HAS(m->ops[i], fault) && m->ops[i]->fault(m->tps[i], &own)) {
+            f = own;
+            break;
+        }
+    }
+    for (int i = 0; i < m->ntp; i++) {
+        if (MUX_HAS(m->ops[i], give_up))
+            m->ops[i]->give_up(m->tps[i], why, &f);
+        else
+            m->ops[i]->abort(m->tps[i], why);
+    }
+}
+
+static int mux_fault(loom_tp_t *m, loom_tp_fault_t *fault_p)
+{
+    for (int i = 0; i < m->ntp; i++)
+        if (MUX_HAS(m->ops[i], fault) && m->ops[i]->fault(m->tps[i], fault_p))
+            return 1;
+    return 0;
+}
+
+static double mux_silent_s(loom_tp_t *m, int peer)
+{
+    const loom_transport_ops_t *ops = m->ops[m->route[peer]];
+    return MUX_HAS(ops, silent_s) ? ops->silent_s(m->tps[m->route[peer]], peer) : -1;
+}
+
 static void mux_destroy(loom_tp_t *m, double timeout_s)
 {
     if (!m)
@@ -135,6 +177,9 @@ const loom_transport_ops_t loom_mux_transport = {
     .mem_register = mux_mem_register,
     .mem_deregister = mux_mem_deregister,
     .abort = mux_abort,
+    .give_up = mux_give_up,
+    .fault = mux_fault,
+    .silent_s = mux_silent_s,
     .destroy = mux_destroy,
     .peer_readable = mux_peer_readable,
     .peer_read = mux_peer_read,

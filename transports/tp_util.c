@@ -87,6 +87,27 @@ loom_status_t loom_tp_fail_gave_up(loom_status_t *failed, loom_err_t *err, const
                         "call or loom_comm_abort there)", rank, peer, peer);
 }
 
+loom_status_t loom_tp_fail_fault(loom_status_t *failed, loom_err_t *err, const char *subsys,
+                                 int rank, int from, const loom_tp_fault_t *f)
+{
+    char told[64] = "";
+    if (from != f->reporter)
+        snprintf(told, sizeof(told), "; rank %d told rank %d", from, rank);
+    if (f->culprit >= 0 && f->why == LOOM_ERR_TIMEOUT)
+        return loom_tp_fail(failed, err, subsys, rank, LOOM_ERR_PEER_LOST,
+                            "rank %d stopped answering (rank %d gave up on it after %.1f s "
+                            "LOOM_TIMEOUT%s)", f->culprit, f->reporter, f->waited_ms / 1000.0,
+                            told);
+    if (f->culprit >= 0)
+        return loom_tp_fail(failed, err, subsys, rank, LOOM_ERR_PEER_LOST,
+                            "rank %d was lost (rank %d gave up on it: %s%s)", f->culprit,
+                            f->reporter, loom_strerror(f->why), told);
+    return loom_tp_fail(failed, err, subsys, rank, LOOM_ERR_PEER_LOST,
+                        "rank %d lost rank %d: rank %d gave up on this communicator (a failed "
+                        "call or loom_comm_abort there: %s%s)", rank, f->reporter, f->reporter,
+                        loom_strerror(f->why), told);
+}
+
 int loom_tp_numeric_addr(const char *host, const char *port, struct sockaddr_storage *ss,
                          socklen_t *len)
 {

@@ -24,6 +24,20 @@ loom_status_t loom_tp_fail(loom_status_t *failed, loom_err_t *err, const char *s
 loom_status_t loom_tp_fail_gave_up(loom_status_t *failed, loom_err_t *err, const char *subsys,
                                    int rank, int peer);
 
+/* Fail the instance because rank from told us the communicator failed, with
+ * what it said (fault): the message names the rank that stopped answering or
+ * was lost, and the rank that gave up on it first, not only the rank that
+ * passed the news on. LOOM_ERR_PEER_LOST, as for any rank that gave up. */
+loom_status_t loom_tp_fail_fault(loom_status_t *failed, loom_err_t *err, const char *subsys,
+                                 int rank, int from, const loom_tp_fault_t *fault);
+
+/* Keep the first fault an instance learns of (the one it passes on). */
+static inline void loom_tp_fault_keep(loom_tp_fault_t *mine, const loom_tp_fault_t *f)
+{
+    if (mine->reporter < 0 && f && f->reporter >= 0)
+        *mine = *f;
+}
+
 /* The numeric host a network transport listens on: the interface
  * LOOM_SOCKET_IFNAME names (its IPv4 address, else its IPv6 one), else the
  * address that reaches the store, else loopback where the launcher says every

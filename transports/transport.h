@@ -43,6 +43,26 @@ typedef struct loom_tp_req {
     uintptr_t tp_private[2];
 } loom_tp_req_t;
 
+/* Why an instance gave up, as its ranks tell each other (the GAVE_UP frame,
+ * the shared-memory segment), so that every survivor names the rank that
+ * stopped answering instead of the rank that passed the news on. */
+typedef struct loom_tp_fault {
+    int culprit;          /* the rank that stopped answering or was lost; -1: none known
+                           * (a mismatch, an abort: the reporter is the one to look at) */
+    int reporter;         /* the rank that gave up first; -1: not set */
+    loom_status_t why;    /* what the reporter saw: LOOM_ERR_TIMEOUT, _PEER_LOST, ... */
+    uint32_t waited_ms;   /* a timeout: how long the reporter waited (LOOM_TIMEOUT) */
+} loom_tp_fault_t;
+
+#define LOOM_TP_FAULT_NONE ((loom_tp_fault_t){.culprit = -1, .reporter = -1})
+
+/* While its owner waits in progress, a transport tells every peer it is alive
+ * at least this often (a counter in the shared segment; a keepalive frame
+ * once nothing has moved for a quarter of LOOM_TIMEOUT, so that a healthy
+ * job sends none): a rank that times out can then tell a peer that is itself
+ * stuck waiting from one that stopped answering. */
+#define LOOM_TP_KEEPALIVE_S 0.25
+
 typedef struct loom_tp_params {
     int rank, size;
     uint64_t job_hash;       /* checked in the handshake: a stranger's job is refused */
@@ -98,6 +118,17 @@ typedef struct loom_transport_ops {
      * that no receive took yet; an irecv posted for it now takes it first.
      * Called as irecv is, by the thread that runs the communicator. */
     int (*probe)(loom_tp_t *tp, int peer, uint64_t tag);
+    /* Optional (may be NULL: abort without a fault): abort, and tell every
+     * peer it can reach who is to blame. The fault the instance recorded
+     * first (a peer it lost, one a peer told it of) wins over this one. */
+    void (*give_up)(loom_tp_t *tp, loom_status_t why, const loom_tp_fault_t *fault);
+    /* Optional (may be NULL: none): the fault the instance recorded itself
+     * (a peer it lost, or what a peer that gave up told it): 1 and *fault_p,
+     * else 0. Called as progress is. */
+    int (*fault)(loom_tp_t *tp, loom_tp_fault_t *fault_p);
+    /* Optional (may be NULL: unknown): seconds since anything (a byte, a
+     * keepalive) last came from peer; < 0 when unknown. Called as progress is. */
+    double (*silent_s)(loom_tp_t *tp, int peer);
 } loom_transport_ops_t;
 
 extern const loom_transport_ops_t loom_tcp_transport;

@@ -65,6 +65,7 @@ static loom_status_t shm_create(const loom_tp_params_t *p, char *addr, size_t ad
     tp->size = p->size;
     tp->err = p->err;
     tp->memfd = -1;
+    tp->fault = LOOM_TP_FAULT_NONE;
     tp->probe = SEGMENT_MAGIC ^ (uint64_t)getpid();
     tp->use_cma = p->settings ? p->settings->shm_cma : 1;
     tp->job_hash = p->job_hash;
@@ -330,6 +331,8 @@ static loom_status_t shm_connect(loom_tp_t *tp, char *const *addrs, double timeo
                       "refused); large messages go through the ring", tp->rank, r);
     }
     tp->next_liveness = loom_now_s() + LIVENESS_CHECK_S;
+    for (int r = 0; r < tp->size; r++)
+        tp->peers[r].heard_at = loom_now_s();
     return LOOM_SUCCESS;
 }
 
@@ -340,6 +343,17 @@ static void shm_abort(loom_tp_t *tp, loom_status_t why)
     atomic_store(&tp->abort_why, (int)why);
     atomic_fetch_add(&tp->seg->doorbell, 1);
     futex_wake(&tp->seg->doorbell);
+    /* The fault first, so that a peer that sees the flag reads it whole
+     * (a second abort rewrites the same values). */
+    loom_tp_fault_t f = tp->fault;
+    if (f.reporter < 0)
+        f = (loom_tp_fault_t){.culprit = -1, .reporter = tp->rank, .why = why};
+    if (atomic_load(&tp->seg->closed) == SEG_OPEN) {
+        atomic_store(&tp->seg->fault_culprit, (uint32_t)(f.culprit + 1));
+        atomic_store(&tp->seg->fault_reporter, (uint32_t)(f.reporter + 1));
+        atomic_store(&tp->seg->fault_why, (uint32_t)f.why);
+        atomic_store(&tp->seg->fault_waited_ms, f.waited_ms);
+    }
     uint32_t open = SEG_OPEN;
     atomic_compare_exchange_strong(&tp->seg->closed, &open, (uint32_t)SEG_BROKEN);
     for (int r = 0; r < tp->size; r++)
@@ -347,6 +361,28 @@ static void shm_abort(loom_tp_t *tp, loom_status_t why)
             atomic_fetch_add(&tp->peers[r].seg->doorbell, 1);
             futex_wake(&tp->peers[r].seg->doorbell);
         }
+}
+
+/* The caller runs no progress now (it just failed): the fault is ours to set. */
+static void shm_give_up(loom_tp_t *tp, loom_status_t why, const loom_tp_fault_t *fault)
+{
+    loom_tp_fault_keep(&tp->fault, fault);
+    shm_abort(tp, why);
+}
+
+static int shm_fault(loom_tp_t *tp, loom_tp_fault_t *fault_p)
+{
+    if (tp->fault.reporter < 0)
+        return 0;
+    *fault_p = tp->fault;
+    return 1;
+}
+
+static double shm_silent_s(loom_tp_t *tp, int peer)
+{
+    if (peer < 0 || peer >= tp->size || peer == tp->rank || !tp->peers[peer].local)
+        return -1;
+    return loom_now_s() - tp->peers[peer].heard_at;
 }
 
 static void shm_destroy(loom_tp_t *tp, double timeout_s)
@@ -400,6 +436,9 @@ const loom_transport_ops_t loom_shm_transport = {
     .probe = shm_probe,
     .progress = shm_progress,
     .abort = shm_abort,
+    .give_up = shm_give_up,
+    .fault = shm_fault,
+    .silent_s = shm_silent_s,
     .destroy = shm_destroy,
     .peer_readable = shm_peer_readable,
     .peer_read = shm_peer_read,

@@ -24,8 +24,9 @@
 #define CMA_MIN_BYTES (32 * 1024)
 /* Streamed messages are cut into records of at most this much payload. */
 #define CHUNK_BYTES (RING_BYTES / 4)
-/* "LOOMSHM2": the header gained the binding (shm.c); a LOOMSHM1 peer, which
- * would write into a segment before checking whose it is, is refused. */
+/* "LOOMSHM2": the header gained the binding (shm.c), the keepalive counter
+ * and the fault its owner gave up on; a LOOMSHM1 peer, which would write into
+ * a segment before checking whose it is, is refused. */
 #define SEGMENT_MAGIC UINT64_C(0x4c4f4f4d53484d32)
 #define LIVENESS_CHECK_S 0.1
 /* After the rings: a window that node-local algorithms stage data in, which
@@ -81,6 +82,12 @@ typedef struct segment {
     _Alignas(64) _Atomic uint32_t doorbell;
     _Atomic uint32_t sleeping;
     _Atomic uint32_t closed;                     /* SEG_OPEN, SEG_DESTROYED or SEG_BROKEN */
+    /* Counted up by the owner at least every LOOM_TP_KEEPALIVE_S while it is
+     * in progress: peers tell a rank that waits from one that stopped. */
+    _Atomic uint64_t alive;
+    /* SEG_BROKEN: the fault, written before closed is (the culprit and the
+     * reporter + 1, 0: none; the status; the milliseconds waited). */
+    _Atomic uint32_t fault_culprit, fault_reporter, fault_why, fault_waited_ms;
     _Alignas(64) ring_t rings[];
 } segment_t;
 
@@ -92,6 +99,8 @@ typedef struct shm_peer {
     size_t seg_bytes;
     int cma_to_peer;    /* the peer can read our memory: send large messages by RTS */
     int said_bye;
+    uint64_t alive_seen;                /* its keepalive counter when last looked at */
+    double heard_at;                    /* when that counter last moved */
     /* send side */
     loom_req_queue_t sq;                /* not fully written to the ring yet */
     loom_tp_req_t *fin_wait;            /* RTS written, FIN not received */
@@ -123,6 +132,8 @@ struct loom_tp {
     int use_cma;                       /* LOOM_SHM_CMA */
     loom_status_t failed;
     double next_liveness;
+    double keepalive_at;               /* when the counter is next moved and read */
+    loom_tp_fault_t fault;             /* the first fault we learned of: what peers read */
     _Atomic int abort_why;
 };
 

@@ -388,24 +388,64 @@ static int has_work(const shm_peer_t *peer)
     return peer->rq.head || peer->cur_req || peer->sq.head || peer->fin_wait || peer->nfins;
 }
 
-/* Peers we wait for that vanished: their pid is gone. */
+/* A peer that gave up: no collective can complete, so we fail whatever we
+ * wait on, naming whom it blamed, and our own segment passes that on. */
+static loom_status_t peer_gave_up(loom_tp_t *tp, int r)
+{
+    const segment_t *seg = tp->peers[r].seg;
+    uint32_t culprit = atomic_load(&seg->fault_culprit);
+    uint32_t reporter = atomic_load(&seg->fault_reporter);
+    uint32_t why = atomic_load(&seg->fault_why);
+    loom_tp_fault_t f = {
+        .culprit = culprit >= 1 && culprit <= (uint32_t)tp->size ? (int)culprit - 1 : -1,
+        .reporter = reporter >= 1 && reporter <= (uint32_t)tp->size ? (int)reporter - 1 : r,
+        .why = why > 0 && why <= (uint32_t)LOOM_ERR_INTERNAL ? (loom_status_t)why
+                                                             : LOOM_ERR_PEER_LOST,
+        .waited_ms = atomic_load(&seg->fault_waited_ms)};
+    loom_tp_fault_keep(&tp->fault, &f);
+    return loom_tp_fail_fault(&tp->failed, tp->err, "shm", tp->rank, r, &f);
+}
+
+/* Peers that gave up (any of them), and peers we wait for that vanished:
+ * their pid is gone. */
 static loom_status_t check_liveness(loom_tp_t *tp)
 {
     for (int r = 0; r < tp->size; r++) {
         shm_peer_t *peer = &tp->peers[r];
-        if (!peer->local || !has_work(peer))
+        if (!peer->local)
             continue;
         /* The flag first: a rank that gave up may have exited by now too. */
         if (atomic_load(&peer->seg->closed) == SEG_BROKEN)
-            return tp_fail(tp, LOOM_ERR_PEER_LOST,
-                           "rank %d gave up on this communicator (a failed call or "
-                           "loom_comm_abort there) while rank %d waits for it", r, tp->rank);
-        if (kill(peer->pid, 0) != 0 && errno == ESRCH)
+            return peer_gave_up(tp, r);
+        if (!has_work(peer))
+            continue;
+        if (kill(peer->pid, 0) != 0 && errno == ESRCH) {
+            loom_tp_fault_keep(&tp->fault, &(loom_tp_fault_t){
+                .culprit = r, .reporter = tp->rank, .why = LOOM_ERR_PEER_LOST});
             return tp_fail(tp, LOOM_ERR_PEER_LOST,
                            "rank %d lost rank %d: its process (pid %d) exited without "
                            "loom_comm_destroy", tp->rank, r, (int)peer->pid);
+        }
     }
     return LOOM_SUCCESS;
+}
+
+/* Move our keepalive counter and read the peers': a counter that moved
+ * means its owner is alive and inside progress. */
+static void keepalive(loom_tp_t *tp, double now)
+{
+    tp->keepalive_at = now + LOOM_TP_KEEPALIVE_S;
+    atomic_fetch_add_explicit(&tp->seg->alive, 1, memory_order_relaxed);
+    for (int r = 0; r < tp->size; r++) {
+        shm_peer_t *peer = &tp->peers[r];
+        if (!peer->local)
+            continue;
+        uint64_t v = atomic_load_explicit(&peer->seg->alive, memory_order_relaxed);
+        if (v != peer->alive_seen) {
+            peer->alive_seen = v;
+            peer->heard_at = now;
+        }
+    }
 }
 
 static loom_status_t poll_once(loom_tp_t *tp, int *moved)
@@ -447,6 +487,9 @@ loom_status_t shm_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
         return tp_fail(tp, (loom_status_t)why, "communicator aborted");
     if (tp->failed)
         return tp->failed;
+    double now = loom_now_s();
+    if (now >= tp->keepalive_at)
+        keepalive(tp, now);
     poll_once(tp, moved_p);
     if (*moved_p || tp->failed || timeout_ms == 0)
         return tp->failed;
@@ -460,7 +503,7 @@ loom_status_t shm_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
     if ((why = atomic_load(&tp->abort_why)) != 0)
         return tp_fail(tp, (loom_status_t)why, "communicator aborted");
     poll_once(tp, moved_p);
-    double now = loom_now_s();
+    now = loom_now_s();
     if (!*moved_p && !tp->failed && now >= tp->next_liveness) {
         tp->next_liveness = now + LIVENESS_CHECK_S;
         check_liveness(tp);

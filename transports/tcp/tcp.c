@@ -99,6 +99,11 @@ static loom_status_t tcp_create(const loom_tp_params_t *p, char *addr, size_t ad
     tp->sockbuf = p->sockbuf;
     tp->early_max = (size_t)1 << 30;
     tp->nstreams = 1;
+    /* Unasked-for bytes reach a peer that may be closing, and a socket
+     * closed with unread bytes resets its connection: a healthy job, whose
+     * waits end well within LOOM_TIMEOUT, sends no keepalives. */
+    tp->keepalive_idle_s = (p->settings && p->settings->timeout_s > 0 ? p->settings->timeout_s
+                                                                      : 30.0) / 4;
     if (p->settings) {
         tp->early_max = p->settings->early_max_bytes;
         if (p->settings->sockets_per_peer > 1 && p->settings->sockets_per_peer <= LOOM_MAX_STREAMS) {
@@ -118,6 +123,7 @@ static loom_status_t tcp_create(const loom_tp_params_t *p, char *addr, size_t ad
         st = loom_err_set(p->err, LOOM_ERR_NO_MEMORY, "out of memory");
         goto err_free_tp;
     }
+    tp->fault = LOOM_TP_FAULT_NONE;
     for (int i = 0; i < p->size; i++) {
         tp->peers[i].fd = -1;
         tp->peers[i].rank = i;
@@ -276,6 +282,7 @@ static loom_status_t register_peers(loom_tp_t *tp, char *const *addrs)
         if (j == tp->rank || addrs[j] == NULL)
             continue;
         loom_hs_sock_opts(peer->fd, 0);
+        peer->heard_at = tp->last_moved = loom_now_s();
         peer->stage = malloc(STAGE_BYTES);
         if (!peer->stage)
             return tp_fail(tp, LOOM_ERR_NO_MEMORY, "out of memory");
@@ -375,7 +382,12 @@ static void announce_failure(loom_tp_t *tp)
         return;
     tp->announced = 1;
     uint8_t gave_up[LOOM_FRAME_BYTES + LOOM_MAC_BYTES];
-    loom_frame_t f = {.kind = LOOM_FRAME_GAVE_UP};
+    int why = atomic_load(&tp->abort_why);
+    loom_tp_fault_keep(&tp->fault, &(loom_tp_fault_t){
+        .culprit = -1, .reporter = tp->rank,
+        .why = tp->failed ? tp->failed : why ? (loom_status_t)why : LOOM_ERR_ABORTED});
+    loom_frame_t f;
+    loom_gave_up_encode(&tp->fault, &f);
     for (int j = 0; j < tp->size; j++) {
         tcp_peer_t *peer = &tp->peers[j];
         if (j == tp->rank)
@@ -404,6 +416,36 @@ shut_lanes:
     }
 }
 
+/* Tell every peer we send nothing to right now that we are alive (a peer
+ * we are sending to hears our bytes): one header, written whole or not at
+ * all, so the stream stays framed. */
+static void send_keepalives(loom_tp_t *tp)
+{
+    uint8_t hdr[LOOM_FRAME_BYTES + LOOM_MAC_BYTES];
+    loom_frame_t f = {.kind = LOOM_FRAME_KEEPALIVE};
+    for (int j = 0; j < tp->size && !tp->failed; j++) {
+        tcp_peer_t *peer = &tp->peers[j];
+        int queued = 0;
+        if (j == tp->rank || peer->fd < 0 || peer->gave_up || peer->said_bye ||
+            peer->sq.head || peer->shdr_ready)
+            continue;
+        /* Unread bytes in the way: the header may not fit whole, and a peer
+         * that reads nothing is not waiting for news of us. */
+        if (ioctl(peer->fd, SIOCOUTQ, &queued) != 0 || queued > 1024)
+            continue;
+        uint64_t seq, seq_before = peer->tx_seq;
+        size_t len = seal_header(peer, &f, hdr, &seq);
+        ssize_t n = send(peer->fd, hdr, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n == (ssize_t)len)
+            continue;
+        if (n <= 0) {
+            peer->tx_seq = seq_before;   /* not sent: the number is the next frame's */
+            continue;
+        }
+        tp_lost(tp, j, "lost the connection to rank %d: a keepalive went out in part", j);
+    }
+}
+
 static loom_status_t progress_owned(loom_tp_t *tp, int timeout_ms, int *moved_p)
 {
     int moved = 0;
@@ -416,10 +458,23 @@ static loom_status_t progress_owned(loom_tp_t *tp, int timeout_ms, int *moved_p)
         *moved_p = 0;
         return tp->failed;
     }
+    double now = loom_now_s();
+    if (now >= tp->keepalive_at && now - tp->last_moved >= tp->keepalive_idle_s) {
+        tp->keepalive_at = now + LOOM_TP_KEEPALIVE_S;
+        send_keepalives(tp);
+        if (tp->failed) {
+            *moved_p = 0;
+            return tp->failed;
+        }
+    }
     struct epoll_event evs[MAX_EVENTS];
     int n = epoll_wait(tp->epfd, evs, MAX_EVENTS, timeout_ms);
+    if (n > 0)
+        now = loom_now_s();
     for (int i = 0; i < n && !tp->failed; i++) {
         uint64_t key = evs[i].data.u64;
+        if (key)
+            tp->peers[(key >> 8) - 1].heard_at = now;
         if (key) {
             tcp_peer_t *peer = &tp->peers[(key >> 8) - 1];
             int k = (int)(key & 0xff);
@@ -448,7 +503,7 @@ static loom_status_t progress_owned(loom_tp_t *tp, int timeout_ms, int *moved_p)
         if (peer->fd < 0)
             continue;
         if (peer->held && (evs[i].events & (EPOLLHUP | EPOLLERR))) {
-            tp_fail(tp, LOOM_ERR_PEER_LOST, "lost the connection to rank %d", peer->rank);
+            tp_lost(tp, peer->rank, "lost the connection to rank %d", peer->rank);
             break;
         }
         if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
@@ -456,6 +511,8 @@ static loom_status_t progress_owned(loom_tp_t *tp, int timeout_ms, int *moved_p)
         if (!tp->failed && peer->fd >= 0 && (evs[i].events & EPOLLOUT))
             tcp_flush_sends(tp, peer, &moved);
     }
+    if (moved)
+        tp->last_moved = now;
     *moved_p = moved;
     return tp->failed;
 }
@@ -507,6 +564,29 @@ static void tcp_abort(loom_tp_t *tp, loom_status_t why)
     }
 }
 
+static void tcp_give_up(loom_tp_t *tp, loom_status_t why, const loom_tp_fault_t *fault)
+{
+    loom_tp_own(&tp->owner);
+    loom_tp_fault_keep(&tp->fault, fault);
+    loom_tp_disown(&tp->owner);
+    tcp_abort(tp, why);
+}
+
+static int tcp_fault(loom_tp_t *tp, loom_tp_fault_t *fault_p)
+{
+    if (tp->fault.reporter < 0)
+        return 0;
+    *fault_p = tp->fault;
+    return 1;
+}
+
+static double tcp_silent_s(loom_tp_t *tp, int peer)
+{
+    if (peer < 0 || peer >= tp->size || peer == tp->rank || tp->peers[peer].heard_at <= 0)
+        return -1;
+    return loom_now_s() - tp->peers[peer].heard_at;
+}
+
 /* Write all of buf within the deadline (used for the farewell only). */
 static int send_all(int fd, const void *buf, size_t len, double deadline)
 {
@@ -554,6 +634,11 @@ static void tcp_destroy(loom_tp_t *tp, double timeout_s)
             send_all(peer->fd, bye, len, deadline);
         }
         shutdown(peer->fd, SHUT_WR);
+        /* Closed with bytes unread (a keepalive), the socket would reset the
+         * connection and drop what we sent that is still on its way. */
+        uint8_t sink[4096];
+        for (int i = 0; i < 64 && recv(peer->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; i++) {
+        }
         close(peer->fd);
     }
     for (int j = 0; j < tp->size; j++)
@@ -601,5 +686,8 @@ const loom_transport_ops_t loom_tcp_transport = {
     .mem_register = NULL,
     .mem_deregister = NULL,
     .abort = tcp_abort,
+    .give_up = tcp_give_up,
+    .fault = tcp_fault,
+    .silent_s = tcp_silent_s,
     .destroy = tcp_destroy,
 };

@@ -25,6 +25,8 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <linux/sockios.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -117,6 +119,7 @@ typedef struct tcp_peer {
     int said_bye;       /* the peer destroyed its communicator on purpose */
     int gave_up;        /* the peer's communicator failed: it sends no more */
     int held;           /* a frame waits in the socket for its receive (set_held) */
+    double heard_at;    /* when anything (a byte, a keepalive) last came from it */
     /* LOOM_AUTH_KEY: this connection's keys, one per direction, and counters */
     int mac;            /* MAC_NONE, MAC_HEADERS or MAC_FULL */
     loom_hmac_key_t tx_key, rx_key;
@@ -176,6 +179,10 @@ struct loom_tp {
     struct { uint8_t *buf; size_t cap; } pool[POOL_SLOTS];
     _Atomic int abort_why;         /* set by loom_comm_abort from any thread */
     int announced;                 /* the peers were told of our failure */
+    loom_tp_fault_t fault;         /* what they are told: the first fault we learned of */
+    double keepalive_at;           /* when the peers are next told we are alive */
+    double last_moved;             /* when progress last moved anything */
+    double keepalive_idle_s;       /* keepalives only after this long without */
     _Atomic int owner;             /* 1: a thread is in isend/irecv/progress, 2: abort */
 };
 
@@ -183,6 +190,13 @@ struct loom_tp {
 #define EV_KEY(rank, stream) ((((uint64_t)(rank) + 1) << 8) | (uint64_t)(stream))
 
 #define tp_fail(tp, st, ...) loom_tp_fail(&(tp)->failed, (tp)->err, "tcp", (tp)->rank, st, __VA_ARGS__)
+/* Fail because the connection to rank who broke: that rank is the one the
+ * peers hear was lost (unless we already learned of another fault). */
+#define tp_lost(tp, who, ...)                                                                  \
+    (loom_tp_fault_keep(&(tp)->fault, &(loom_tp_fault_t){.culprit = (who),                    \
+                                                         .reporter = (tp)->rank,              \
+                                                         .why = LOOM_ERR_PEER_LOST}),         \
+     tp_fail(tp, LOOM_ERR_PEER_LOST, __VA_ARGS__))
 
 static inline void update_events(loom_tp_t *tp, tcp_peer_t *peer)
 {

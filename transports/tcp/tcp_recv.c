@@ -58,7 +58,7 @@ loom_status_t tcp_irecv_owned(loom_tp_t *tp, loom_tp_req_t *req)
         return tp->failed;
     }
     if (peer->said_bye)
-        return tp_fail(tp, LOOM_ERR_PEER_LOST,
+        return tp_lost(tp, peer->rank,
                        "rank %d waits for a message from rank %d, which has destroyed its "
                        "communicator", tp->rank, peer->rank);
     if (peer->gave_up)
@@ -98,13 +98,18 @@ static tcp_xfer_t *stripe_recv(loom_tp_t *tp, tcp_peer_t *peer, const loom_frame
 
 static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_frame_t *f)
 {
-    /* What it sent before still counts; an exchange with it from now on fails. */
+    /* No collective can complete once one rank gave up, so we fail now,
+     * whatever we wait on (not when our own LOOM_TIMEOUT runs out), and pass
+     * on whom it blames: our own announcement forwards it to every peer. */
     if (f->kind == LOOM_FRAME_GAVE_UP) {
         peer->gave_up = 1;
-        /* A send it will never read waits for nothing, as a receive would. */
-        return peer->rq.head || peer->rx_head || peer->sq.head || peer->sx_head
-                   ? gave_up_fail(tp, peer) : LOOM_SUCCESS;
+        loom_tp_fault_t fault;
+        loom_gave_up_decode(f, peer->rank, tp->size, &fault);
+        loom_tp_fault_keep(&tp->fault, &fault);
+        return loom_tp_fail_fault(&tp->failed, tp->err, "tcp", tp->rank, peer->rank, &fault);
     }
+    if (f->kind == LOOM_FRAME_KEEPALIVE)
+        return LOOM_SUCCESS;   /* heard_at is set as its bytes come */
     if (f->kind == LOOM_FRAME_SLICE || (f->kind == LOOM_FRAME_STRIPED && tp->nstreams < 2))
         return tp_fail(tp, LOOM_ERR_TRANSPORT, "protocol error: rank %d sent a %s frame on its "
                        "first stream (%d stream%s per peer here)", peer->rank,
@@ -113,12 +118,12 @@ static loom_status_t start_frame(loom_tp_t *tp, tcp_peer_t *peer, const loom_fra
     if (f->kind == LOOM_FRAME_BYE) {
         peer->said_bye = 1;
         if (peer->rq.head)
-            return tp_fail(tp, LOOM_ERR_PEER_LOST,
+            return tp_lost(tp, peer->rank,
                            "rank %d destroyed its communicator while rank %d still waits for a "
                            "message from it", peer->rank, tp->rank);
         /* Bytes of a send still unwritten will never be read. */
         if (peer->sq.head || peer->sx_head)
-            return tp_fail(tp, LOOM_ERR_PEER_LOST,
+            return tp_lost(tp, peer->rank,
                            "rank %d destroyed its communicator while rank %d still sends it a "
                            "message", peer->rank, tp->rank);
         return LOOM_SUCCESS;
@@ -232,7 +237,7 @@ static loom_status_t peer_eof(loom_tp_t *tp, tcp_peer_t *peer)
         peer->fd = -1;
         return LOOM_SUCCESS;
     }
-    return tp_fail(tp, LOOM_ERR_PEER_LOST,
+    return tp_lost(tp, peer->rank,
                    "rank %d lost rank %d: the connection closed without a goodbye (the process "
                    "died or exited without loom_comm_destroy)", tp->rank, peer->rank);
 }
@@ -262,7 +267,14 @@ static int fill_stage(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
             continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK)
             return 0;
-        tp_fail(tp, LOOM_ERR_PEER_LOST, "lost the connection to rank %d: %s", peer->rank,
+        /* A peer that said goodbye may close before reading all we sent it
+         * (a keepalive): its kernel resets the connection, which ends it as
+         * a close would. */
+        if (errno == ECONNRESET && (peer->said_bye || peer->gave_up)) {
+            peer_eof(tp, peer);
+            return -1;
+        }
+        tp_lost(tp, peer->rank, "lost the connection to rank %d: %s", peer->rank,
                 strerror(errno));
         return -1;
     }
@@ -279,14 +291,17 @@ static void mac_fail(loom_tp_t *tp, const tcp_peer_t *peer, int stream, const ch
             peer->rank, where, what);
 }
 
+/* *moved tells of frames and payload, not of keepalives: a peer that only
+ * says it is alive (it waits too) must not hold off our LOOM_TIMEOUT. */
 void tcp_handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
 {
     size_t hdr_bytes = LOOM_FRAME_BYTES + (peer->mac ? LOOM_MAC_BYTES : 0);
+    int staged = 0;
     while (!tp->failed && peer->fd >= 0 && !peer->held) {
         size_t avail = peer->stage_end - peer->stage_beg;
         if (!peer->in_frame) {
             if (avail < hdr_bytes) {
-                if (fill_stage(tp, peer, moved) <= 0)
+                if (fill_stage(tp, peer, &staged) <= 0)
                     return;
                 continue;
             }
@@ -306,6 +321,8 @@ void tcp_handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
                 return;
             }
             peer->stage_beg += hdr_bytes;
+            if (f.kind != LOOM_FRAME_KEEPALIVE)
+                *moved = 1;
             if (payload_sealed(peer, f.len))
                 loom_frame_tag_payload_start(&peer->rx_mac, &peer->rx_key, peer->cur_seq);
             if (start_frame(tp, peer, &f) != LOOM_SUCCESS)
@@ -322,7 +339,7 @@ void tcp_handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
         if (remaining == 0) {
             /* The payload is in; its tag decides whether the receive completes. */
             if (avail < LOOM_MAC_BYTES) {
-                if (fill_stage(tp, peer, moved) <= 0)
+                if (fill_stage(tp, peer, &staged) <= 0)
                     return;
                 continue;
             }
@@ -351,6 +368,7 @@ void tcp_handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
             memcpy(dst + peer->cur_off, peer->stage + peer->stage_beg, k);
             peer->stage_beg += k;
             peer->cur_off += k;
+            *moved = 1;
         } else if (room >= DIRECT_READ_MIN) {
             ssize_t n = recv(peer->fd, dst + peer->cur_off, room, MSG_DONTWAIT);
             if (n > 0) {
@@ -361,12 +379,15 @@ void tcp_handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
                 return;
             } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 return;
+            } else if (errno == ECONNRESET && (peer->said_bye || peer->gave_up)) {
+                peer_eof(tp, peer);   /* as in fill_stage */
+                return;
             } else if (errno != EINTR) {
-                tp_fail(tp, LOOM_ERR_PEER_LOST, "lost the connection to rank %d: %s",
+                tp_lost(tp, peer->rank, "lost the connection to rank %d: %s",
                         peer->rank, strerror(errno));
                 return;
             }
-        } else if (fill_stage(tp, peer, moved) <= 0) {
+        } else if (fill_stage(tp, peer, &staged) <= 0) {
             return;
         }
         if (peer->cur_off > before && payload_sealed(peer, peer->cur_plen))

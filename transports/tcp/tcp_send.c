@@ -113,7 +113,7 @@ loom_status_t tcp_flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
                 want_out(tp, peer, 1);
                 return LOOM_SUCCESS;
             }
-            return tp_fail(tp, LOOM_ERR_PEER_LOST, "lost the connection to rank %d: %s",
+            return tp_lost(tp, peer->rank, "lost the connection to rank %d: %s",
                            peer->rank, strerror(errno));
         }
         *moved = 1;
@@ -185,7 +185,7 @@ loom_status_t tcp_lane_lost(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane,
 {
     if (peer->gave_up)
         return loom_tp_fail_gave_up(&tp->failed, tp->err, "tcp", tp->rank, peer->rank);
-    return tp_fail(tp, LOOM_ERR_PEER_LOST, "lost the connection to rank %d (stream %d of %d): %s",
+    return tp_lost(tp, peer->rank, "lost the connection to rank %d (stream %d of %d): %s",
                    peer->rank, lane->idx, tp->nstreams, why);
 }
 
@@ -348,7 +348,7 @@ loom_status_t tcp_isend_owned(loom_tp_t *tp, loom_tp_req_t *req)
         return loom_tp_self_send(tp, &peer->rq, &peer->uq, req, &tp->failed, tp->err, "tcp",
                                  tp->rank, self_hold);
     if (peer->said_bye)
-        return tp_fail(tp, LOOM_ERR_PEER_LOST,
+        return tp_lost(tp, peer->rank,
                        "rank %d sends to rank %d, which has destroyed its communicator", tp->rank,
                        peer->rank);
     if (peer->gave_up)
