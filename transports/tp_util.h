@@ -38,6 +38,16 @@ static inline void loom_tp_fault_keep(loom_tp_fault_t *mine, const loom_tp_fault
         *mine = *f;
 }
 
+/* The fault ops of transport.h over the one an instance keeps: 1 and
+ * *fault_p when it has one. */
+static inline int loom_tp_fault_get(const loom_tp_fault_t *mine, loom_tp_fault_t *fault_p)
+{
+    if (mine->reporter < 0)
+        return 0;
+    *fault_p = *mine;
+    return 1;
+}
+
 /* The numeric host a network transport listens on: the interface
  * LOOM_SOCKET_IFNAME names (its IPv4 address, else its IPv6 one), else the
  * address that reaches the store, else loopback where the launcher says every

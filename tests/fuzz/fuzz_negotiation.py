@@ -50,18 +50,22 @@ def check(data):
     assert again == bytes(data), "decoded and encoded again, the bytes differ"
 
 
+# Entries of every kind, as Entry.meta() makes them (tests/python/test_negotiation.py too).
+METAS = [
+    ("grad.layer1.weight", ("allreduce", "torch.float32", (64, 3, 3, 3), 0, -1, 1.0, 1.0, None)),
+    ("allgather.noname.7", ("allgather", "np.int64", (5, 2), None, -1, 1.0, 1.0, None)),
+    ("b", ("broadcast", "torch.bfloat16", (), None, 1, 1.0, 1.0, None)),
+    ("a2a", ("alltoall", "np.float16", (6,), None, -1, 1.0, 1.0, (1, 2, 3))),
+    ("rs", ("reducescatter", "torch.float64", (8, 8), 4, -1, 0.5, 2.0, None)),
+    ("__loom_barrier__", ("barrier", "", (), None, -1, 1.0, 1.0, None)),
+    ("__loom_join__", ("__loom_join__", "", (), None, -1, 1.0, 1.0, None)),
+    ("ünïcode/名前", ("allreduce", "torch.uint8", (0,), 100, -1, 1.0, 1.0, None)),
+]
+
+
 def seeds():
     """Valid messages of every kind, as the engine makes them."""
-    metas = [
-        ("grad.layer1.weight", ("allreduce", "torch.float32", (64, 3, 3, 3), 0, -1, 1.0, 1.0, None)),
-        ("allgather.noname.7", ("allgather", "np.int64", (5, 2), None, -1, 1.0, 1.0, None)),
-        ("b", ("broadcast", "torch.bfloat16", (), None, 1, 1.0, 1.0, None)),
-        ("a2a", ("alltoall", "np.float16", (6,), None, -1, 1.0, 1.0, (1, 2, 3))),
-        ("rs", ("reducescatter", "torch.float64", (8, 8), 4, -1, 0.5, 2.0, None)),
-        ("__loom_barrier__", ("barrier", "", (), None, -1, 1.0, 1.0, None)),
-        ("__loom_join__", ("__loom_join__", "", (), None, -1, 1.0, 1.0, None)),
-        ("ünïcode/名前", ("allreduce", "torch.uint8", (0,), 100, -1, 1.0, 1.0, None)),
-    ]
+    metas = METAS
     out = [neg.encode(([], False, False)), neg.encode(([], True, True))]
     for i in range(len(metas)):
         out.append(neg.encode((metas[i:i + 3], i % 2 == 0, i % 3 == 0)))
@@ -102,6 +106,16 @@ def save_crash(prefix, data):
     return path
 
 
+def passes(data, prefix, what):
+    """check(data); a failure is reported and its input saved."""
+    try:
+        check(data)
+        return True
+    except Exception as exc:   # noqa: BLE001 - the finding
+        print("fuzz_negotiation: FAIL on %s (%r): %s" % (what, exc, save_crash(prefix, data)))
+        return False
+
+
 def plain(argv):
     opts, dirs = {}, []
     for a in argv:
@@ -118,10 +132,7 @@ def plain(argv):
                 corpus.append(fh.read())
     runs = 0
     for data in corpus + seeds():
-        try:
-            check(data)
-        except Exception as exc:   # noqa: BLE001 - the finding
-            print("fuzz_negotiation: FAIL on a corpus input (%r): %s" % (exc, save_crash(prefix, data)))
+        if not passes(data, prefix, "a corpus input"):
             return 1
         runs += 1
     if opts.get("runs") == "0":
@@ -134,10 +145,7 @@ def plain(argv):
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         data = mutate(rng.choice(pool), rng, pool)
-        try:
-            check(data)
-        except Exception as exc:   # noqa: BLE001 - the finding
-            print("fuzz_negotiation: FAIL (%r): %s" % (exc, save_crash(prefix, data)))
+        if not passes(data, prefix, "a mutated input"):
             return 1
         runs += 1
         if work and len(pool) < 4096 and rng.random() < 0.001:

@@ -20,15 +20,8 @@ import fuzz_negotiation  # noqa: E402 - the fuzz target's property and seeds
 
 t = Tally(0)
 
-METAS = [
-    ("grad.w", ("allreduce", "torch.float32", (64, 3, 3, 3), 0, -1, 1.0, 1.0, None)),
-    ("allgather.noname.7", ("allgather", "np.int64", (5, 2), None, -1, 1.0, 1.0, None)),
-    ("b", ("broadcast", "torch.bfloat16", (), None, 1, 1.0, 1.0, None)),
-    ("a2a", ("alltoall", "np.float16", (6,), None, -1, 1.0, 1.0, (1, 2, 3))),
-    ("rs", ("reducescatter", "torch.float64", (8, 8), 4, -1, 0.5, 2.0, None)),
-    ("__loom_barrier__", ("barrier", "", (), None, -1, 1.0, 1.0, None)),
-    ("__loom_join__", ("__loom_join__", "", (), None, -1, 1.0, 1.0, None)),
-    ("名前.ünï", ("allreduce", "torch.uint8", (0, 1 << 40), 100, -1, 1e-300, -3.5, None)),
+METAS = fuzz_negotiation.METAS + [
+    ("big.dims", ("allreduce", "torch.uint8", (0, 1 << 40), 100, -1, 1e-300, -3.5, None)),
     ("empty splits", ("alltoall", "np.int8", (0,), None, -1, 1.0, 1.0, ())),
 ]
 

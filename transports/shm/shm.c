@@ -372,10 +372,7 @@ static void shm_give_up(loom_tp_t *tp, loom_status_t why, const loom_tp_fault_t 
 
 static int shm_fault(loom_tp_t *tp, loom_tp_fault_t *fault_p)
 {
-    if (tp->fault.reporter < 0)
-        return 0;
-    *fault_p = tp->fault;
-    return 1;
+    return loom_tp_fault_get(&tp->fault, fault_p);
 }
 
 static double shm_silent_s(loom_tp_t *tp, int peer)

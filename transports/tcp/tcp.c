@@ -574,10 +574,7 @@ static void tcp_give_up(loom_tp_t *tp, loom_status_t why, const loom_tp_fault_t 
 
 static int tcp_fault(loom_tp_t *tp, loom_tp_fault_t *fault_p)
 {
-    if (tp->fault.reporter < 0)
-        return 0;
-    *fault_p = tp->fault;
-    return 1;
+    return loom_tp_fault_get(&tp->fault, fault_p);
 }
 
 static double tcp_silent_s(loom_tp_t *tp, int peer)
