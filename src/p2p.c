@@ -206,6 +206,21 @@ static loom_status_t timed_out(loom_ctx_t *ctx, const loom_tp_req_t *r)
                         r ? r->peer : -1, why);
 }
 
+/* Whether the wait below is over with success: every request done without
+ * error, or with any_of one of them. */
+static int all_done_ok(loom_tp_req_t *reqs, int n, loom_tp_req_t *const *any_of)
+{
+    for (int i = 0; i < n; i++) {
+        const loom_tp_req_t *r = any_of ? any_of[i] : &reqs[i];
+        int ok = r && r->done && r->status == LOOM_SUCCESS;
+        if (any_of && ok)
+            return 1;
+        if (!any_of && !ok)
+            return 0;
+    }
+    return !any_of;
+}
+
 /* Progress until every request of reqs is done, or with any_of set until one
  * of the requests any_of points to (NULL entries skipped) is done. */
 static loom_status_t wait_loop(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n,
@@ -239,8 +254,14 @@ static loom_status_t wait_loop(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n,
         int timeout_ms = idle_s * 1e6 < (double)spin_us ? 0 : 100;
         int moved = 0;
         loom_status_t st = ctx->tp_ops->progress(ctx->tp, timeout_ms, &moved);
-        if (st != LOOM_SUCCESS)
+        if (st != LOOM_SUCCESS) {
+            /* News of a failure elsewhere (a GAVE_UP) can come in the same pass
+             * as the last of what this call waits for, sent before it: the call
+             * has all it needs and succeeds; the next one fails. */
+            if (all_done_ok(reqs, n, any_of))
+                break;
             return st;
+        }
         if (!moved && timeout_ms == 0 && ctx->spin_yield)
             sched_yield();   /* a rank sharing our core may be the one we wait for */
         if (moved) {

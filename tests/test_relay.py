@@ -512,8 +512,8 @@ def huge_announcement():
         st.set("loom/%s/world0/addr/1" % job, raw.split(b"\n")[0] + b"\n127.0.0.1:1\n" +
                raw.split(b"\n")[2] + b"\n-")
         c = socket.create_connection((host, int(rport)), timeout=10)
-        # wire version 3; stream 0 of 1 (src/wire.h: LOOM_HELLO_STREAMS(0, 1))
-        hello = b"LOOMHELO" + struct.pack("<IIII", 3, 1, 2, 0x100) + \
+        # wire version 4; stream 0 of 1 (src/wire.h: LOOM_HELLO_STREAMS(0, 1))
+        hello = b"LOOMHELO" + struct.pack("<IIII", 4, 1, 2, 0x100) + \
             struct.pack("<QQ", fnv1a(job), fnv1a("loom/%s/world0" % job))
         c.sendall(hello)
         ack = c.recv(16)
