@@ -29,6 +29,10 @@ typedef struct loom_ctx {
     struct loom_spin *spin;  /* the communicator's spin policy (src/spin.h); NULL: spin_us */
     int spin_yield;          /* yield the core between polls (ranks outnumber cores) */
     loom_err_t *err;
+    /* The transport's first failure as it was described: a call that still
+     * succeeded beside it (its messages all in) leaves the next call to fail,
+     * when the transport only repeats the status. */
+    char tp_failure[LOOM_ERRMSG_MAX];
     /* Where a wait that timed out records whom it blames (the communicator's,
      * shared by the contexts derived from this one), or NULL. */
     loom_tp_fault_t *fault;

@@ -450,6 +450,7 @@ static void init_ctx(loom_comm_t c)
     c->ctx.size = c->size;
     c->ctx.tp_ops = c->tp_ops;
     c->ctx.tp = c->tp;
+    c->ctx.tp_failure[0] = '\0';
     c->ctx.timeout_s = c->cfg.timeout_s;
     c->ctx.spin_us = c->cfg.spin_us;
     loom_spin_init(&c->spin, c->cfg.spin_us, c->local_size);

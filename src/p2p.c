@@ -61,6 +61,20 @@ int loom_p2p_test(loom_ctx_t *ctx, loom_tp_req_t *req)
     return req->done;
 }
 
+/* st, a failure of the transport, with a message: the transport describes a
+ * failure once, so the first description is kept for the later calls that
+ * get only the status. */
+static loom_status_t described(loom_ctx_t *ctx, loom_status_t st)
+{
+    if (ctx->err->msg[0]) {
+        if (!ctx->tp_failure[0])
+            snprintf(ctx->tp_failure, sizeof(ctx->tp_failure), "%s", ctx->err->msg);
+        return st;
+    }
+    return loom_err_set(ctx->err, st, "%s", ctx->tp_failure[0] ? ctx->tp_failure
+                                            : "the transport failed in an earlier call");
+}
+
 static loom_status_t check_peer(loom_ctx_t *ctx, int peer)
 {
     if (peer < 0 || peer >= ctx->size || peer == ctx->rank)
@@ -78,7 +92,8 @@ loom_status_t loom_p2p_isend(loom_ctx_t *ctx, int peer, uint32_t step, const voi
         return st;
     fill_req(ctx, peer, step, buf, bytes, req);
     req->is_send = 1;
-    return ctx->tp_ops->isend(ctx->tp, req);
+    st = ctx->tp_ops->isend(ctx->tp, req);
+    return st == LOOM_SUCCESS ? st : described(ctx, st);
 }
 
 loom_status_t loom_p2p_irecv(loom_ctx_t *ctx, int peer, uint32_t step, void *buf, size_t bytes,
@@ -88,7 +103,8 @@ loom_status_t loom_p2p_irecv(loom_ctx_t *ctx, int peer, uint32_t step, void *buf
     if (st != LOOM_SUCCESS)
         return st;
     fill_req(ctx, peer, step, buf, bytes, req);
-    return ctx->tp_ops->irecv(ctx->tp, req);
+    st = ctx->tp_ops->irecv(ctx->tp, req);
+    return st == LOOM_SUCCESS ? st : described(ctx, st);
 }
 
 
@@ -258,6 +274,7 @@ static loom_status_t wait_loop(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n,
             /* News of a failure elsewhere (a GAVE_UP) can come in the same pass
              * as the last of what this call waits for, sent before it: the call
              * has all it needs and succeeds; the next one fails. */
+            st = described(ctx, st);
             if (all_done_ok(reqs, n, any_of))
                 break;
             return st;
@@ -282,7 +299,7 @@ static loom_status_t wait_loop(loom_ctx_t *ctx, loom_tp_req_t *reqs, int n,
         if (r)
             trace_done(ctx, r);
     }
-    return st;
+    return st == LOOM_SUCCESS ? st : described(ctx, st);
 }
 
 /* wait_loop, shown as a "wait" span in LOOM_TIMELINE when it had to wait. */

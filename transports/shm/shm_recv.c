@@ -280,6 +280,24 @@ static loom_status_t continue_message(loom_tp_t *tp, shm_peer_t *peer, const rec
     return LOOM_SUCCESS;
 }
 
+/* A peer that gave up: no collective can complete, so we fail whatever we
+ * wait on, naming whom it blamed, and our own segment passes that on. */
+static loom_status_t peer_gave_up(loom_tp_t *tp, int r)
+{
+    const segment_t *seg = tp->peers[r].seg;
+    uint32_t culprit = atomic_load(&seg->fault_culprit);
+    uint32_t reporter = atomic_load(&seg->fault_reporter);
+    uint32_t why = atomic_load(&seg->fault_why);
+    loom_tp_fault_t f = {
+        .culprit = culprit >= 1 && culprit <= (uint32_t)tp->size ? (int)culprit - 1 : -1,
+        .reporter = reporter >= 1 && reporter <= (uint32_t)tp->size ? (int)reporter - 1 : r,
+        .why = why > 0 && why <= (uint32_t)LOOM_ERR_INTERNAL ? (loom_status_t)why
+                                                             : LOOM_ERR_PEER_LOST,
+        .waited_ms = atomic_load(&seg->fault_waited_ms)};
+    loom_tp_fault_keep(&tp->fault, &f);
+    return loom_tp_fail_fault(&tp->failed, tp->err, "shm", tp->rank, r, &f);
+}
+
 /* Whether a record of this kind, as we copied it, is well formed. */
 static int rec_valid(const rec_t *rec)
 {
@@ -360,7 +378,12 @@ loom_status_t shm_drain(loom_tp_t *tp, shm_peer_t *peer, int *moved)
             break;
         case REC_BYE:
             peer->said_bye = 1;
-            if (peer->rq.head || peer->cur_req)
+            /* A rank that gave up (a timeout of its own, say) and then
+             * destroyed its communicator: what it blamed is the news. */
+            if ((peer->rq.head || peer->cur_req || peer->sq.head || peer->fin_wait) &&
+                atomic_load(&peer->seg->closed) == SEG_BROKEN)
+                peer_gave_up(tp, peer->rank);
+            else if (peer->rq.head || peer->cur_req)
                 tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d destroyed its communicator while rank "
                         "%d still waits for a message from it", peer->rank, tp->rank);
             /* A send it did not take (or whose FIN it will never write) would
@@ -386,24 +409,6 @@ loom_status_t shm_drain(loom_tp_t *tp, shm_peer_t *peer, int *moved)
 static int has_work(const shm_peer_t *peer)
 {
     return peer->rq.head || peer->cur_req || peer->sq.head || peer->fin_wait || peer->nfins;
-}
-
-/* A peer that gave up: no collective can complete, so we fail whatever we
- * wait on, naming whom it blamed, and our own segment passes that on. */
-static loom_status_t peer_gave_up(loom_tp_t *tp, int r)
-{
-    const segment_t *seg = tp->peers[r].seg;
-    uint32_t culprit = atomic_load(&seg->fault_culprit);
-    uint32_t reporter = atomic_load(&seg->fault_reporter);
-    uint32_t why = atomic_load(&seg->fault_why);
-    loom_tp_fault_t f = {
-        .culprit = culprit >= 1 && culprit <= (uint32_t)tp->size ? (int)culprit - 1 : -1,
-        .reporter = reporter >= 1 && reporter <= (uint32_t)tp->size ? (int)reporter - 1 : r,
-        .why = why > 0 && why <= (uint32_t)LOOM_ERR_INTERNAL ? (loom_status_t)why
-                                                             : LOOM_ERR_PEER_LOST,
-        .waited_ms = atomic_load(&seg->fault_waited_ms)};
-    loom_tp_fault_keep(&tp->fault, &f);
-    return loom_tp_fail_fault(&tp->failed, tp->err, "shm", tp->rank, r, &f);
 }
 
 /* Peers that gave up (any of them), and peers we wait for that vanished:
