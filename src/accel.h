@@ -17,8 +17,8 @@
 #define LOOM_ACCEL_H
 
 #include <stddef.h>
-#include "coll_kind.h"
-#include "error.h"
+#include "base/coll_kind.h"
+#include "base/error.h"
 
 #ifdef __cplusplus
 extern "C" {

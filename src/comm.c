@@ -16,9 +16,9 @@
 
 #include "accel.h"
 #include "comm.h"
-#include "log.h"
-#include "timeline.h"
-#include "tp_mux.h"
+#include "base/log.h"
+#include "base/timeline.h"
+#include "transports/tp_mux.h"
 
 static __thread char global_error[LOOM_ERRMSG_MAX];
 

@@ -7,12 +7,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "algorithms.h"
-#include "settings.h"
-#include "spin.h"
-#include "error.h"
-#include "store.h"
-#include "transport.h"
+#include "algorithms/algorithms.h"
+#include "base/settings.h"
+#include "base/spin.h"
+#include "base/error.h"
+#include "store/store.h"
+#include "transports/transport.h"
 
 /* A store handle shared by a communicator and the ones split from it. */
 typedef struct loom_store_ref {

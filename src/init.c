@@ -5,7 +5,7 @@
  * communicator code does not depend on the elastic layer built on it.
  */
 #include "comm.h"
-#include "log.h"
+#include "base/log.h"
 
 LOOM_API loom_status_t loom_init(loom_comm_t *comm)
 {

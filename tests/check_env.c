@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "check_suites.h"
-#include "settings.h"
-#include "store_proto.h"
+#include "base/settings.h"
+#include "store/proto.h"
 
 typedef struct fake_env {
     const char *kv[32];   /* name, value, name, value, ..., NULL */

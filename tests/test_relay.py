@@ -52,7 +52,7 @@ KEY = "correct horse battery staple"
 failures = 0
 
 
-# ---- a client of the tcp:// store protocol (src/store_proto.h) ----------------
+# ---- a client of the tcp:// store protocol (store/proto.h) ----------------
 class Store:
     def __init__(self, port):
         self.s = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -168,7 +168,7 @@ def add_999(payload):
 
 
 def slice0(length, streams):
-    """Stream 0's share of a striped message (src/wire.c: loom_stripe_slice)."""
+    """Stream 0's share of a striped message (transports/wire.c: loom_stripe_slice)."""
     part = length // streams
     if part >= 4096:
         part &= ~4095
@@ -512,7 +512,7 @@ def huge_announcement():
         st.set("loom/%s/world0/addr/1" % job, raw.split(b"\n")[0] + b"\n127.0.0.1:1\n" +
                raw.split(b"\n")[2] + b"\n-")
         c = socket.create_connection((host, int(rport)), timeout=10)
-        # wire version 4; stream 0 of 1 (src/wire.h: LOOM_HELLO_STREAMS(0, 1))
+        # wire version 4; stream 0 of 1 (transports/wire.h: LOOM_HELLO_STREAMS(0, 1))
         hello = b"LOOMHELO" + struct.pack("<IIII", 4, 1, 2, 0x100) + \
             struct.pack("<QQ", fnv1a(job), fnv1a("loom/%s/world0" % job))
         c.sendall(hello)

@@ -12,9 +12,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "settings.h"
+#include "base/settings.h"
 #include "thread_harness.h"
-#include "tp_mux.h"
+#include "transports/tp_mux.h"
 #include "transport_harness.h"
 
 #define MAX_RANKS 3

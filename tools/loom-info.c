@@ -11,14 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "settings.h"
-#include "algorithms.h"
+#include "base/settings.h"
+#include "algorithms/algorithms.h"
 #include "loom.h"
-#include "reduce.h"
+#include "base/reduce.h"
 #ifdef LOOM_HAVE_VERBS
-#include "ibverbs/ibverbs.h"
+#include "transports/ibverbs/ibverbs.h"
 #endif
-#include "accel.h"
+#include "src/accel.h"
 
 static void usage(void)
 {

@@ -11,9 +11,9 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "log.h"
-#include "sha256.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/sha256.h"
 #include "tp_handshake.h"
 #include "tp_util.h"
 

@@ -14,8 +14,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "log.h"
-#include "settings.h"
+#include "base/log.h"
+#include "base/settings.h"
 #include "tp_util.h"
 
 /* The numeric form of an interface's address, an IPv6 link-local one with its

@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "loom.h"
-#include "error.h"
+#include "base/error.h"
 
 typedef struct loom_tp loom_tp_t;
 
@@ -70,7 +70,7 @@ typedef struct loom_tp_params {
     const char *ifname;      /* LOOM_SOCKET_IFNAME, NULL: choose */
     const char *bind_host;   /* numeric host to listen on (from the store connection), or NULL */
     int sockbuf;             /* SO_SNDBUF/SO_RCVBUF, 0: kernel autotuning */
-    const struct loom_settings *settings;   /* every LOOM_* setting (src/settings.h) */
+    const struct loom_settings *settings;   /* every LOOM_* setting (base/settings.h) */
     const char *host_id;     /* this rank's host identity (LOOM_HOST_ID or hostname+boot id) */
     loom_err_t *err;         /* where failures are described (the communicator's) */
 } loom_tp_params_t;

@@ -1,4 +1,4 @@
-/* fuzz_settings.c - settings parsing (src/settings.c): the input is a list of
+/* fuzz_settings.c - settings parsing (base/settings.c): the input is a list of
  * NAME=VALUE lines that stand for the environment; every LOOM_* setting, the
  * launcher bootstrap and LOOM_ALGO lookups are parsed from it. Variables that
  * name files (*_FILE) stay unset so the fuzzer reads no files. */
@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms.h"
-#include "settings.h"
+#include "algorithms/algorithms.h"
+#include "base/settings.h"
 
 #define MAX_VARS 64
 

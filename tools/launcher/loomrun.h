@@ -31,9 +31,9 @@
 #endif
 
 #include "loom.h"
-#include "error.h"
-#include "settings.h"
-#include "store.h"
+#include "base/error.h"
+#include "base/settings.h"
+#include "store/store.h"
 
 extern char **environ;
 

@@ -61,7 +61,7 @@
  * failure announcement, abort, destroy); this file holds the ops table.
  */
 #include "ib_int.h"
-#include "transport.h"
+#include "transports/transport.h"
 
 const loom_transport_ops_t loom_ibverbs_transport = {
     .size = sizeof(loom_transport_ops_t),

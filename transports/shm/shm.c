@@ -47,10 +47,10 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "log.h"
-#include "settings.h"
-#include "sha256.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/settings.h"
+#include "base/sha256.h"
 #include "shm_int.h"
 
 /* ---- setup ---------------------------------------------------------------- */

@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tp_util.h"
+#include "transports/tp_util.h"
 
 #define RING_BYTES (256 * 1024)
 /* Messages above this go by cross-memory attach when the receiver can read us. */

@@ -1,6 +1,6 @@
-/* store_tcp_server.c - the tcp:// store's server: one thread, epoll over
- * non-blocking sockets. The wire format is described in store_proto.h; the
- * client is store_tcp_client.c. */
+/* tcp_server.c - the tcp:// store's server: one thread, epoll over
+ * non-blocking sockets. The wire format is described in store/proto.h; the
+ * client is store/tcp_client.c. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -18,11 +18,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "sha256.h"
+#include "base/sha256.h"
 #include "store.h"
-#include "store_proto.h"
-#include "store_tcp_int.h"
-#include "store_tcp_srv.h"
+#include "proto.h"
+#include "tcp_int.h"
+#include "tcp_srv.h"
 
 /* Buffers above this are freed once idle, so thousands of clients that once
  * sent a big value do not pin memory. */
@@ -456,7 +456,7 @@ static int hello_answer(loom_store_server_t *srv, srv_client_t *c, uint32_t word
     return flush(srv, c);
 }
 
-/* The hello, and with a key on either side the nonces and proofs (store_proto.h):
+/* The hello, and with a key on either side the nonces and proofs (store/proto.h):
  * nothing is served to a client before it proved the server's key. */
 static int hello_step(loom_store_server_t *srv, srv_client_t *c)
 {

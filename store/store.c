@@ -1,6 +1,6 @@
 /* store.c - the generic half of the rendezvous store: URI parsing, backend
  * selection, argument checks, deadlines and the messages users read when a key
- * never shows up. The backends (store_tcp_client.c, store_file.c, store_redis.c)
+ * never shows up. The backends (store/tcp_client.c, store/file.c, store/redis.c)
  * only move bytes. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -15,7 +15,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "sha256.h"
+#include "base/sha256.h"
 #include "store.h"
 
 /* Used when the caller passes no timeout, as LOOM_TIMEOUT's default. */

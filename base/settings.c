@@ -12,12 +12,12 @@
 #include <stdatomic.h>
 #include <sys/stat.h>
 
-#include "algorithms.h"
+#include "algorithms/algorithms.h"
 #include "log.h"
 #include "settings.h"
-#include "store_proto.h"
+#include "store/proto.h"
 #include "spin.h"
-#include "wire.h"
+#include "transports/wire.h"
 
 /* A row's field: its offset and size in the group's struct. */
 #define FIELD(type, f) .offset = offsetof(type, f), .size = sizeof(((type *)0)->f)
@@ -338,7 +338,7 @@ static loom_status_t parse_algo(const loom_setting_t *r, const char *v, void *ba
     return LOOM_SUCCESS;
 }
 
-/* "auto" or a number of microseconds (src/spin.h). */
+/* "auto" or a number of microseconds (base/spin.h). */
 static loom_status_t parse_spin_us(const loom_setting_t *r, const char *v, void *base,
                                    loom_getenv_fn get, void *arg, loom_err_t *err)
 {

@@ -1,7 +1,7 @@
 /* store.h - the rendezvous key-value store: set, get, wait, add, compare-and-set,
- * delete. Backends: tcp:// (store_tcp_client.c; the server, store_tcp_server.c,
- * runs in rank 0, loomrun or loom-store), file:// (store_file.c, a shared
- * directory) and redis:// (store_redis.c, a redis server). All calls are
+ * delete. Backends: tcp:// (store/tcp_client.c; the server, store/tcp_server.c,
+ * runs in rank 0, loomrun or loom-store), file:// (store/file.c, a shared
+ * directory) and redis:// (store/redis.c, a redis server). All calls are
  * thread-safe and bounded in time; a timeout message names the keys that never
  * appeared. Calls on
  * one handle are serialised (a wait holds up the other calls on that handle), so
@@ -11,8 +11,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "clock.h"
-#include "error.h"
+#include "base/clock.h"
+#include "base/error.h"
 
 typedef struct loom_store loom_store_t;
 
@@ -29,7 +29,7 @@ loom_status_t loom_store_open_key(const char *uri, int rank, double timeout_s, c
                                   size_t keylen, loom_err_t *err, loom_store_t **store_p);
 void loom_store_close(loom_store_t *s);
 
-/* The caller's callbacks as a store (store_cb.c): loom_comm_create_with_store.
+/* The caller's callbacks as a store (store/cb.c): loom_comm_create_with_store.
  * key/keylen (LOOM_AUTH_KEY, keylen 0: none) sign and check values as for
  * loom_store_open_key; the callbacks never see the key. */
 loom_status_t loom_store_open_callbacks(const loom_store_callbacks_t *cb, const void *key,
@@ -97,7 +97,7 @@ loom_status_t loom_store_server_start_auth(const char *host, int port, const voi
 int loom_store_server_port(const loom_store_server_t *srv);
 void loom_store_server_stop(loom_store_server_t *srv);
 
-/* ---- Backend ops table (store_tcp_client.c, store_file.c, store_redis.c). - */
+/* ---- Backend ops table (store/tcp_client.c, store/file.c, store/redis.c). - */
 typedef struct loom_store_ops {
     size_t size;
     const char *scheme;  /* "tcp", "file", "redis" */
@@ -125,7 +125,7 @@ typedef struct loom_store_ops {
 
 extern const loom_store_ops_t loom_store_tcp_ops;
 extern const loom_store_ops_t loom_store_file_ops;
-/* redis://host:port[/prefix] (store_redis.c), built when configure found hiredis. */
+/* redis://host:port[/prefix] (store/redis.c), built when configure found hiredis. */
 extern const loom_store_ops_t loom_store_redis_ops;
 
 /* A store over an open backend instance impl (named name in messages), whose

@@ -1,4 +1,4 @@
-/* store_file.c - the file:// store: one file per key in a directory that every
+/* file.c - the file:// store: one file per key in a directory that every
  * rank sees (a shared file system across hosts, or /tmp on one host).
  *
  * Readers never lock: every value is written to a temporary name in the same
@@ -40,7 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "settings.h"
+#include "base/settings.h"
 #include "store.h"
 
 #define PIECE_MAX      200

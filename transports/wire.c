@@ -1,9 +1,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "coll_kind.h"
-#include "sha256.h"
-#include "types.h"
+#include "base/coll_kind.h"
+#include "base/sha256.h"
+#include "base/types.h"
 #include "wire.h"
 
 static void put32(uint8_t *p, uint32_t v)

@@ -1,6 +1,6 @@
 /* p2p.c - tagged point-to-point inside a running collective, and the wait loop
  * every blocking path goes through: it spins while spinning pays (the policy
- * of src/spin.c: about twice what recent waits took, and on crowded CPUs only
+ * of base/spin.c: about twice what recent waits took, and on crowded CPUs only
  * while that beats sleeping) and sleeps in the transport otherwise (epoll,
  * futex), failing with LOOM_ERR_TIMEOUT after ctx->timeout_s without progress. */
 #ifndef _GNU_SOURCE
@@ -12,11 +12,11 @@
 #include <sched.h>
 #include <time.h>
 
-#include "clock.h"
+#include "base/clock.h"
 #include "algorithms.h"
-#include "reduce.h"
-#include "spin.h"
-#include "timeline.h"
+#include "base/reduce.h"
+#include "base/spin.h"
+#include "base/timeline.h"
 
 #define LOOM_COLL_TAG_BIT (UINT64_C(1) << 63)
 

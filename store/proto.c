@@ -1,15 +1,15 @@
-/* store_proto.c - the tcp:// store's wire encoding (store_proto.h): packing and
+/* proto.c - the tcp:// store's wire encoding (store/proto.h): packing and
  * checking the fixed headers, and the proofs of the LOOM_AUTH_KEY handshake.
- * Used by the client (store_tcp_client.c) and the server (store_tcp_server.c). */
+ * Used by the client (store/tcp_client.c) and the server (store/tcp_server.c). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <string.h>
 
-#include "sha256.h"
+#include "base/sha256.h"
 #include "store.h"
-#include "store_proto.h"
-#include "store_tcp_int.h"
+#include "proto.h"
+#include "tcp_int.h"
 
 void loom_store_auth_proof(const void *key, size_t keylen, char role,
                            const uint8_t nonce_c[LOOM_STORE_NONCE_LEN],

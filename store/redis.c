@@ -1,4 +1,4 @@
-/* store_redis.c - the redis:// store: redis://host:port[/prefix] through
+/* redis.c - the redis:// store: redis://host:port[/prefix] through
  * hiredis, for clusters that already run a redis server (or would rather start
  * one than have rank 0 serve). One blocking connection per handle, one command
  * at a time; store.c's mutex serialises the callers.
@@ -34,7 +34,7 @@
 
 #include <hiredis/hiredis.h>
 
-#include "settings.h"
+#include "base/settings.h"
 #include "store.h"
 
 #define DEFAULT_PREFIX "loom"
@@ -43,7 +43,7 @@
 #define POLL_MIN_S     0.001
 #define POLL_MAX_S     0.050
 /* How long past a wait's own deadline one EXISTS may take to be answered
- * before the server counts as stalled (as WAIT_GRACE_S in store_tcp_client.c). */
+ * before the server counts as stalled (as WAIT_GRACE_S in store/tcp_client.c). */
 #define WAIT_GRACE_S   5.0
 #define PING_WORD      "loom-store-hello"
 

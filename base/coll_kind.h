@@ -14,7 +14,7 @@ typedef enum {
     LOOM_COLL_GATHER, LOOM_COLL_SCATTER, LOOM_COLL_BARRIER, LOOM_COLL_COUNT
 } loom_coll_t;
 
-/* "allreduce", ...; "unknown" for a value out of range (src/types.c). */
+/* "allreduce", ...; "unknown" for a value out of range (base/types.c). */
 const char *loom_coll_name(loom_coll_t coll);
 
 /* Arguments of one collective, already checked and normalised by the core:

@@ -1,6 +1,6 @@
-/* store_tcp_srv.h - the tcp:// store server's state, shared by its event loop
- * (store_tcp_server.c) and its start and stop (store_tcp_listen.c). One thread
- * owns all of it while the server runs; see store_tcp_server.c. */
+/* tcp_srv.h - the tcp:// store server's state, shared by its event loop
+ * (store/tcp_server.c) and its start and stop (store/tcp_listen.c). One thread
+ * owns all of it while the server runs; see store/tcp_server.c. */
 #ifndef LOOM_STORE_TCP_SRV_H
 #define LOOM_STORE_TCP_SRV_H
 
@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "store.h"
-#include "store_proto.h"
+#include "proto.h"
 
 typedef struct srv_client srv_client_t;
 

@@ -1,5 +1,5 @@
-/* store_proto.h - the wire protocol of the tcp:// store (store_tcp_client.c,
- * store_tcp_server.c; encoded by store_proto.c).
+/* proto.h - the wire protocol of the tcp:// store (store/tcp_client.c,
+ * store/tcp_server.c; encoded by store/proto.c).
  *
  * One TCP connection per client; all integers big-endian.
  *

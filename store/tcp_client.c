@@ -1,6 +1,6 @@
-/* store_tcp_client.c - the tcp:// store's client: one connection, one request
+/* tcp_client.c - the tcp:// store's client: one connection, one request
  * at a time, every call bounded by a deadline. The wire format is described in
- * store_proto.h; the server is store_tcp_server.c. */
+ * store/proto.h; the server is store/tcp_server.c. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -20,11 +20,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "sha256.h"
+#include "base/log.h"
+#include "base/sha256.h"
 #include "store.h"
-#include "store_proto.h"
-#include "store_tcp_int.h"
+#include "proto.h"
+#include "tcp_int.h"
 
 /* How long past its own timeout a WAIT may take to be answered before the
  * client gives up on the server. */

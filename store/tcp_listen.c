@@ -1,6 +1,6 @@
-/* store_tcp_listen.c - starting and stopping the tcp:// store server: the
+/* tcp_listen.c - starting and stopping the tcp:// store server: the
  * listening socket, the server's state and its thread. What the thread does is
- * in store_tcp_server.c. */
+ * in store/tcp_server.c. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -17,10 +17,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "base/log.h"
 #include "store.h"
-#include "store_proto.h"
-#include "store_tcp_srv.h"
+#include "proto.h"
+#include "tcp_srv.h"
 
 /* listen() clamps this to net.core.somaxconn; thousands of ranks may connect at
  * once when a job starts. */

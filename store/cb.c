@@ -1,4 +1,4 @@
-/* store_cb.c - a store made of the caller's callbacks (loom_store_callbacks_t,
+/* cb.c - a store made of the caller's callbacks (loom_store_callbacks_t,
  * loom_comm_create_with_store): torch.distributed's c10d::Store, or any other
  * key-value service a framework already rendezvouses through. store.c does the
  * argument checks, locking and messages, as for the URI backends; this file

@@ -83,7 +83,7 @@ typedef struct loom_settings {
     size_t stripe_min_bytes;   /* LOOM_STRIPE_MIN_BYTES: smallest message striped over them */
     char ifname[64];           /* "" when unset */
     int socket_bufsize;        /* bytes; 0 = kernel autotuning */
-    int spin_us;               /* LOOM_SPIN_US; -1: auto (src/spin.h) */
+    int spin_us;               /* LOOM_SPIN_US; -1: auto (base/spin.h) */
     int spin_yield;            /* give the core away between polls */
     size_t segment_bytes;
     char algo[512];            /* "allreduce=ring,broadcast=binomial@1M-" (algorithms.h) */

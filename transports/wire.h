@@ -6,8 +6,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "error.h"
-#include "sha256.h"
+#include "base/error.h"
+#include "base/sha256.h"
 #include "transport.h"
 
 /* 2: proofs bind both endpoints' published addresses, and with a key every

@@ -1,6 +1,6 @@
-/* store_tcp_int.h - what the tcp:// store's client (store_tcp_client.c), server
- * (store_tcp_server.c) and wire encoding (store_proto.c) share: big-endian
- * field access. The protocol itself is described in store_proto.h. */
+/* tcp_int.h - what the tcp:// store's client (store/tcp_client.c), server
+ * (store/tcp_server.c) and wire encoding (store/proto.c) share: big-endian
+ * field access. The protocol itself is described in store/proto.h. */
 #ifndef LOOM_STORE_TCP_INT_H
 #define LOOM_STORE_TCP_INT_H
 
