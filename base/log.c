@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "settings.h"
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static loom_log_level_t log_level = LOOM_LOG_NONE;
@@ -36,15 +35,31 @@ static void expand_path(const char *pattern, char *out, size_t outlen)
     out[o < outlen ? o : outlen - 1] = '\0';
 }
 
+void loom_log_env_read(loom_log_env_t *env, const char *(*get)(const char *name, void *arg),
+                       void *arg)
+{
+    const char *v[3] = {get("LOOM_DEBUG", arg), get("LOOM_DEBUG_SUBSYS", arg),
+                        get("LOOM_DEBUG_FILE", arg)};
+    for (int i = 0; i < 3; i++)
+        if (v[i] && !*v[i])
+            v[i] = NULL;   /* an empty variable counts as unset, as for every setting */
+    env->level = v[0];
+    env->subsys = v[1];
+    env->file = v[2];
+}
+
+static const char *process_getenv(const char *name, void *arg)
+{
+    (void)arg;
+    return getenv(name);
+}
+
 static void log_init(void)
 {
     gethostname(log_host, sizeof(log_host) - 1);
-    /* Through the settings table so loom-info lists them; every string is
-     * taken as it is (an unknown level keeps the default), since the logger
-     * has nobody to report a bad value to. */
+    /* Every string is taken as it is (an unknown level keeps the default). */
     loom_log_env_t env = {0};
-    loom_err_t err = {0};
-    (void)loom_settings_load_group(LOOM_SG_LOG, &env, loom_getenv_process, NULL, &err);
+    loom_log_env_read(&env, process_getenv, NULL);
     const char *level = env.level;
     if (level) {
         if (strcasecmp(level, "WARN") == 0)

@@ -6,6 +6,16 @@
 
 typedef enum { LOOM_LOG_NONE = 0, LOOM_LOG_WARN, LOOM_LOG_INFO, LOOM_LOG_TRACE } loom_log_level_t;
 
+/* What the logger reads: LOOM_DEBUG, LOOM_DEBUG_SUBSYS and LOOM_DEBUG_FILE
+ * as they are (NULL when unset or empty). The logger interprets the strings
+ * itself, since it has nobody to report a bad value to, and reads them
+ * without the settings table (base/settings.c lists them), which logs. */
+typedef struct loom_log_env {
+    const char *level, *subsys, *file;
+} loom_log_env_t;
+void loom_log_env_read(loom_log_env_t *env, const char *(*get)(const char *name, void *arg),
+                       void *arg);
+
 /* The level in force (reads the environment once). */
 loom_log_level_t loom_log_level(void);
 void loom_log_write(loom_log_level_t level, const char *subsys, const char *fmt, ...)

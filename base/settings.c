@@ -12,12 +12,8 @@
 #include <stdatomic.h>
 #include <sys/stat.h>
 
-#include "algorithms/algorithms.h"
 #include "log.h"
 #include "settings.h"
-#include "store/proto.h"
-#include "spin.h"
-#include "transports/wire.h"
 
 /* A row's field: its offset and size in the group's struct. */
 #define FIELD(type, f) .offset = offsetof(type, f), .size = sizeof(((type *)0)->f)
@@ -25,7 +21,6 @@
 #define SERVER(f) .group = LOOM_SG_STORE_SERVER, FIELD(loom_store_limits_t, f)
 #define FILE_STORE(f) .group = LOOM_SG_STORE_FILE, FIELD(loom_store_env_t, f)
 #define REDIS(f) .group = LOOM_SG_STORE_REDIS, FIELD(loom_store_env_t, f)
-#define LOG(f) .group = LOOM_SG_LOG, FIELD(loom_log_env_t, f)
 #define LISTED(g) .group = (g), .type = LOOM_SETTING_NONE
 #define INT(lo, hi) .type = LOOM_SETTING_INT, .min = (lo), .max = (hi)
 #define SECONDS .type = LOOM_SETTING_SECONDS
@@ -44,8 +39,6 @@ static loom_status_t parse_transport(const loom_setting_t *, const char *, void 
                                      void *, loom_err_t *);
 static loom_status_t parse_spin_us(const loom_setting_t *, const char *, void *, loom_getenv_fn,
                                    void *, loom_err_t *);
-static loom_status_t parse_algo(const loom_setting_t *, const char *, void *, loom_getenv_fn,
-                                void *, loom_err_t *);
 static const char *const auth_mac_choices[] = {"full", "headers", NULL};
 
 /* Every LOOM_* variable Loom reads, in the order loom-info prints them; each
@@ -110,7 +103,7 @@ const loom_setting_t loom_settings_table[] = {
     {"LOOM_SEGMENT_BYTES", "262144", "pipelining unit of ring algorithms",
      COMM(segment_bytes), INT(64, 1L << 30)},
     {"LOOM_ALGO", NULL, "force algorithms, e.g. allreduce=ring,allgather=bruck; per byte range (the vector; allgather: the gathered total): allreduce=recdbl@-64K,allreduce=ring@1M- (K/M/G; LO inclusive, HI exclusive); the first item that covers a call decides, =auto leaves it to Loom",
-     COMM(algo), CUSTOM(parse_algo)},
+     COMM(algo), STRING},
     {"LOOM_HOST_ID", NULL, "host identity for topology (else hostname + boot id)",
      COMM(host_id), STRING},
     {"LOOM_ELASTIC", "0", "1: loom_init joins an elastic job through membership rounds in the store (loomrun --elastic sets it)",
@@ -146,11 +139,11 @@ const loom_setting_t loom_settings_table[] = {
     {"LOOM_IB_SL", "0", "InfiniBand service level (RoCE: priority) of ibverbs queue pairs",
      COMM(ib_sl), INT(0, 15)},
     {"LOOM_DEBUG", NULL, "WARN|INFO|TRACE log level (stderr)",
-     LOG(level), STRREF},
+     LISTED(LOOM_SG_LOG)},
     {"LOOM_DEBUG_SUBSYS", NULL, "comma list of subsystems to log: init,tcp,store,coll",
-     LOG(subsys), STRREF},
+     LISTED(LOOM_SG_LOG)},
     {"LOOM_DEBUG_FILE", NULL, "log to this file instead of stderr (%h host, %p pid)",
-     LOG(file), STRREF},
+     LISTED(LOOM_SG_LOG)},
     {"LOOM_FUSION_THRESHOLD", "67108864", "Python (loom.torch, loom.tensorflow, ...): bytes of tensors fused into one collective (K/M/G suffixes; horovodrun --fusion-threshold-mb)",
      LISTED(LOOM_SG_PYTHON)},
     {"LOOM_CYCLE_TIME", "1.0", "Python: milliseconds the background engine waits to gather tensors into one round (horovodrun --cycle-time-ms)",
@@ -188,6 +181,19 @@ int loom_parse_long(const char *s, long min, long max, long *out)
     if (errno != 0 || *end != '\0' || v < min || v > max)
         return -1;
     *out = v;
+    return 0;
+}
+
+int loom_spin_parse(const char *text, int *us_p)
+{
+    long v;
+    if (text && strcasecmp(text, "auto") == 0) {
+        *us_p = -1;
+        return 0;
+    }
+    if (loom_parse_long(text, 0, 10000000, &v) != 0)
+        return -1;
+    *us_p = (int)v;
     return 0;
 }
 
@@ -316,25 +322,6 @@ static loom_status_t parse_transport(const loom_setting_t *r, const char *v, voi
     snprintf(s->transport, sizeof(s->transport), "%s", v);
     for (char *t = s->transport; *t; t++)
         *t = (char)(*t >= 'A' && *t <= 'Z' ? *t - 'A' + 'a' : *t);
-    return LOOM_SUCCESS;
-}
-
-/* Kept as text (the communicator parses it into selection rows), but
- * refused here when malformed, so a typo in a byte range fails loom_init. */
-static loom_status_t parse_algo(const loom_setting_t *r, const char *v, void *base,
-                                loom_getenv_fn get, void *arg, loom_err_t *err)
-{
-    (void)get;
-    (void)arg;
-    loom_settings_t *s = base;
-    loom_status_t st = copy_setting(s->algo, sizeof(s->algo), r->name, v, err);
-    if (st != LOOM_SUCCESS)
-        return st;
-    loom_algo_rule_t rules[LOOM_ALGO_MAX_RULES];
-    size_t n;
-    char why[256];
-    if (loom_algo_rules_parse(s->algo, rules, LOOM_ALGO_MAX_RULES, &n, why, sizeof(why)) != 0)
-        return loom_err_set(err, LOOM_ERR_INVALID_ARG, "%s=\"%s\": %s", r->name, s->algo, why);
     return LOOM_SUCCESS;
 }
 

@@ -19,7 +19,8 @@ typedef enum loom_setting_group {
     LOOM_SG_STORE_SERVER,  /* loom_store_limits_t, when a tcp:// store server starts */
     LOOM_SG_STORE_FILE,    /* loom_store_env_t, when a file:// store opens */
     LOOM_SG_STORE_REDIS,   /* loom_store_env_t, when a redis:// store opens */
-    LOOM_SG_LOG,           /* loom_log_env_t, once per process by the logger */
+    LOOM_SG_LOG,           /* listed only: the logger (base/log.c) reads them itself,
+                              as it stands below this table */
     LOOM_SG_BOOTSTRAP,     /* listed only: loom_bootstrap_from_env reads it with the
                               launchers' fallbacks, loomrun sets it for its children */
     LOOM_SG_PYTHON,        /* listed only: read by the Python package (python/loom) */
@@ -70,6 +71,10 @@ const loom_setting_t *loom_setting_find(const char *name);
 loom_status_t loom_settings_load_group(loom_setting_group_t group, void *base,
                                        loom_getenv_fn get, void *arg, loom_err_t *err);
 
+/* The most TCP streams per pair of ranks (LOOM_SOCKETS_PER_PEER); the
+ * hello's stream field carries up to this many (transports/wire.h). */
+#define LOOM_MAX_STREAMS 16
+
 typedef struct loom_settings {
     double timeout_s;
     char transport[16];        /* "auto", "tcp" or "ibverbs" (lower case) */
@@ -105,6 +110,19 @@ typedef struct loom_settings {
     int single_node;           /* the launcher says every rank runs on this node */
 } loom_settings_t;
 
+/* What the server lets its clients take (LOOM_STORE_* settings,
+ * LOOM_SG_STORE_SERVER). */
+typedef struct loom_store_limits {
+    uint64_t max_bytes;          /* keys, values and request buffers held at once */
+    long max_clients;            /* connections at once */
+    long max_clients_per_host;   /* connections at once from one source address */
+    double hello_timeout_s;      /* a new connection must finish its hello within this */
+    double idle_timeout_s;       /* a client with nothing parked, silent this long, is closed */
+} loom_store_limits_t;
+
+/* The limits the LOOM_STORE_* variables set (defaults where unset). */
+loom_status_t loom_store_limits_from_env(loom_store_limits_t *lim, loom_err_t *err);
+
 /* What opening a file:// (LOOM_SG_STORE_FILE) or redis:// store
  * (LOOM_SG_STORE_REDIS) reads. */
 typedef struct loom_store_env {
@@ -112,12 +130,6 @@ typedef struct loom_store_env {
     const char *redis_user;    /* LOOM_REDIS_USER, NULL when unset */
     const char *redis_password; /* LOOM_REDIS_PASSWORD, NULL when unset */
 } loom_store_env_t;
-
-/* What the logger reads (LOOM_SG_LOG); it interprets the strings itself,
- * since it has nobody to report a bad value to. */
-typedef struct loom_log_env {
-    const char *level, *subsys, *file;
-} loom_log_env_t;
 
 /* Fill s from the variables, validating each; a malformed value is an
  * LOOM_ERR_INVALID_ARG naming the variable. */
@@ -138,8 +150,8 @@ loom_status_t loom_bootstrap_from_env(loom_getenv_fn get, void *arg, loom_bootst
 /* Parse a whole decimal integer in [min, max]; 0 on success, -1 otherwise. */
 int loom_parse_long(const char *s, long min, long max, long *out);
 
-/* The settings a communicator was made with, for the layers above the core
- * (cuda/) that may not see struct loom_comm. */
-const loom_settings_t *loom_comm_settings(loom_comm_t c);
+/* LOOM_SPIN_US: "auto" (-1, base/spin.h) or microseconds in [0, 1e7];
+ * 0 and *us_p, or -1. */
+int loom_spin_parse(const char *text, int *us_p);
 
 #endif

@@ -11,7 +11,6 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "settings.h"
 #include "spin.h"
 
 /* The peer we wait for needs our only core. */
@@ -58,19 +57,6 @@ int loom_spin_decide(const loom_spin_view_t *v)
         v->sleep_wait_us * LOOM_SPIN_SLEEP_GAIN < v->spin_wait_us)
         return 0;
     return spin_length(v);
-}
-
-int loom_spin_parse(const char *text, int *us_p)
-{
-    long v;
-    if (text && strcasecmp(text, "auto") == 0) {
-        *us_p = -1;
-        return 0;
-    }
-    if (loom_parse_long(text, 0, 10000000, &v) != 0)
-        return -1;
-    *us_p = (int)v;
-    return 0;
 }
 
 static int affinity_cpus(void)

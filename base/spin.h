@@ -71,7 +71,5 @@ void loom_spin_end(loom_spin_t *s, double wait_us);
 /* What loom_spin_begin reads from /proc: the runnable tasks (< 0 unknown).
  * Exposed for the unit tests. */
 void loom_spin_sample(loom_spin_t *s, double now_s, int runnable);
-/* "auto" (-1) or a number of microseconds; 0 on success. */
-int loom_spin_parse(const char *text, int *us_p);
 
 #endif

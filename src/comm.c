@@ -22,29 +22,6 @@
 
 static __thread char global_error[LOOM_ERRMSG_MAX];
 
-LOOM_API const char *loom_version(void)
-{
-    return PACKAGE_VERSION;
-}
-
-LOOM_API const char *loom_strerror(loom_status_t s)
-{
-    switch (s) {
-    case LOOM_SUCCESS: return "success";
-    case LOOM_ERR_INVALID_ARG: return "invalid argument";
-    case LOOM_ERR_NO_MEMORY: return "out of memory";
-    case LOOM_ERR_TIMEOUT: return "timed out";
-    case LOOM_ERR_PEER_LOST: return "peer lost";
-    case LOOM_ERR_TRANSPORT: return "transport error";
-    case LOOM_ERR_MISMATCH: return "ranks disagree on the call";
-    case LOOM_ERR_UNSUPPORTED: return "unsupported";
-    case LOOM_ERR_AUTH: return "handshake refused or LOOM_AUTH_KEY check failed";
-    case LOOM_ERR_ABORTED: return "aborted";
-    case LOOM_ERR_INTERNAL: return "internal error";
-    }
-    return "unknown status";
-}
-
 LOOM_API const char *loom_comm_last_error(loom_comm_t c)
 {
     return c ? c->last_error : global_error;
@@ -460,7 +437,7 @@ static void init_ctx(loom_comm_t c)
     c->ctx.fault = &c->fault;
     c->ctx.segment_bytes = c->cfg.segment_bytes;
     loom_ctx_set_topology(&c->ctx, c->node_of, c->node_count);
-    /* loom_settings_load refused a LOOM_ALGO this cannot parse. */
+    /* loom_comm_settings_load refused a LOOM_ALGO this cannot parse. */
     char why[8];
     if (loom_algo_rules_parse(c->cfg.algo, c->algo_rules, LOOM_ALGO_MAX_RULES, &c->n_algo_rules,
                               why, sizeof(why)) != 0)
@@ -576,6 +553,20 @@ loom_status_t loom_comm_form(const loom_settings_t *cfg, int rank, int size,
     return LOOM_SUCCESS;
 }
 
+loom_status_t loom_comm_settings_load(loom_settings_t *cfg, loom_getenv_fn get, void *arg,
+                                      loom_err_t *err)
+{
+    loom_status_t st = loom_settings_load(cfg, get, arg, err);
+    if (st != LOOM_SUCCESS)
+        return st;
+    loom_algo_rule_t rules[LOOM_ALGO_MAX_RULES];
+    size_t n;
+    char why[256];
+    if (loom_algo_rules_parse(cfg->algo, rules, LOOM_ALGO_MAX_RULES, &n, why, sizeof(why)) != 0)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG, "LOOM_ALGO=\"%s\": %s", cfg->algo, why);
+    return LOOM_SUCCESS;
+}
+
 const loom_settings_t *loom_comm_settings(loom_comm_t c)
 {
     return &c->cfg;
@@ -605,7 +596,7 @@ LOOM_API loom_status_t loom_comm_create(const loom_config_t *ucfg, loom_comm_t *
                                 in.size);
     loom_err_t err = {0};
     loom_settings_t cfg;
-    loom_status_t st = loom_settings_load(&cfg, loom_getenv_process, NULL, &err);
+    loom_status_t st = loom_comm_settings_load(&cfg, loom_getenv_process, NULL, &err);
     if (st != LOOM_SUCCESS)
         return loom_global_fail(st, "loom_comm_create: %s", err.msg);
     if (in.timeout_s > 0)
@@ -641,7 +632,7 @@ LOOM_API loom_status_t loom_comm_create_with_store(const loom_config_t *ucfg,
         goto release;
     }
     loom_settings_t cfg;
-    if ((st = loom_settings_load(&cfg, loom_getenv_process, NULL, &err)) != LOOM_SUCCESS) {
+    if ((st = loom_comm_settings_load(&cfg, loom_getenv_process, NULL, &err)) != LOOM_SUCCESS) {
         loom_global_fail(st, "loom_comm_create_with_store: %s", err.msg);
         goto release;
     }

@@ -98,6 +98,13 @@ loom_status_t loom_comm_execute(loom_comm_t c, struct loom_request *op, int wait
 /* Stop the worker after it finished everything queued (destroy). */
 void loom_comm_stop_worker(loom_comm_t c);
 
+/* Every LOOM_* setting a communicator reads, LOOM_ALGO's rows included: the
+ * settings table keeps LOOM_ALGO as text (it stands below the algorithms),
+ * so a typo in a byte range is refused here, failing loom_init and
+ * loom_comm_create with LOOM_ERR_INVALID_ARG naming the variable. */
+loom_status_t loom_comm_settings_load(loom_settings_t *cfg, loom_getenv_fn get, void *arg,
+                                      loom_err_t *err);
+
 /* A world communicator: rank of size, rendezvous through the store at
  * store_uri (init.c, loom_comm_create). */
 loom_status_t loom_comm_create_world(const loom_settings_t *cfg, int rank, int size,

@@ -43,6 +43,7 @@
 #define LOOM_STORE_PROTO_H
 
 #include <stdint.h>
+#include "base/settings.h"
 #include "store.h"
 
 #define LOOM_STORE_MAGIC         "LOOMSTOR"
@@ -109,18 +110,6 @@ int loom_store_req_unpack(const uint8_t in[LOOM_STORE_REQ_LEN], loom_store_req_t
  * value. 0 and *resp_p set, or -1. */
 int loom_store_resp_unpack(const uint8_t in[LOOM_STORE_RESP_LEN], uint32_t op,
                            loom_store_resp_t *resp_p);
-
-/* What the server lets its clients take (LOOM_STORE_* settings). */
-typedef struct loom_store_limits {
-    uint64_t max_bytes;          /* keys, values and request buffers held at once */
-    long max_clients;            /* connections at once */
-    long max_clients_per_host;   /* connections at once from one source address */
-    double hello_timeout_s;      /* a new connection must finish its hello within this */
-    double idle_timeout_s;       /* a client with nothing parked, silent this long, is closed */
-} loom_store_limits_t;
-
-/* The limits the LOOM_STORE_* variables set (defaults where unset). */
-loom_status_t loom_store_limits_from_env(loom_store_limits_t *lim, loom_err_t *err);
 
 /* loom_store_server_start with explicit limits (NULL: from the environment). */
 loom_status_t loom_store_server_start_limits(const char *host, int port,

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "base/error.h"
+#include "base/settings.h"
 #include "base/sha256.h"
 #include "transport.h"
 
@@ -44,7 +45,6 @@ typedef enum {
  * the number of streams the connector opens per peer in the next; the high
  * bits are the LOOM_AUTH_KEY flags below. Stream 0 carries every frame that
  * matching and ordering depend on; the others only slices of large messages. */
-#define LOOM_MAX_STREAMS 16
 #define LOOM_HELLO_STREAM_INDEX(s) ((s) & 0xffu)
 #define LOOM_HELLO_STREAM_COUNT(s) (((s) >> 8) & 0xffu)
 #define LOOM_HELLO_STREAMS(index, count) ((uint32_t)(index) | ((uint32_t)(count) << 8))

@@ -8,6 +8,7 @@
 
 #include "algorithms/algorithms.h"
 #include "base/settings.h"
+#include "src/comm.h"
 
 #define MAX_VARS 64
 
@@ -48,7 +49,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     loom_settings_t *s = malloc(sizeof(*s));
     loom_err_t err = {0};
-    if (loom_settings_load(s, get, &e, &err) == LOOM_SUCCESS) {
+    if (loom_comm_settings_load(s, get, &e, &err) == LOOM_SUCCESS) {
         /* Whatever the settings accepted, the communicator parses into rows. */
         loom_algo_rule_t rules[LOOM_ALGO_MAX_RULES];
         size_t n = 0;
