@@ -19,6 +19,8 @@
 
 #include "transports/tp_util.h"
 
+extern const loom_transport_ops_t loom_shm_transport;
+
 #define RING_BYTES (256 * 1024)
 /* Messages above this go by cross-memory attach when the receiver can read us. */
 #define CMA_MIN_BYTES (32 * 1024)
