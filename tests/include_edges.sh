@@ -1,9 +1,9 @@
 #!/bin/sh
-# include_edges.sh [srcdir] - the folder-level include graph of the tree: one
-# line "from -> to  count" per pair of top-level folders that an #include
-# "dir/..." joins, then every file:line behind an edge when -v is given.
+# include_edges.sh [-v] [srcdir] - the include graph between the top folders
+# of the tree: one line "from -> to  count" per pair of folders an #include
+# "dir/..." joins; with -v, then every edge as "  from -> to  file:line".
 # tests/test_layers.sh checks these edges against the layer rule
-# (CONTRIBUTING.md); this prints them for a reader.
+# (CONTRIBUTING.md); this shows them to a reader.
 verbose=0
 [ "$1" = -v ] && { verbose=1; shift; }
 top=${1:-$(dirname "$0")/..}
@@ -11,24 +11,17 @@ cd "$top" || exit 1
 
 layers="include base store transports algorithms src cuda tools tests bench examples python"
 
-# Every quoted include naming a folder of the tree, as "file:line:folder".
-edges() {
-    find $layers -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cc' \
-                            -o -name '*.cpp' \) 2>/dev/null | sort |
-    while read -r f; do
-        sed -n 's/^[ \t]*#[ \t]*include[ \t]*"\([a-z_]*\)\/.*/\1/p;=' "$f" |
-            sed -n '/^[0-9]*$/{h;d};x;G;s/\n/:/;p' | sed "s|^|$f:|"
-    done
-}
+edges=$(find $layers -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cc' \
+                                -o -name '*.cpp' \) 2>/dev/null | grep -v '^python/\(build\|lib\)' | sort |
+    xargs grep -HnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"[a-z_]+/' /dev/null |
+    sed -E 's|^([^:]*):([0-9]+):[[:space:]]*#[[:space:]]*include[[:space:]]*"([a-z_]+)/.*|\1:\2 \3|' |
+    while read -r at to; do
+        from=${at%%/*}
+        # A folder of the file's own folder (transports/tcp/...) is not a layer.
+        case " $layers " in *" $to "*) ;; *) continue ;; esac
+        [ "$from" = "$to" ] || echo "$from $to $at"
+    done)
 
-edges | while IFS=: read -r file line to; do
-    from=${file%%/*}
-    case " $layers " in *" $to "*) ;; *) continue ;; esac
-    [ "$from" = "$to" ] && continue
-    echo "$from $to $file:$line"
-done > "${TMPDIR:-/tmp}/loom_edges.$$"
-
-awk '{n[$1" -> "$2]++} END {for (e in n) printf "%-28s %d\n", e, n[e]}' \
-    "${TMPDIR:-/tmp}/loom_edges.$$" | sort
-[ $verbose = 1 ] && awk '{print "  " $1 " -> " $2 "  " $3}' "${TMPDIR:-/tmp}/loom_edges.$$"
-rm -f "${TMPDIR:-/tmp}/loom_edges.$$"
+printf '%s\n' "$edges" | awk 'NF {n[$1 " -> " $2]++} END {for (e in n) printf "%-26s %d\n", e, n[e]}' | sort
+[ $verbose = 1 ] && printf '%s\n' "$edges" | awk 'NF {print "  " $1 " -> " $2 "  " $3}'
+exit 0
