@@ -20,7 +20,8 @@
 
 #include "base/clock.h"
 #include "transports/tp_handshake.h"
-#include "transports/tp_util.h"
+#include "transports/tp_addr.h"
+#include "transports/tp_fail.h"
 #include "transports/wire.h"
 
 #define JOB  UINT64_C(0x1111222233334444)

@@ -15,7 +15,8 @@
 #include "base/log.h"
 #include "base/sha256.h"
 #include "tp_handshake.h"
-#include "tp_util.h"
+#include "tp_addr.h"
+#include "tp_fail.h"
 
 _Static_assert(LOOM_HS_BUF_BYTES >= LOOM_CHAL_BYTES, "a challenge fits the buffer");
 _Static_assert(LOOM_HS_OPENING_BYTES >= LOOM_HELLO_BYTES, "a hello fits the opening");

@@ -17,7 +17,9 @@
 #include "ib_api.h"
 #include "ib_regcache.h"
 #include "ib_util.h"
-#include "transports/tp_util.h"
+#include "transports/tp_addr.h"
+#include "transports/tp_fail.h"
+#include "transports/tp_match.h"
 #include "transports/transport.h"
 
 #define SLOT_BYTES 8192

@@ -17,7 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "transports/tp_util.h"
+#include "transports/tp_fail.h"
+#include "transports/tp_match.h"
 
 extern const loom_transport_ops_t loom_shm_transport;
 

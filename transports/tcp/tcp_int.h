@@ -37,7 +37,9 @@
 #include "base/settings.h"
 #include "base/sha256.h"
 #include "transports/tp_handshake.h"
-#include "transports/tp_util.h"
+#include "transports/tp_addr.h"
+#include "transports/tp_fail.h"
+#include "transports/tp_match.h"
 #include "transports/wire.h"
 
 #define STAGE_BYTES (64 * 1024)
