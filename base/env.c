@@ -1,5 +1,5 @@
 /* env.c - loom_init's view of the launcher: the first family of variables that
- * is present wins (README, "Starting a job"; docs/design.md, "Settings"). */
+ * is present wins (docs/launching.md; docs/design.md, "Settings"). */
 #include <stdio.h>
 #include <string.h>
 

@@ -24,7 +24,7 @@ Scenarios (2 ranks over TCP, tests/relay_rank runs 5 allreduces of 1024 int32):
 
 With LOOM_AUTH_KEY every rank must fail with LOOM_ERR_AUTH or
 LOOM_ERR_TRANSPORT and no call may return a wrong element. Without a key the
-outcome is printed (README: "Threat model") and checked against what the README
+outcome is printed (docs/security.md) and checked against what that page
 says: the network relay changes results unnoticed.
 
   engine   (test_relay_engine.sh) loom.torch's negotiation over the same
@@ -499,7 +499,7 @@ def vm_peak_kib(pid):
 
 
 def huge_announcement():
-    """Pose as rank 1 (no key: the job id is all it takes, as the README says),
+    """Pose as rank 1 (no key: the job id is all it takes, as docs/security.md says),
     announce a 900 MiB user message and send 100 bytes of it."""
     global failures
     store, port = start_store()
