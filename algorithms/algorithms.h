@@ -1,7 +1,7 @@
 /*
  * algorithms.h - what every algorithm is written against: a context with the
  * communicator's rank and size, tagged point-to-point operations (p2p), local
- * reductions (src/reduce.h) and a scratch buffer. Algorithms never see a
+ * reductions (base/reduce.h) and a scratch buffer. Algorithms never see a
  * transport type or the public communicator.
  */
 #ifndef LOOM_ALGORITHMS_H
@@ -10,9 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "loom.h"
-#include "coll_kind.h"
-#include "error.h"
-#include "transport.h"
+#include "base/coll_kind.h"
+#include "base/error.h"
+#include "transports/transport.h"
 
 struct loom_timeline;
 
@@ -26,7 +26,7 @@ typedef struct loom_ctx {
     uint64_t total;
     double timeout_s;        /* a wait fails after this long without progress */
     int spin_us;             /* busy-poll this long before sleeping in the transport */
-    struct loom_spin *spin;  /* the communicator's spin policy (src/spin.h); NULL: spin_us */
+    struct loom_spin *spin;  /* the communicator's spin policy (base/spin.h); NULL: spin_us */
     int spin_yield;          /* yield the core between polls (ranks outnumber cores) */
     loom_err_t *err;
     /* The transport's first failure as it was described: a call that still
@@ -61,7 +61,7 @@ typedef struct loom_ctx {
  * node_of (kept, not copied) and node_count, and ranks_per_node derived from them. */
 void loom_ctx_set_topology(loom_ctx_t *ctx, const int *node_of, int node_count);
 
-/* ---- p2p (src/p2p.c): tagged messages inside the running collective. -----
+/* ---- p2p (algorithms/p2p.c): tagged messages inside the running collective. -----
  * step distinguishes messages of one collective; messages between a pair with
  * equal step are matched in posting order. peer must differ from ctx->rank. */
 /* A wait on peer waited_on (a transport rank, -1: none in particular) ran
@@ -94,7 +94,7 @@ loom_status_t loom_p2p_read(loom_ctx_t *ctx, int peer, void *buf, uint64_t addr,
 /* The staging window of peer (ourselves included) mapped in our memory, or
  * NULL when the transport gives none; *len_p: its size. */
 void *loom_p2p_window(const loom_ctx_t *ctx, int peer, size_t *len_p);
-/* out = a (op) b through src/reduce.h, shown as a "reduce" span in LOOM_TIMELINE. */
+/* out = a (op) b through base/reduce.h, shown as a "reduce" span in LOOM_TIMELINE. */
 void loom_ctx_reduce(loom_ctx_t *ctx, void *out, const void *a, const void *b, size_t count,
                      loom_dtype_t dt, loom_op_t op);
 /* A scratch buffer of at least bytes, reused across calls; NULL when out of memory

@@ -46,7 +46,7 @@
  */
 #include "algorithms.h"
 #include "blocks.h"
-#include "reduce.h"
+#include "base/reduce.h"
 
 /* Phase (a) on the local view v: afterwards out holds block v->rank reduced
  * over the node (and, out of place, partial results in other blocks). */

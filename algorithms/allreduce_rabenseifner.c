@@ -36,7 +36,7 @@
 
 #include "algorithms.h"
 #include "blocks.h"
-#include "reduce.h"
+#include "base/reduce.h"
 
 #define STEP_FOLD 0u
 #define STEP_HALVE(k) (1u + (uint32_t)(k))

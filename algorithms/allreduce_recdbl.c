@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "algorithms.h"
-#include "reduce.h"
+#include "base/reduce.h"
 
 #define STEP_FOLD 0u
 #define STEP_ROUND(k) (1u + (uint32_t)(k))

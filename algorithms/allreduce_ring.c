@@ -36,7 +36,7 @@
 
 #include "algorithms.h"
 #include "blocks.h"
-#include "reduce.h"
+#include "base/reduce.h"
 
 #define RING_WINDOW 8
 

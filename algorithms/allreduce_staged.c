@@ -27,7 +27,7 @@
 #include "algorithms.h"
 #include "blocks.h"
 #include "direct.h"
-#include "reduce.h"
+#include "base/reduce.h"
 
 /* memcpy with non-temporal stores where the CPU has them: the result is not
  * read again during the collective, and a normal store would first read

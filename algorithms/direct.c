@@ -20,7 +20,7 @@
 #include "algorithms.h"
 #include "blocks.h"
 #include "direct.h"
-#include "reduce.h"
+#include "base/reduce.h"
 
 /* The piece of a peer's slice read before it is reduced: stays in L2. */
 #define PIECE_BYTES (256 * 1024)

@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "algorithms.h"
-#include "reduce.h"
+#include "base/reduce.h"
 
 loom_status_t loom_reduce_binomial(loom_ctx_t *ctx, const loom_coll_args_t *a)
 {

@@ -29,7 +29,7 @@
 #include <string.h>
 
 #include "algorithms.h"
-#include "reduce.h"
+#include "base/reduce.h"
 
 static size_t min_sz(size_t x, size_t y)
 {

@@ -3,7 +3,7 @@
  *
  * Three layers, so that as much as possible runs without a GPU:
  *  - kernels.cu: the reduction kernels (nvcc), element code shared with the CPU
- *    path through src/reduce_ops.h;
+ *    path through base/reduce_ops.h;
  *  - staging.c: every collective on device buffers, written against a small
  *    table of device operations (loom_dev_ops_t) and a "run this collective on
  *    host buffers" callback; the unit tests drive it with host memory standing
@@ -17,9 +17,9 @@
 #define LOOM_CUDA_INT_H
 
 #include <stddef.h>
-#include "accel.h"
-#include "coll_kind.h"
-#include "error.h"
+#include "src/accel.h"
+#include "base/coll_kind.h"
+#include "base/error.h"
 #include "loom.h"
 
 #ifdef __cplusplus

@@ -27,7 +27,7 @@
 #include <cuda.h>
 
 #include "cuda_state.h"
-#include "settings.h"
+#include "base/settings.h"
 
 __thread int loom_cuda_on_stream_worker;
 

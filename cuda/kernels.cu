@@ -1,6 +1,6 @@
 /* kernels.cu - element-wise reduction kernels for every dtype x op.
  *
- * The arithmetic is src/reduce_ops.h, compiled here as __host__ __device__, so a
+ * The arithmetic is base/reduce_ops.h, compiled here as __host__ __device__, so a
  * GPU reduction gives the same bits as the CPU path (float16 and bfloat16 are
  * widened to float, combined, and rounded to nearest even, per step); the host
  * tests of those functions cover this code too.
@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "loom.h"
-#include "reduce_ops.h"
+#include "base/reduce_ops.h"
 #include "cuda_int.h"
 
 namespace {

@@ -22,7 +22,7 @@
 
 #include "cuda_state.h"
 #include "loom_cuda.h"
-#include "types.h"
+#include "base/types.h"
 
 typedef enum {
     JOB_ALLREDUCE, JOB_BROADCAST, JOB_REDUCE, JOB_ALLGATHER, JOB_ALLGATHERV,

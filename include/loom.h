@@ -165,7 +165,7 @@ typedef struct loom_buffer_reg *loom_buffer_reg_t;
  *  loom_comm_deregister_buffer: freeing or remapping it before that makes the
  *  HCA read and write the old pages (wrong results). Meant for long-lived
  *  buffers such as a framework's allocator pool. Unregistered memory is always
- *  safe to use (see README, "InfiniBand and RoCE"). A transport that needs no
+ *  safe to use (see docs/ibverbs.md). A transport that needs no
  *  registration (TCP, shared memory) returns a handle that does nothing. Not
  *  collective; thread-safe against calls running on c. */
 LOOM_API loom_status_t loom_comm_register_buffer(loom_comm_t c, void *buf, size_t len,

@@ -17,12 +17,17 @@
 #define LOOM_ACCEL_H
 
 #include <stddef.h>
-#include "coll_kind.h"
-#include "error.h"
+#include "base/coll_kind.h"
+#include "base/error.h"
+#include "base/settings.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The settings a communicator was made with, for the layers above the core
+ * (cuda/) that may not see struct loom_comm. */
+const loom_settings_t *loom_comm_settings(loom_comm_t c);
 
 /* Runs a collective on host buffers for the accelerator (the core's executor:
  * algorithm selection, then the algorithm, on the calling thread). */

@@ -14,14 +14,14 @@
 #include <string.h>
 #include <time.h>
 
-#include "clock.h"
+#include "base/clock.h"
 #include "accel.h"
 #include "comm.h"
-#include "log.h"
-#include "timeline.h"
-#include "reduce.h"
-#include "types.h"
-#include "wire.h"
+#include "base/log.h"
+#include "base/timeline.h"
+#include "base/reduce.h"
+#include "base/types.h"
+#include "transports/wire.h"
 
 #define LOOM_DESC_P2P 0xff
 

@@ -16,34 +16,12 @@
 
 #include "accel.h"
 #include "comm.h"
-#include "log.h"
-#include "timeline.h"
-#include "tp_mux.h"
+#include "base/log.h"
+#include "base/timeline.h"
+#include "transports/tp_mux.h"
+#include "transports/transports.h"
 
 static __thread char global_error[LOOM_ERRMSG_MAX];
-
-LOOM_API const char *loom_version(void)
-{
-    return PACKAGE_VERSION;
-}
-
-LOOM_API const char *loom_strerror(loom_status_t s)
-{
-    switch (s) {
-    case LOOM_SUCCESS: return "success";
-    case LOOM_ERR_INVALID_ARG: return "invalid argument";
-    case LOOM_ERR_NO_MEMORY: return "out of memory";
-    case LOOM_ERR_TIMEOUT: return "timed out";
-    case LOOM_ERR_PEER_LOST: return "peer lost";
-    case LOOM_ERR_TRANSPORT: return "transport error";
-    case LOOM_ERR_MISMATCH: return "ranks disagree on the call";
-    case LOOM_ERR_UNSUPPORTED: return "unsupported";
-    case LOOM_ERR_AUTH: return "handshake refused or LOOM_AUTH_KEY check failed";
-    case LOOM_ERR_ABORTED: return "aborted";
-    case LOOM_ERR_INTERNAL: return "internal error";
-    }
-    return "unknown status";
-}
 
 LOOM_API const char *loom_comm_last_error(loom_comm_t c)
 {
@@ -171,93 +149,161 @@ static void missing_ranks_error(loom_comm_t c, const char *const *keys, const ch
                  c->rank, c->cfg.timeout_s, nmissing ? list : "?", c->size, store_msg);
 }
 
-/* The network transport LOOM_TRANSPORT names; auto takes ibverbs when it
- * finds an active device and falls back to TCP otherwise. */
-static loom_status_t create_net_transport(loom_comm_t c, const loom_tp_params_t *params,
-                                          char *addr, size_t addrlen,
-                                          const loom_transport_ops_t **ops_p, loom_tp_t **tp_p)
+/* The transports a communicator makes, in list order (transports.h): at
+ * most one network transport and one node-local one, as a rank's record has
+ * an address field for each (KIND_NET, KIND_LOCAL). */
+enum { KIND_NET = 0, KIND_LOCAL = 1, MAX_TPS = 2 };
+typedef struct tp_set {
+    int n;
+    const loom_transport_ops_t *ops[MAX_TPS];
+    loom_tp_t *tp[MAX_TPS];
+} tp_set_t;
+
+/* The next network transport of the list after index i, or NULL. */
+static const loom_transport_ops_t *next_net_transport(int i)
 {
-    const char *want = c->cfg.transport;
-#ifdef LOOM_HAVE_VERBS
-    if (strcmp(want, "ibverbs") == 0 || strcmp(want, "auto") == 0) {
-        /* The transport keeps params->err for its later failures. */
-        loom_status_t st = loom_ibverbs_transport.create(params, addr, addrlen, tp_p);
-        if (st == LOOM_SUCCESS) {
-            *ops_p = &loom_ibverbs_transport;
-            return st;
-        }
-        if (strcmp(want, "ibverbs") == 0)
-            return st;
-        if (st == LOOM_ERR_UNSUPPORTED)
-            LOOM_INFO("init", "rank %d: no InfiniBand/RoCE (%s); using TCP", c->rank,
-                      params->err->msg);
-        else
-            LOOM_WARN("init", "rank %d: ibverbs failed (%s); using TCP", c->rank,
-                      params->err->msg);
-        loom_err_clear(params->err);   /* the first failure recorded is what users read */
-    }
-#else
-    if (strcmp(want, "ibverbs") == 0)
-        return loom_err_set(params->err, LOOM_ERR_UNSUPPORTED,
-                            "LOOM_TRANSPORT=ibverbs, but this build of Loom has no ibverbs "
-                            "transport (configure found no infiniband/verbs.h)");
-#endif
-    *ops_p = &loom_tcp_transport;
-    return loom_tcp_transport.create(params, addr, addrlen, tp_p);
+    while (loom_transports[++i])
+        if (!loom_transports[i]->node_local)
+            return loom_transports[i];
+    return NULL;
 }
 
-enum { NET = 0, SHM = 1 };
+/* Walk the list: make the network transport LOOM_TRANSPORT names (auto: the
+ * first that opens; the next one when it cannot) and, unless LOOM_SHM=0,
+ * the node-local one beside it. addr[kind]: the address each published,
+ * "-" when none. */
+static loom_status_t create_transports(loom_comm_t c, const loom_tp_params_t *params,
+                                       tp_set_t *set, char addr[2][1024])
+{
+    const char *want = c->cfg.transport;
+    int any = strcmp(want, "auto") == 0;
+    if (!any && !loom_transport_find(want))
+        return loom_err_set(params->err, LOOM_ERR_UNSUPPORTED,
+                            "LOOM_TRANSPORT=%s, but this build of Loom has no %s transport "
+                            "(configure's summary lists the transports it built)", want, want);
+    int made[2] = {0, 0};
+    for (int i = 0; loom_transports[i] && set->n < MAX_TPS; i++) {
+        const loom_transport_ops_t *t = loom_transports[i];
+        int kind = t->node_local ? KIND_LOCAL : KIND_NET;
+        if (made[kind] || (t->node_local ? !c->cfg.shm || c->size == 1
+                                          : !any && strcmp(want, t->name) != 0))
+            continue;
+        /* The transport keeps params->err for its later failures. */
+        loom_tp_t *tp = NULL;
+        loom_status_t st = t->create(params, addr[kind], sizeof(addr[kind]), &tp);
+        if (st == LOOM_SUCCESS) {
+            set->ops[set->n] = t;
+            set->tp[set->n++] = tp;
+            made[kind] = 1;
+            continue;
+        }
+        const loom_transport_ops_t *next = next_net_transport(i);
+        if (t->node_local)
+            LOOM_WARN("init", "rank %d: no %s, ranks of this node talk over the network: %s",
+                      c->rank, t->medium, params->err->msg);
+        else if (!any || !next)
+            return st;
+        else if (st == LOOM_ERR_UNSUPPORTED)
+            LOOM_INFO("init", "rank %d: no %s (%s); using %s", c->rank, t->medium,
+                      params->err->msg, next->medium);
+        else
+            LOOM_WARN("init", "rank %d: %s failed (%s); using %s", c->rank, t->name,
+                      params->err->msg, next->medium);
+        loom_err_clear(params->err);   /* the first failure recorded is what users read */
+        snprintf(addr[kind], sizeof(addr[kind]), "-");
+    }
+    if (!made[KIND_NET])
+        return loom_err_set(params->err, LOOM_ERR_INTERNAL, "no network transport in the list");
+    return LOOM_SUCCESS;
+}
 
-/* Connect each transport to the peers it serves; keep one transport when it
- * serves everybody, else a mux of both. */
-static loom_status_t connect_transports(loom_comm_t c, const loom_transport_ops_t *const *ops,
-                                        loom_tp_t **tps, char **net_addrs, char **shm_addrs)
+/* Route each peer to the first transport that reaches it and connect each
+ * transport to the peers it serves; keep one transport when it serves
+ * everybody, else a mux of those that serve someone. addrs[kind][r]: what
+ * rank r published for that kind of transport (NULL: nothing). */
+static loom_status_t connect_transports(loom_comm_t c, tp_set_t *set, char **addrs[2])
 {
     loom_err_t *err = &c->work_err;
     int *route = malloc(sizeof(int) * (size_t)c->size);
+    int *mux_route = malloc(sizeof(int) * (size_t)c->size);
     char **mine = calloc((size_t)c->size, sizeof(char *));
     loom_status_t st = LOOM_SUCCESS;
-    if (!route || !mine) {
+    if (!route || !mux_route || !mine) {
         st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
         goto out;
     }
-    int used[2] = {0, 0};
+    int used[MAX_TPS] = {0}, self = 0;
     for (int r = 0; r < c->size; r++) {
-        int local = c->node_of[r] == c->node_of[c->rank];
-        route[r] = tps[SHM] && local && shm_addrs[r] ? SHM : NET;
-        if (r == c->rank)
-            route[r] = tps[SHM] ? SHM : NET;
-        else
+        int same_host = c->node_of[r] == c->node_of[c->rank];
+        route[r] = -1;
+        for (int j = 0; j < set->n && route[r] < 0; j++) {
+            const char *peer_addr = addrs[set->ops[j]->node_local][r];
+            if (set->ops[j]->reaches ? set->ops[j]->reaches(set->tp[j], r, peer_addr, same_host)
+                                     : peer_addr != NULL)
+                route[r] = j;
+        }
+        if (route[r] < 0) {
+            st = loom_err_set(err, LOOM_ERR_MISMATCH, "rank %d: no transport of this build "
+                              "reaches rank %d", c->rank, r);
+            goto out;
+        }
+        if (r != c->rank)
             used[route[r]] = 1;
+        else
+            self = route[r];
     }
-    for (int t = SHM; t >= NET && st == LOOM_SUCCESS; t--) {
-        if (!tps[t] || !used[t] || c->size == 1)
+    for (int j = 0; j < set->n && st == LOOM_SUCCESS; j++) {
+        if (!used[j] || c->size == 1)
             continue;
         for (int r = 0; r < c->size; r++)
-            mine[r] = route[r] == t ? (t == SHM ? shm_addrs[r] : net_addrs[r]) : NULL;
-        st = ops[t]->connect(tps[t], mine, c->cfg.timeout_s);
+            mine[r] = route[r] == j ? addrs[set->ops[j]->node_local][r] : NULL;
+        st = set->ops[j]->connect(set->tp[j], mine, c->cfg.timeout_s);
     }
     if (st != LOOM_SUCCESS)
         goto out;
-    if (tps[SHM] && used[SHM] && used[NET]) {
-        st = loom_mux_create(ops, tps, 2, route, c->size, err, &c->tp);
+    int nused = 0, keep = self;
+    for (int j = 0; j < set->n; j++)
+        if (used[j]) {
+            nused++;
+            keep = j;
+        }
+    if (nused > 1) {
+        /* Network first, as the mux polls them in this order. */
+        const loom_transport_ops_t *ops[MAX_TPS];
+        loom_tp_t *tps[MAX_TPS];
+        int at[MAX_TPS], m = 0;
+        for (int j = set->n - 1; j >= 0; j--) {
+            at[j] = -1;
+            if (used[j] || j == self) {
+                at[j] = m;
+                ops[m] = set->ops[j];
+                tps[m++] = set->tp[j];
+            }
+        }
+        for (int r = 0; r < c->size; r++)
+            mux_route[r] = at[route[r]];
+        st = loom_mux_create(ops, tps, m, mux_route, c->size, err, &c->tp);
         if (st != LOOM_SUCCESS)
             goto out;
         c->tp_ops = &loom_mux_transport;
-        tps[NET] = tps[SHM] = NULL;
+        for (int j = 0; j < set->n; j++)
+            if (at[j] >= 0)
+                set->tp[j] = NULL;
     } else {
-        int keep = tps[SHM] && (used[SHM] || c->size == 1) ? SHM : NET;
-        c->tp_ops = ops[keep];
-        c->tp = tps[keep];
-        tps[keep] = NULL;
-        if (tps[!keep])
-            ops[!keep]->destroy(tps[!keep], 0);
-        tps[!keep] = NULL;
+        c->tp_ops = set->ops[keep];
+        c->tp = set->tp[keep];
+        set->tp[keep] = NULL;
+        for (int j = 0; j < set->n; j++)
+            if (set->tp[j]) {
+                set->ops[j]->destroy(set->tp[j], 0);
+                set->tp[j] = NULL;
+            }
     }
     LOOM_INFO("init", "rank %d: transport %s%s", c->rank, c->tp_ops->name,
               c->tp_ops == &loom_mux_transport ? " (shm inside the node, network across)" : "");
 out:
     free(route);
+    free(mux_route);
     free(mine);
     return st;
 }
@@ -359,10 +405,9 @@ static loom_status_t rendezvous(loom_comm_t c)
 {
     loom_err_t *err = &c->work_err;
     loom_status_t st;
-    char addr[1024], shm_addr[256] = "-", myid[512];
-    char **addrs = NULL, **hosts = NULL, **values = NULL, **shm_addrs = NULL;
-    const loom_transport_ops_t *ops[2] = {NULL, &loom_shm_transport};
-    loom_tp_t *tps[2] = {NULL, NULL};
+    char addr[2][1024] = {"-", "-"}, myid[512];
+    char **addrs[2] = {NULL, NULL}, **hosts = NULL, **values = NULL;
+    tp_set_t set = {0};
 
     char bind_host[128] = "";
     if (c->store && loom_store_local_host(c->store->store, bind_host, sizeof(bind_host)) != 0)
@@ -372,27 +417,20 @@ static loom_status_t rendezvous(loom_comm_t c)
         .rank = c->rank, .size = c->size, .job_hash = c->job_hash, .comm_hash = c->comm_hash,
         .ifname = c->cfg.ifname, .bind_host = bind_host, .sockbuf = c->cfg.socket_bufsize,
         .settings = &c->cfg, .host_id = myid, .err = err};
-    if ((st = create_net_transport(c, &params, addr, sizeof(addr), &ops[NET], &tps[NET])) !=
-        LOOM_SUCCESS)
-        return st;
-    if (c->cfg.shm && c->size > 1 &&
-        loom_shm_transport.create(&params, shm_addr, sizeof(shm_addr), &tps[SHM]) != LOOM_SUCCESS) {
-        LOOM_WARN("init", "rank %d: no shared memory, ranks of this node talk over the "
-                  "network: %s", c->rank, err->msg);
-        loom_err_clear(err);
-        snprintf(shm_addr, sizeof(shm_addr), "-");
-    }
+    if ((st = create_transports(c, &params, &set, addr)) != LOOM_SUCCESS)
+        goto out;
 
-    addrs = calloc((size_t)c->size, sizeof(char *));
+    addrs[KIND_NET] = calloc((size_t)c->size, sizeof(char *));
+    addrs[KIND_LOCAL] = calloc((size_t)c->size, sizeof(char *));
     hosts = calloc((size_t)c->size, sizeof(char *));
     values = calloc((size_t)c->size, sizeof(char *));
-    shm_addrs = calloc((size_t)c->size, sizeof(char *));
-    if (!addrs || !hosts || !values || !shm_addrs) {
+    if (!addrs[KIND_NET] || !addrs[KIND_LOCAL] || !hosts || !values) {
         st = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
         goto out;
     }
-    char mine[2048];
-    int len = snprintf(mine, sizeof(mine), "%d\n%s\n%s\n%s", c->size, addr, myid, shm_addr);
+    char mine[4096];
+    int len = snprintf(mine, sizeof(mine), "%d\n%s\n%s\n%s", c->size, addr[KIND_NET], myid,
+                       addr[KIND_LOCAL]);
     if (c->size > 1) {
         if ((st = exchange_addresses(c, mine, (size_t)len, values)) != LOOM_SUCCESS)
             goto out;
@@ -419,28 +457,28 @@ static loom_status_t rendezvous(loom_comm_t c)
                               r, values[r], c->rank, c->size);
             goto out;
         }
-        addrs[r] = nl1 + 1;
+        addrs[KIND_NET][r] = nl1 + 1;
         hosts[r] = nl2 + 1;
-        shm_addrs[r] = strcmp(nl3 + 1, "-") == 0 ? NULL : nl3 + 1;
+        addrs[KIND_LOCAL][r] = strcmp(nl3 + 1, "-") == 0 ? NULL : nl3 + 1;
     }
 
     if ((st = number_nodes(c, hosts, myid)) != LOOM_SUCCESS)
         goto out;
     LOOM_INFO("init", "rank %d/%d at %s: host %s, local rank %d/%d, node %d/%d", c->rank, c->size,
-              addr, myid, c->local_rank, c->local_size, c->node_rank, c->node_count);
+              addr[KIND_NET], myid, c->local_rank, c->local_size, c->node_rank, c->node_count);
 
-    st = connect_transports(c, ops, tps, addrs, shm_addrs);
+    st = connect_transports(c, &set, addrs);
 out:
-    for (int t = NET; t <= SHM; t++)
-        if (tps[t])
-            ops[t]->destroy(tps[t], 0);
+    for (int j = 0; j < set.n; j++)
+        if (set.tp[j])
+            set.ops[j]->destroy(set.tp[j], 0);
     if (values)
         for (int r = 0; r < c->size; r++)
             free(values[r]);
     free(values);
-    free(addrs);
+    free(addrs[KIND_NET]);
+    free(addrs[KIND_LOCAL]);
     free(hosts);
-    free(shm_addrs);
     return st;
 }
 
@@ -461,7 +499,7 @@ static void init_ctx(loom_comm_t c)
     c->ctx.fault = &c->fault;
     c->ctx.segment_bytes = c->cfg.segment_bytes;
     loom_ctx_set_topology(&c->ctx, c->node_of, c->node_count);
-    /* loom_settings_load refused a LOOM_ALGO this cannot parse. */
+    /* loom_comm_settings_load refused a LOOM_ALGO this cannot parse. */
     char why[8];
     if (loom_algo_rules_parse(c->cfg.algo, c->algo_rules, LOOM_ALGO_MAX_RULES, &c->n_algo_rules,
                               why, sizeof(why)) != 0)
@@ -577,6 +615,20 @@ loom_status_t loom_comm_form(const loom_settings_t *cfg, int rank, int size,
     return LOOM_SUCCESS;
 }
 
+loom_status_t loom_comm_settings_load(loom_settings_t *cfg, loom_getenv_fn get, void *arg,
+                                      loom_err_t *err)
+{
+    loom_status_t st = loom_settings_load(cfg, get, arg, err);
+    if (st != LOOM_SUCCESS)
+        return st;
+    loom_algo_rule_t rules[LOOM_ALGO_MAX_RULES];
+    size_t n;
+    char why[256];
+    if (loom_algo_rules_parse(cfg->algo, rules, LOOM_ALGO_MAX_RULES, &n, why, sizeof(why)) != 0)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG, "LOOM_ALGO=\"%s\": %s", cfg->algo, why);
+    return LOOM_SUCCESS;
+}
+
 const loom_settings_t *loom_comm_settings(loom_comm_t c)
 {
     return &c->cfg;
@@ -606,7 +658,7 @@ LOOM_API loom_status_t loom_comm_create(const loom_config_t *ucfg, loom_comm_t *
                                 in.size);
     loom_err_t err = {0};
     loom_settings_t cfg;
-    loom_status_t st = loom_settings_load(&cfg, loom_getenv_process, NULL, &err);
+    loom_status_t st = loom_comm_settings_load(&cfg, loom_getenv_process, NULL, &err);
     if (st != LOOM_SUCCESS)
         return loom_global_fail(st, "loom_comm_create: %s", err.msg);
     if (in.timeout_s > 0)
@@ -642,7 +694,7 @@ LOOM_API loom_status_t loom_comm_create_with_store(const loom_config_t *ucfg,
         goto release;
     }
     loom_settings_t cfg;
-    if ((st = loom_settings_load(&cfg, loom_getenv_process, NULL, &err)) != LOOM_SUCCESS) {
+    if ((st = loom_comm_settings_load(&cfg, loom_getenv_process, NULL, &err)) != LOOM_SUCCESS) {
         loom_global_fail(st, "loom_comm_create_with_store: %s", err.msg);
         goto release;
     }

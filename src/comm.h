@@ -7,12 +7,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "algorithms.h"
-#include "settings.h"
-#include "spin.h"
-#include "error.h"
-#include "store.h"
-#include "transport.h"
+#include "algorithms/algorithms.h"
+#include "base/settings.h"
+#include "base/spin.h"
+#include "base/error.h"
+#include "store/store.h"
+#include "transports/transport.h"
 
 /* A store handle shared by a communicator and the ones split from it. */
 typedef struct loom_store_ref {
@@ -97,6 +97,13 @@ void loom_comm_publish_error(loom_comm_t c, loom_status_t st);
 loom_status_t loom_comm_execute(loom_comm_t c, struct loom_request *op, int wait);
 /* Stop the worker after it finished everything queued (destroy). */
 void loom_comm_stop_worker(loom_comm_t c);
+
+/* Every LOOM_* setting a communicator reads, LOOM_ALGO's rows included: the
+ * settings table keeps LOOM_ALGO as text (it stands below the algorithms),
+ * so a typo in a byte range is refused here, failing loom_init and
+ * loom_comm_create with LOOM_ERR_INVALID_ARG naming the variable. */
+loom_status_t loom_comm_settings_load(loom_settings_t *cfg, loom_getenv_fn get, void *arg,
+                                      loom_err_t *err);
 
 /* A world communicator: rank of size, rendezvous through the store at
  * store_uri (init.c, loom_comm_create). */

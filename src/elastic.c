@@ -45,9 +45,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
+#include "base/clock.h"
 #include "comm.h"
-#include "log.h"
+#include "base/log.h"
 
 #define POLL_US 10000           /* store polling while a round is open */
 #define WATCH_S 0.2             /* the watcher's wait slice: bounds destroy's wait */

@@ -5,7 +5,7 @@
  * communicator code does not depend on the elastic layer built on it.
  */
 #include "comm.h"
-#include "log.h"
+#include "base/log.h"
 
 LOOM_API loom_status_t loom_init(loom_comm_t *comm)
 {
@@ -15,7 +15,7 @@ LOOM_API loom_status_t loom_init(loom_comm_t *comm)
     loom_settings_t cfg;
     loom_bootstrap_t b;
     loom_status_t st;
-    if ((st = loom_settings_load(&cfg, loom_getenv_process, NULL, &err)) != LOOM_SUCCESS ||
+    if ((st = loom_comm_settings_load(&cfg, loom_getenv_process, NULL, &err)) != LOOM_SUCCESS ||
         (st = loom_bootstrap_from_env(loom_getenv_process, NULL, &b, &err)) != LOOM_SUCCESS)
         return loom_global_fail(st, "loom_init: %s", err.msg);
     LOOM_INFO("init", "rank %d of %d from %s variables, store %s", b.rank, b.size, b.source,

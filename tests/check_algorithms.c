@@ -24,7 +24,7 @@
 
 #include "check_suites.h"
 #include "thread_harness.h"
-#include "accel.h"
+#include "src/accel.h"
 
 #define MAX_RANKS 8
 #define BIG_COUNT 100003

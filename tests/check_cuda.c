@@ -1,6 +1,6 @@
 /* check_cuda.c - host-side tests of the GPU code (built with CUDA, no GPU needed).
  *
- *  - ops: the element code the GPU kernels run (src/reduce_ops.h, the functions
+ *  - ops: the element code the GPU kernels run (base/reduce_ops.h, the functions
  *    kernels.cu instantiates for every dtype x op) against an independent
  *    reference: float16 and bfloat16 results against the correctly rounded
  *    exact result (computing in float first is innocuous: 24 >= 2p + 2 bits),
@@ -25,9 +25,9 @@
 
 #include "check_suites.h"
 #include "loom_cuda.h"
-#include "cuda_int.h"
-#include "reduce.h"
-#include "reduce_ops.h"
+#include "cuda/cuda_int.h"
+#include "base/reduce.h"
+#include "base/reduce_ops.h"
 #include "thread_harness.h"
 #include "check_cuda_fake.h"
 

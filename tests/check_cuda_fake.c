@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "check_cuda_fake.h"
-#include "reduce.h"
+#include "base/reduce.h"
 
 #define MAX_REGIONS 64
 static pthread_mutex_t regions_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -4,7 +4,7 @@
 
 #include <stdatomic.h>
 #include <stddef.h>
-#include "cuda_int.h"
+#include "cuda/cuda_int.h"
 
 /* Register / forget [p, p + len) as device memory; scratch: the reduction
  * scratch, whose reduction operands must sit at multiples of 16 bytes. */

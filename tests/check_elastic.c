@@ -16,7 +16,7 @@
 
 #include "check_suites.h"
 #include "loom.h"
-#include "store.h"
+#include "store/store.h"
 
 /* Long enough that no thread of a loaded machine misses a round it is part of
  * (a newcomer's loom_init is bounded by it too, and members reach their

@@ -18,10 +18,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "tp_handshake.h"
-#include "tp_util.h"
-#include "wire.h"
+#include "base/clock.h"
+#include "transports/tp_handshake.h"
+#include "transports/tp_addr.h"
+#include "transports/tp_fail.h"
+#include "transports/wire.h"
 
 #define JOB  UINT64_C(0x1111222233334444)
 #define COMM UINT64_C(0x5555666677778888)

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "check_suites.h"
-#include "ibverbs/ib_regcache.h"
-#include "ibverbs/ib_util.h"
+#include "transports/ibverbs/ib_regcache.h"
+#include "transports/ibverbs/ib_util.h"
 
 /* ---- registration cache ----------------------------------------------------- */
 

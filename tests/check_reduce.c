@@ -1,4 +1,4 @@
-/* check_reduce.c - unit tests of the CPU reductions (src/reduce.c).
+/* check_reduce.c - unit tests of the CPU reductions (base/reduce.c).
  *
  * Every kernel is compared element by element with a scalar reference written
  * here, independently of reduce_ops.h (float16 and bfloat16 results are rounded by
@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "check_suites.h"
-#include "reduce.h"
+#include "base/reduce.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>

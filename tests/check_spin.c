@@ -1,11 +1,11 @@
-/* check_spin.c - the wait policy (src/spin.h): when a waiting rank spins,
+/* check_spin.c - the wait policy (base/spin.h): when a waiting rank spins,
  * for how long, and how it learns from its waits on a crowded machine. */
 #include <check.h>
 #include <string.h>
 
 #include "check_suites.h"
-#include "settings.h"
-#include "spin.h"
+#include "base/settings.h"
+#include "base/spin.h"
 
 static loom_spin_view_t view(int cpus, int local_ranks, int runnable, double spin_us,
                              double sleep_us)

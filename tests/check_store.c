@@ -24,8 +24,8 @@
 
 #include "check_store_util.h"
 #include "check_suites.h"
-#include "store.h"
-#include "store_proto.h"
+#include "store/store.h"
+#include "store/proto.h"
 
 enum { BK_TCP, BK_FILE, BK_REDIS, BK_COUNT };
 

@@ -19,7 +19,7 @@
 
 #include "check_store_util.h"
 #include "check_suites.h"
-#include "store.h"
+#include "store/store.h"
 
 #ifdef HAVE_HIREDIS
 

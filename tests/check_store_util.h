@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 #include <sys/types.h>
-#include "store.h"
+#include "store/store.h"
 
 /* Generous: the suites also run under valgrind. */
 #define LONG_TIMEOUT 20.0

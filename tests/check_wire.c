@@ -4,10 +4,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "algorithms.h"
+#include "algorithms/algorithms.h"
 #include "check_suites.h"
-#include "sha256.h"
-#include "wire.h"
+#include "base/sha256.h"
+#include "transports/wire.h"
 
 START_TEST(test_hello_roundtrip)
 {

@@ -23,10 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm.h"
+#include "src/comm.h"
 #include "mp_util.h"
-#include "reduce.h"
-#include "types.h"
+#include "base/reduce.h"
+#include "base/types.h"
 
 #define LARGE_COUNT (1u << 22)
 static const size_t small_counts[] = {0, 1, 7, 1031, 100003};

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "mp_util.h"
-#include "store.h"
+#include "store/store.h"
 
 #define TIMEOUT_S 6.0
 

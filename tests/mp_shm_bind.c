@@ -24,7 +24,7 @@
 
 #include "loom.h"
 #include "mp_util.h"
-#include "store.h"
+#include "store/store.h"
 
 #define JOB_ID "shm-bind-twins"
 #define KEY "one key for both jobs"

@@ -16,7 +16,7 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 
-#include "shm/shm_int.h"
+#include "transports/shm/shm_int.h"
 
 #define shm_create loom_shm_transport.create
 #define shm_connect loom_shm_transport.connect

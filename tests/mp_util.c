@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "mp_util.h"
-#include "store.h"
+#include "store/store.h"
 
 static char store_uri[128];
 static int npassed, nfailed;

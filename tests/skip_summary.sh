@@ -49,5 +49,5 @@ line="make check:"
 [ -n "$not_built" ] && line="$line NOT BUILT: ${not_built#; }."
 [ -n "$skipped" ] && line="$line SKIPPED $nskip: ${skipped#; }."
 [ -n "$parts" ] && line="$line PARTS LEFT OUT: ${parts#; }."
-echo "$line (tests/install-deps.sh installs what they need; README: \"What the tests need\")"
+echo "$line (tests/install-deps.sh installs what they need; docs/testing.md: \"What the tests need\")"
 exit 0

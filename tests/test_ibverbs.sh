@@ -9,7 +9,7 @@
 # libibverbs and no devices: LOOM_TRANSPORT=ibverbs fails with a clear error
 # and auto falls back to TCP.
 # What the double cannot show (DMA ordering, wire retries, GID routing,
-# GPUDirect) needs a real fabric: see README.md, "InfiniBand and RoCE".
+# GPUDirect) needs a real fabric: see docs/ibverbs.md.
 set -u
 top_builddir=${top_builddir:-.}
 provider="$top_builddir/tests/verbs-provider/.libs"

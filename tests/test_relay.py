@@ -24,7 +24,7 @@ Scenarios (2 ranks over TCP, tests/relay_rank runs 5 allreduces of 1024 int32):
 
 With LOOM_AUTH_KEY every rank must fail with LOOM_ERR_AUTH or
 LOOM_ERR_TRANSPORT and no call may return a wrong element. Without a key the
-outcome is printed (README: "Threat model") and checked against what the README
+outcome is printed (docs/security.md) and checked against what that page
 says: the network relay changes results unnoticed.
 
   engine   (test_relay_engine.sh) loom.torch's negotiation over the same
@@ -52,7 +52,7 @@ KEY = "correct horse battery staple"
 failures = 0
 
 
-# ---- a client of the tcp:// store protocol (src/store_proto.h) ----------------
+# ---- a client of the tcp:// store protocol (store/proto.h) ----------------
 class Store:
     def __init__(self, port):
         self.s = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -168,7 +168,7 @@ def add_999(payload):
 
 
 def slice0(length, streams):
-    """Stream 0's share of a striped message (src/wire.c: loom_stripe_slice)."""
+    """Stream 0's share of a striped message (transports/wire.c: loom_stripe_slice)."""
     part = length // streams
     if part >= 4096:
         part &= ~4095
@@ -499,7 +499,7 @@ def vm_peak_kib(pid):
 
 
 def huge_announcement():
-    """Pose as rank 1 (no key: the job id is all it takes, as the README says),
+    """Pose as rank 1 (no key: the job id is all it takes, as docs/security.md says),
     announce a 900 MiB user message and send 100 bytes of it."""
     global failures
     store, port = start_store()
@@ -512,7 +512,7 @@ def huge_announcement():
         st.set("loom/%s/world0/addr/1" % job, raw.split(b"\n")[0] + b"\n127.0.0.1:1\n" +
                raw.split(b"\n")[2] + b"\n-")
         c = socket.create_connection((host, int(rport)), timeout=10)
-        # wire version 4; stream 0 of 1 (src/wire.h: LOOM_HELLO_STREAMS(0, 1))
+        # wire version 4; stream 0 of 1 (transports/wire.h: LOOM_HELLO_STREAMS(0, 1))
         hello = b"LOOMHELO" + struct.pack("<IIII", 4, 1, 2, 0x100) + \
             struct.pack("<QQ", fnv1a(job), fnv1a("loom/%s/world0" % job))
         c.sendall(hello)

@@ -21,7 +21,7 @@ trap 'rm -rf "$tmp"' EXIT
 # A table that lost its printout would excuse everything.
 [ "$(wc -l < "$tmp/table")" -ge 40 ] || { echo "FAIL: loom-info lists only $(wc -l < "$tmp/table") settings"; exit 1; }
 
-files=$(cd "$top_srcdir" && find src transports algorithms cuda tools python/loom -type f \
+files=$(cd "$top_srcdir" && find base store src transports algorithms cuda tools python/loom -type f \
             \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cpp' -o -name '*.py' \
                -o -name 'loom-timeline-merge' \) | sort)
 [ -n "$files" ] || { echo "FAIL: no sources under $top_srcdir"; exit 1; }
@@ -33,7 +33,7 @@ failed=0
 for name in $(cut -d: -f3 "$tmp/uses" | sort -u); do
     case " $not_variables " in *" $name "*) continue ;; esac
     if ! grep -qx "$name" "$tmp/table"; then
-        echo "FAIL: $name is not in the settings table (src/settings.c), used at:"
+        echo "FAIL: $name is not in the settings table (base/settings.c), used at:"
         grep ":$name\$" "$tmp/uses" | cut -d: -f1,2 | sed 's/^/    /'
         failed=1
     fi

@@ -32,7 +32,7 @@
 #ifndef LOOM_THREAD_HARNESS_H
 #define LOOM_THREAD_HARNESS_H
 
-#include "algorithms.h"
+#include "algorithms/algorithms.h"
 
 /* The in-memory transport. create and connect are NULL: loom_harness_run builds
  * and connects the instances itself. */

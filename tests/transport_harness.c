@@ -12,9 +12,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "settings.h"
+#include "base/settings.h"
 #include "thread_harness.h"
-#include "tp_mux.h"
+#include "transports/tp_mux.h"
+#include "transports/transports.h"
 #include "transport_harness.h"
 
 #define MAX_RANKS 3
@@ -59,7 +60,6 @@ int tph_size(tph_kind_t kind)
     return kind == TPH_MUX ? 3 : 2;
 }
 
-#ifdef LOOM_HAVE_VERBS
 /* Load the double under the name the transport dlopens: an object already
  * loaded with soname libibverbs.so.1 is what dlopen("libibverbs.so.1") returns. */
 static int load_verbs_double(char *why, size_t whylen)
@@ -87,18 +87,22 @@ static int load_verbs_double(char *why, size_t whylen)
     loaded = 1;
     return 1;
 }
-#endif
 
 int tph_available(tph_kind_t kind, char *why, size_t whylen)
 {
     if (kind != TPH_IBVERBS)
         return 1;
-#ifdef LOOM_HAVE_VERBS
-    return load_verbs_double(why, whylen);
-#else
+    if (loom_transport_find("ibverbs"))
+        return load_verbs_double(why, whylen);
     snprintf(why, whylen, "this build has no ibverbs transport (no infiniband/verbs.h)");
     return 0;
-#endif
+}
+
+/* The transport a run of kind drives (the mux's network one for TPH_MUX);
+ * tph_available said it is built. */
+static const loom_transport_ops_t *net_ops(tph_kind_t kind)
+{
+    return loom_transport_find(kind == TPH_IBVERBS ? "ibverbs" : kind == TPH_SHM ? "shm" : "tcp");
 }
 
 int tph_fail(tph_rank_t *r, const char *fmt, ...)
@@ -270,17 +274,15 @@ static loom_status_t create(tph_rank_t *r, const loom_tp_params_t *p, loom_tp_t 
     switch (run->kind) {
     case TPH_TCP:
     case TPH_MUX:
-        st = loom_tcp_transport.create(p, run->net_addr[r->rank], ADDR_BYTES, &tps[0]);
+        st = net_ops(TPH_TCP)->create(p, run->net_addr[r->rank], ADDR_BYTES, &tps[0]);
         if (st == LOOM_SUCCESS && run->kind == TPH_MUX)
-            st = loom_shm_transport.create(p, run->shm_addr[r->rank], ADDR_BYTES, &tps[1]);
+            st = net_ops(TPH_SHM)->create(p, run->shm_addr[r->rank], ADDR_BYTES, &tps[1]);
         break;
     case TPH_SHM:
-        st = loom_shm_transport.create(p, run->shm_addr[r->rank], ADDR_BYTES, &tps[1]);
+        st = net_ops(TPH_SHM)->create(p, run->shm_addr[r->rank], ADDR_BYTES, &tps[1]);
         break;
     case TPH_IBVERBS:
-#ifdef LOOM_HAVE_VERBS
-        st = loom_ibverbs_transport.create(p, run->net_addr[r->rank], ADDR_BYTES, &tps[0]);
-#endif
+        st = net_ops(TPH_IBVERBS)->create(p, run->net_addr[r->rank], ADDR_BYTES, &tps[0]);
         break;
     default:
         st = LOOM_ERR_INTERNAL;
@@ -288,14 +290,6 @@ static loom_status_t create(tph_rank_t *r, const loom_tp_params_t *p, loom_tp_t 
     return st;
 }
 
-static const loom_transport_ops_t *net_ops(tph_kind_t kind)
-{
-#ifdef LOOM_HAVE_VERBS
-    if (kind == TPH_IBVERBS)
-        return &loom_ibverbs_transport;
-#endif
-    return kind == TPH_SHM ? &loom_shm_transport : &loom_tcp_transport;
-}
 
 /* Connect r's endpoint(s) and make r->tp the one the test drives. */
 static loom_status_t connect_rank(tph_rank_t *r, loom_tp_t **tps)
@@ -315,7 +309,7 @@ static loom_status_t connect_rank(tph_rank_t *r, loom_tp_t **tps)
     }
     /* As comm.c does: shm inside the node (and to ourselves), tcp across. */
     int route[MAX_RANKS];
-    const loom_transport_ops_t *ops[2] = {&loom_tcp_transport, &loom_shm_transport};
+    const loom_transport_ops_t *ops[2] = {net_ops(TPH_TCP), net_ops(TPH_SHM)};
     for (int t = 1; t >= 0; t--) {
         for (int i = 0; i < run->size; i++) {
             route[i] = node_of(run, i) == node_of(run, r->rank) ? 1 : 0;
@@ -369,7 +363,7 @@ out:
     if (tps[0])
         net_ops(run->kind == TPH_SHM ? TPH_TCP : run->kind)->destroy(tps[0], 0);
     if (tps[1])
-        loom_shm_transport.destroy(tps[1], 0);
+        net_ops(TPH_SHM)->destroy(tps[1], 0);
     return NULL;
 }
 

@@ -19,7 +19,7 @@
 #define LOOM_TRANSPORT_HARNESS_H
 
 #include <stddef.h>
-#include "transport.h"
+#include "transports/transport.h"
 
 typedef enum {
     TPH_HARNESS,

@@ -31,7 +31,7 @@
 #include <loom_cuda.h>
 #endif
 
-#include "clock.h"
+#include "base/clock.h"
 #include "perf.h"
 
 /* ---- element values ----------------------------------------------------------

@@ -12,8 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "settings.h"
-#include "store.h"
+#include "base/settings.h"
+#include "store/store.h"
 
 static void usage(FILE *f)
 {

@@ -11,11 +11,12 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "log.h"
-#include "sha256.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/sha256.h"
 #include "tp_handshake.h"
-#include "tp_util.h"
+#include "tp_addr.h"
+#include "tp_fail.h"
 
 _Static_assert(LOOM_HS_BUF_BYTES >= LOOM_CHAL_BYTES, "a challenge fits the buffer");
 _Static_assert(LOOM_HS_OPENING_BYTES >= LOOM_HELLO_BYTES, "a hello fits the opening");

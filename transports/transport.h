@@ -13,8 +13,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include "loom.h"
-#include "error.h"
+#include "base/error.h"
 
 typedef struct loom_tp loom_tp_t;
 
@@ -70,14 +71,20 @@ typedef struct loom_tp_params {
     const char *ifname;      /* LOOM_SOCKET_IFNAME, NULL: choose */
     const char *bind_host;   /* numeric host to listen on (from the store connection), or NULL */
     int sockbuf;             /* SO_SNDBUF/SO_RCVBUF, 0: kernel autotuning */
-    const struct loom_settings *settings;   /* every LOOM_* setting (src/settings.h) */
+    const struct loom_settings *settings;   /* every LOOM_* setting (base/settings.h) */
     const char *host_id;     /* this rank's host identity (LOOM_HOST_ID or hostname+boot id) */
     loom_err_t *err;         /* where failures are described (the communicator's) */
 } loom_tp_params_t;
 
 typedef struct loom_transport_ops {
     size_t size;             /* sizeof(loom_transport_ops_t) of the implementation */
-    const char *name;
+    const char *name;        /* as LOOM_TRANSPORT names it */
+    const char *medium;      /* what it runs over, for messages: "TCP", "shared memory" */
+    /* Nonzero: serves the ranks of its own host only, made beside the network
+     * transport unless LOOM_SHM=0; its address travels in the node-local
+     * field of a rank's record. Zero: a network transport, of which
+     * LOOM_TRANSPORT picks one (transports/transports.c). */
+    int node_local;
     /* Open whatever accepts peers and describe it in addr (printable, NUL-terminated). */
     loom_status_t (*create)(const loom_tp_params_t *p, char *addr, size_t addrlen,
                             loom_tp_t **tp_p);
@@ -129,12 +136,17 @@ typedef struct loom_transport_ops {
     /* Optional (may be NULL: unknown): seconds since anything (a byte, a
      * keepalive) last came from peer; < 0 when unknown. Called as progress is. */
     double (*silent_s)(loom_tp_t *tp, int peer);
+    /* Optional (may be NULL: every peer that published an address for it):
+     * whether this instance can serve peer, given the address peer published
+     * for this transport (NULL: none) and whether peer runs on our host.
+     * Called after create, before connect; the core routes each peer to the
+     * first transport of the list that reaches it. */
+    int (*reaches)(loom_tp_t *tp, int peer, const char *peer_addr, int same_host);
+    /* Optional (may be NULL): what loom-info shows of this transport on this
+     * machine, as "#   " lines (devices found, what it is built with). */
+    void (*describe)(FILE *out);
 } loom_transport_ops_t;
 
-extern const loom_transport_ops_t loom_tcp_transport;
-extern const loom_transport_ops_t loom_shm_transport;       /* inside one node */
-#ifdef LOOM_HAVE_VERBS
-extern const loom_transport_ops_t loom_ibverbs_transport;   /* InfiniBand / RoCE */
-#endif
+/* The transports themselves are reached through the list (transports.h). */
 
 #endif

@@ -1,4 +1,4 @@
-/* fuzz_settings.c - settings parsing (src/settings.c): the input is a list of
+/* fuzz_settings.c - settings parsing (base/settings.c): the input is a list of
  * NAME=VALUE lines that stand for the environment; every LOOM_* setting, the
  * launcher bootstrap and LOOM_ALGO lookups are parsed from it. Variables that
  * name files (*_FILE) stay unset so the fuzzer reads no files. */
@@ -6,8 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms.h"
-#include "settings.h"
+#include "algorithms/algorithms.h"
+#include "base/settings.h"
+#include "src/comm.h"
 
 #define MAX_VARS 64
 
@@ -48,7 +49,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     loom_settings_t *s = malloc(sizeof(*s));
     loom_err_t err = {0};
-    if (loom_settings_load(s, get, &e, &err) == LOOM_SUCCESS) {
+    if (loom_comm_settings_load(s, get, &e, &err) == LOOM_SUCCESS) {
         /* Whatever the settings accepted, the communicator parses into rows. */
         loom_algo_rule_t rules[LOOM_ALGO_MAX_RULES];
         size_t n = 0;

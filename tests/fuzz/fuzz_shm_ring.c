@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shm/shm_int.h"
+#include "transports/shm/shm_int.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

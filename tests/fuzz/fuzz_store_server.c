@@ -3,7 +3,7 @@
  * server with no thread, through a socketpair, with small limits so the
  * quota, discard and drop paths are reached. The server's source is included
  * to drive its state machine by hand. */
-#include "store_tcp_server.c"
+#include "store/tcp_server.c"
 
 #include <sys/eventfd.h>
 

@@ -5,7 +5,7 @@
  * against two posted receives. The first input byte chooses LOOM_AUTH_KEY (a
  * keyed rank must refuse whatever cannot prove the key) and LOOM_AUTH_MAC.
  * The transport's source is included to reach its ops without the mux. */
-#include "tcp/tcp.c"
+#include "transports/tcp/tcp.c"
 
 #define FUZZ_JOB  UINT64_C(0x6a6f622d66757a7a)   /* "job-fuzz" */
 #define FUZZ_COMM UINT64_C(0x636f6d6d2d667a7a)

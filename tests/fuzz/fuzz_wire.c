@@ -1,4 +1,4 @@
-/* fuzz_wire.c - the wire decoders (src/wire.c): handshake hello, ack,
+/* fuzz_wire.c - the wire decoders (transports/wire.c): handshake hello, ack,
  * challenge, proof and frame header, each decoded from the input and, when
  * accepted, encoded again and compared: what a decoder accepts must survive a
  * round trip. */
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "wire.h"
+#include "transports/wire.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

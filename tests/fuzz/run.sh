@@ -11,7 +11,7 @@
 # LLVMFuzzerTestOneInput (or fuzz_<name>.py taking libFuzzer's arguments, run
 # under atheris where /opt/loom-fuzz has it), plus a seed corpus in tests/fuzz/corpus/<name>/; it
 # links with the whole library, instrumented (a target that #includes a
-# source file, as fuzz_store_server.c does store_tcp_server.c, gets that file
+# source file, as fuzz_store_server.c does store/tcp_server.c, gets that file
 # left out of its link: see own_source).
 # Exit: 0 all clean, 1 a build failed or a target crashed, 77 no clang/libFuzzer.
 
@@ -85,15 +85,14 @@ cflags="-std=gnu11 -g -O1 -fno-omit-frame-pointer -Wall -Wno-unused-function $sa
 { grep -v 'define LOOM_HAVE_CUDA\|define LOOM_HAVE_VERBS\|define LOOM_ACCEL_TABLE' "$builddir/config.h"
   echo '#define LOOM_ACCEL_TABLE loom_accel_null'; } >"$out/config.h.new"
 cmp -s "$out/config.h.new" "$out/config.h" || mv "$out/config.h.new" "$out/config.h"
-cppflags="-include $out/config.h -DLOOM_BUILDING -I$srcdir/include -I$srcdir/src \
--I$srcdir/transports -I$srcdir/algorithms -I$builddir"
-common=$(cd "$srcdir" && ls src/*.c algorithms/*.c transports/tp_util.c transports/tp_handshake.c transports/tp_mux.c transports/tcp/*.c \
+cppflags="-include $out/config.h -DLOOM_BUILDING -I$srcdir -I$srcdir/include -I$builddir"
+common=$(cd "$srcdir" && ls base/*.c store/*.c src/*.c algorithms/*.c transports/*.c transports/tcp/*.c \
     transports/shm/*.c transports/ibverbs/ib_util.c transports/ibverbs/ib_regcache.c)
 libs="-lpthread -lm -ldl"
 if grep -q '^#define HAVE_HIREDIS 1' "$out/config.h"; then
     libs="$libs ${HIREDIS_LIBS:--lhiredis}"
 else
-    common=$(echo "$common" | grep -v store_redis)
+    common=$(echo "$common" | grep -v store/redis)
 fi
 
 # The library sources, instrumented once for all targets.
@@ -106,7 +105,7 @@ for f in $common; do
 done
 
 # The library source a target includes itself, if any.
-own_source() { sed -n 's/^#include "\(.*\)\.c"$/\1.c/p' "$1" | sed 's|.*/||'; }
+own_source() { sed -n 's/^#include "\(.*\)\.c"$/\1.c/p' "$1"; }
 
 for t in $c_targets; do
     src=$srcdir/tests/fuzz/fuzz_$t.c
@@ -114,7 +113,7 @@ for t in $c_targets; do
     own=$(own_source "$src")
     objs=""
     for f in $common; do
-        [ -n "$own" ] && [ "$(basename "$f")" = "$own" ] && continue
+        [ -n "$own" ] && [ "$f" = "$own" ] && continue
         objs="$objs $out/obj/$(echo "$f" | tr / _ | sed 's/\.c$/.o/')"
     done
     if ! $cc $cflags -fsanitize=fuzzer $cppflags "$src" $objs -o "$out/fuzz_$t" $libs; then

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_int.h"
+#include "cuda/cuda_int.h"
 #include "gpu_common.h"
-#include "types.h"
+#include "base/types.h"
 
 static double time_ms(cudaEvent_t a, cudaEvent_t b)
 {

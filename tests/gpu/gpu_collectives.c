@@ -22,7 +22,7 @@
 #include "loom.h"
 #include "loom_cuda.h"
 #include "../mp_util.h"
-#include "reduce.h"
+#include "base/reduce.h"
 
 typedef enum { MODE_PLAIN, MODE_STREAM, MODE_NONBLOCKING } mode_t_;
 static const char *const mode_names[] = {"plain", "stream", "non-blocking"};

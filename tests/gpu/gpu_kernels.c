@@ -1,5 +1,5 @@
 /* gpu_kernels - the reduction kernels (cuda/kernels.cu) against the CPU kernels
- * (src/reduce.c, themselves checked against a reference by check_reduce), for
+ * (base/reduce.c, themselves checked against a reference by check_reduce), for
  * every dtype x op, lengths that exercise the vector body, the scalar tail and
  * the grid-stride loop, aligned and misaligned pointers, in place and out of
  * place. Random bit patterns include NaNs, infinities and subnormals; results
@@ -11,10 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_int.h"
+#include "cuda/cuda_int.h"
 #include "gpu_common.h"
-#include "reduce.h"
-#include "types.h"
+#include "base/reduce.h"
+#include "base/types.h"
 
 static const char *const dtype_names[LOOM_NUM_DTYPES] = {
     "int8", "uint8", "int32", "uint32", "int64", "uint64",

@@ -308,7 +308,7 @@ void parse_args(int argc, char **argv, options_t *o)
         } else if (IS_LONG("--tag-output") || IS_LONG("--no-tag-output")) {
             if (eq)
                 usage_error("%.*s takes no value", (int)nlen, a);
-            g_tag = IS_LONG("--tag-output");
+            g_run.tag = IS_LONG("--tag-output");
         } else if (IS_LONG("--output-filename")) {
             o->output_dir = opt_value(argc, argv, &i, "--output-filename", eq);
             if (o->output_dir[0] == '\0')

@@ -45,10 +45,10 @@ static eproc_t *g_ep;
 /* Hosts the discovery script lists now, marked present (added when new). */
 static int discover(const options_t *o, int slots_dflt)
 {
-    for (int h = 0; h < g_nhosts; h++)
+    for (int h = 0; h < g_run.nhosts; h++)
         g_eh[h].present = 0;
     if (o->discovery == NULL) {
-        for (int h = 0; h < g_nhosts; h++)
+        for (int h = 0; h < g_run.nhosts; h++)
             g_eh[h].present = 1;
         return 0;
     }
@@ -89,16 +89,16 @@ static int discover(const options_t *o, int slots_dflt)
             }
             *colon = '\0';
         }
-        int before = g_nhosts, h;
-        for (h = 0; h < g_nhosts && strcmp(g_hosts[h].name, p) != 0; h++)
+        int before = g_run.nhosts, h;
+        for (h = 0; h < g_run.nhosts && strcmp(g_run.hosts[h].name, p) != 0; h++)
             ;
-        if (h == g_nhosts) {
-            add_host(&g_hosts, &g_nhosts, p, strlen(p), slots);
-            g_eh = xrealloc(g_eh, (size_t)g_nhosts * sizeof(ehost_t));
+        if (h == g_run.nhosts) {
+            add_host(&g_run.hosts, &g_run.nhosts, p, strlen(p), slots);
+            g_eh = xrealloc(g_eh, (size_t)g_run.nhosts * sizeof(ehost_t));
             memset(&g_eh[before], 0, sizeof(ehost_t));
-            g_hosts[h].local = is_local_host(p);
+            g_run.hosts[h].local = is_local_host(p);
         } else {
-            g_hosts[h].slots = slots;
+            g_run.hosts[h].slots = slots;
         }
         g_eh[h].present = 1;
         n++;
@@ -113,16 +113,16 @@ static int discover(const options_t *o, int slots_dflt)
 static int running_on(int h)
 {
     int n = 0;
-    for (int r = 0; r < g_np; r++)
-        n += g_ranks[r].running && g_ranks[r].host == h && !g_ep[r].removed;
+    for (int r = 0; r < g_run.np; r++)
+        n += g_run.ranks[r].running && g_run.ranks[r].host == h && !g_ep[r].removed;
     return n;
 }
 
 static int live_ranks(void)
 {
     int n = 0;
-    for (int r = 0; r < g_np; r++)
-        n += g_ranks[r].running && !g_ep[r].removed;
+    for (int r = 0; r < g_run.np; r++)
+        n += g_run.ranks[r].running && !g_ep[r].removed;
     return n;
 }
 
@@ -145,27 +145,27 @@ typedef struct ejob {
     evloop_t loop;
 } ejob_t;
 
-/* Start one process on host h; its id is its index in g_ranks. */
+/* Start one process on host h; its id is its index in g_run.ranks. */
 static int elastic_start(ejob_t *j, int h)
 {
-    int r = g_np;
-    g_ranks = xrealloc(g_ranks, (size_t)(r + 1) * sizeof(rank_t));
+    int r = g_run.np;
+    g_run.ranks = xrealloc(g_run.ranks, (size_t)(r + 1) * sizeof(rank_t));
     g_ep = xrealloc(g_ep, (size_t)(r + 1) * sizeof(eproc_t));
-    rank_t *rk = &g_ranks[r];
+    rank_t *rk = &g_run.ranks[r];
     memset(rk, 0, sizeof(*rk));
     rk->host = h;
-    rk->kind = g_hosts[h].local ? RANK_LOCAL : RANK_SSH;
+    rk->kind = g_run.hosts[h].local ? RANK_LOCAL : RANK_SSH;
     rk->out.fd = rk->err.fd = rk->out.file = rk->err.file = rk->ctl = -1;
     rk->answer_by = -1;
     g_ep[r] = (eproc_t){ .kill_at = -1, .code = -1 };
-    g_np++;
+    g_run.np++;
     char *id_s = format_int(r), *rank_s = format_int(r % j->np0);
     envv_t *e = rk->kind == RANK_LOCAL ? &j->env : &j->xenv;
     env_set(e, "LOOM_ELASTIC_ID", id_s);
     env_set(e, "LOOM_RANK", rank_s);
-    env_set(e, "LOOM_HOST_ID", g_hosts[h].name);
-    if (g_hosts[h].store != NULL)
-        env_set(e, "LOOM_STORE", g_hosts[h].store);
+    env_set(e, "LOOM_HOST_ID", g_run.hosts[h].name);
+    if (g_run.hosts[h].store != NULL)
+        env_set(e, "LOOM_STORE", g_run.hosts[h].store);
     else
         env_unset(e, "LOOM_STORE");
     free(id_s);
@@ -184,12 +184,12 @@ static int elastic_start(ejob_t *j, int h)
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (rc < 0) {
-        fprintf(stderr, "loomrun: cannot start a rank on %s: %s\n", g_hosts[h].name,
+        fprintf(stderr, "loomrun: cannot start a rank on %s: %s\n", g_run.hosts[h].name,
                 strerror(errno));
-        g_np--;
+        g_run.np--;
         return -1;
     }
-    g_hosts[h].nranks++;
+    g_run.hosts[h].nranks++;
     return 0;
 }
 
@@ -198,17 +198,17 @@ static int fill_slots(ejob_t *j, int want)
 {
     int started = 0;
     long long now = now_ms();
-    for (int h = 0; h < g_nhosts && live_ranks() < want; h++) {
+    for (int h = 0; h < g_run.nhosts && live_ranks() < want; h++) {
         if (!g_eh[h].present)
             continue;
         if (g_eh[h].banned_until > now)
             continue;
         if (g_eh[h].banned_until > 0) {
-            fprintf(stderr, "loomrun: host %s leaves the blacklist\n", g_hosts[h].name);
+            fprintf(stderr, "loomrun: host %s leaves the blacklist\n", g_run.hosts[h].name);
             g_eh[h].banned_until = 0;
             g_eh[h].failures = 0;
         }
-        while (running_on(h) < g_hosts[h].slots && live_ranks() < want) {
+        while (running_on(h) < g_run.hosts[h].slots && live_ranks() < want) {
             if (elastic_start(j, h) < 0)
                 break;
             started++;
@@ -264,17 +264,17 @@ static void elastic_hosts(ejob_t *j)
         add_host(&o->hosts, &o->nhosts, me, strlen(me),
                  o->max_np > o->np ? o->max_np : o->np);
     }
-    g_hosts = o->hosts;
-    g_nhosts = o->nhosts;
-    g_eh = xrealloc(NULL, (size_t)(g_nhosts + 1) * sizeof(ehost_t));
-    memset(g_eh, 0, (size_t)(g_nhosts + 1) * sizeof(ehost_t));
-    for (int h = 0; h < g_nhosts; h++)
-        g_hosts[h].local = is_local_host(g_hosts[h].name);
+    g_run.hosts = o->hosts;
+    g_run.nhosts = o->nhosts;
+    g_eh = xrealloc(NULL, (size_t)(g_run.nhosts + 1) * sizeof(ehost_t));
+    memset(g_eh, 0, (size_t)(g_run.nhosts + 1) * sizeof(ehost_t));
+    for (int h = 0; h < g_run.nhosts; h++)
+        g_run.hosts[h].local = is_local_host(g_run.hosts[h].name);
     if (discover(o, j->slots_dflt) < 0)
         fatal("cannot run the discovery script %s: %s", o->discovery, strerror(errno));
     long total = 0;
-    for (int h = 0; h < g_nhosts; h++)
-        total += g_eh[h].present ? g_hosts[h].slots : 0;
+    for (int h = 0; h < g_run.nhosts; h++)
+        total += g_eh[h].present ? g_run.hosts[h].slots : 0;
     j->min_np = o->min_np > 0 ? o->min_np : 1;
     j->max_np = o->max_np > 0 ? o->max_np : o->np > 0 ? o->np : INT_MAX / 2;
     j->np0 = o->np > 0 ? o->np : (int)(total < j->max_np ? total : j->max_np);
@@ -297,25 +297,25 @@ static void elastic_store(ejob_t *j)
 {
     /* Hosts may appear later, so with a script the store listens everywhere. */
     int any_remote = j->o->discovery != NULL;
-    for (int h = 0; h < g_nhosts; h++)
-        any_remote |= !g_hosts[h].local;
+    for (int h = 0; h < g_run.nhosts; h++)
+        any_remote |= !g_run.hosts[h].local;
     loom_err_t err;
     loom_err_clear(&err);
     load_launcher_key();
-    if (loom_store_server_start_auth(any_remote ? NULL : "127.0.0.1", 0, g_auth.auth_key,
-                                     g_auth.auth_keylen, &err, &j->srv) != LOOM_SUCCESS)
+    if (loom_store_server_start_auth(any_remote ? NULL : "127.0.0.1", 0, g_run.auth.auth_key,
+                                     g_run.auth.auth_keylen, &err, &j->srv) != LOOM_SUCCESS)
         fatal("cannot start the rendezvous store: %s", err.msg);
     j->port = loom_store_server_port(j->srv);
     char addr[NI_MAXHOST];
     int only_local = 1;
-    for (int h = 0; h < g_nhosts; h++)
-        only_local &= g_hosts[h].local;
+    for (int h = 0; h < g_run.nhosts; h++)
+        only_local &= g_run.hosts[h].local;
     /* Local ranks talk to remote ones through the address of this machine
      * (all of them are local in the tests, which keeps them on loopback). */
     j->local_store = !only_local && own_addr(addr, sizeof(addr)) == 0
                          ? store_uri(addr, j->port) : store_uri("127.0.0.1", j->port);
     char *client_uri = store_uri("127.0.0.1", j->port);
-    if (loom_store_open_key(client_uri, -1, 30, g_auth.auth_key, g_auth.auth_keylen, &err,
+    if (loom_store_open_key(client_uri, -1, 30, g_run.auth.auth_key, g_run.auth.auth_keylen, &err,
                             &j->store) != LOOM_SUCCESS)
         fatal("cannot reach the store loomrun serves: %s", err.msg);
     free(client_uri);
@@ -350,13 +350,13 @@ static void elastic_envs(ejob_t *j)
 static void elastic_host_stores(ejob_t *j, int present_only)
 {
     char addr[NI_MAXHOST];
-    for (int h = 0; h < g_nhosts; h++) {
-        if (g_hosts[h].store != NULL || (present_only && !g_eh[h].present))
+    for (int h = 0; h < g_run.nhosts; h++) {
+        if (g_run.hosts[h].store != NULL || (present_only && !g_eh[h].present))
             continue;
-        if (g_hosts[h].local)
-            g_hosts[h].store = xstrdup(j->local_store);
-        else if (route_addr(g_hosts[h].name, addr, sizeof(addr)) == 0)
-            g_hosts[h].store = store_uri(addr, j->port);
+        if (g_run.hosts[h].local)
+            g_run.hosts[h].store = xstrdup(j->local_store);
+        else if (route_addr(g_run.hosts[h].name, addr, sizeof(addr)) == 0)
+            g_run.hosts[h].store = store_uri(addr, j->port);
     }
 }
 
@@ -365,7 +365,7 @@ static void elastic_host_stores(ejob_t *j, int present_only)
 static void elastic_exit(int r, const siginfo_t *si, int code, void *arg)
 {
     ejob_t *j = arg;
-    rank_t *rk = &g_ranks[r];
+    rank_t *rk = &g_run.ranks[r];
     g_ep[r].code = code;
     char key[200];
     loom_err_t err;
@@ -378,7 +378,7 @@ static void elastic_exit(int r, const siginfo_t *si, int code, void *arg)
         snprintf(key, sizeof(key), "%s/finished", j->base);
         loom_store_set(j->store, key, "1", 1, &err);
     } else if (code != 0 && g_ep[r].removed) {
-        fprintf(stderr, "loomrun: rank %d left with host %s\n", r, g_hosts[rk->host].name);
+        fprintf(stderr, "loomrun: rank %d left with host %s\n", r, g_run.hosts[rk->host].name);
     } else if (code != 0 && !j->finishing && !j->loop.got_signal && !j->exit_code) {
         if (!g_ep[r].unanswered)
             report(r, si);   /* with ssh's own reason when the host was not reached */
@@ -388,7 +388,7 @@ static void elastic_exit(int r, const siginfo_t *si, int code, void *arg)
         if (++eh->failures >= j->bl_failures && eh->banned_until == 0) {
             eh->banned_until = now_ms() + (long long)(j->cooldown_s * 1000);
             fprintf(stderr, "loomrun: host %s blacklisted for %g s after %d failure(s)\n",
-                    g_hosts[rk->host].name, j->cooldown_s, eh->failures);
+                    g_run.hosts[rk->host].name, j->cooldown_s, eh->failures);
         }
     }
 }
@@ -404,7 +404,7 @@ static void elastic_health(ejob_t *j, long long now)
     }
     int live = live_ranks();
     int usable = 0;
-    for (int h = 0; h < g_nhosts; h++)
+    for (int h = 0; h < g_run.nhosts; h++)
         usable += g_eh[h].present && g_eh[h].banned_until <= now;
     if (live >= j->min_np) {
         j->below_since = -1;
@@ -435,14 +435,14 @@ static void elastic_rediscover(ejob_t *j, long long now)
     j->next_discovery = now + (long long)(j->interval_s * 1000);
     if (discover(j->o, j->slots_dflt) < 0)
         return;
-    for (int r = 0; r < g_np; r++) {
-        if (!g_ranks[r].running || g_ep[r].removed || g_eh[g_ranks[r].host].present)
+    for (int r = 0; r < g_run.np; r++) {
+        if (!g_run.ranks[r].running || g_ep[r].removed || g_eh[g_run.ranks[r].host].present)
             continue;
         fprintf(stderr, "loomrun: host %s left: stopping rank %d\n",
-                g_hosts[g_ranks[r].host].name, r);
+                g_run.hosts[g_run.ranks[r].host].name, r);
         g_ep[r].removed = 1;
         g_ep[r].kill_at = now + GRACE_MS;
-        signal_rank(&g_ranks[r], SIGTERM);
+        signal_rank(&g_run.ranks[r], SIGTERM);
         j->nremoved++;
         j->changes++;
     }
@@ -460,13 +460,13 @@ static void elastic_rediscover(ejob_t *j, long long now)
  * the host earns a strike towards the blacklist, as a crash would. */
 static void elastic_check_answers(ejob_t *j, long long now)
 {
-    for (int r = 0; r < g_np; r++) {
-        rank_t *rk = &g_ranks[r];
+    for (int r = 0; r < g_run.np; r++) {
+        rank_t *rk = &g_run.ranks[r];
         if (!answer_overdue(rk, now))
             continue;
         g_ep[r].unanswered = 1;
         fprintf(stderr, "loomrun: cannot reach host %s: no answer within %g s; rank %d "
-                "given up\n", g_hosts[rk->host].name, j->answer_s, r);
+                "given up\n", g_run.hosts[rk->host].name, j->answer_s, r);
         signal_rank(rk, SIGKILL);
     }
 }
@@ -477,14 +477,14 @@ static void elastic_loop(ejob_t *j)
     evloop_init(&j->loop);
     j->below_since = -1;
     j->next_discovery = now_ms() + (long long)(j->interval_s * 1000);
-    while (g_nrunning > 0 || (!j->finishing && !j->exit_code && !j->loop.got_signal)) {
+    while (g_run.nrunning > 0 || (!j->finishing && !j->exit_code && !j->loop.got_signal)) {
         evloop_turn(&j->loop, 100, elastic_exit, j);
         long long now = now_ms();
         elastic_check_answers(j, now);
         /* Ranks of hosts that left, past their grace time. */
-        for (int r = 0; r < g_np; r++)
-            if (g_ranks[r].running && g_ep[r].kill_at >= 0 && now >= g_ep[r].kill_at) {
-                signal_rank(&g_ranks[r], SIGKILL);
+        for (int r = 0; r < g_run.np; r++)
+            if (g_run.ranks[r].running && g_ep[r].kill_at >= 0 && now >= g_ep[r].kill_at) {
+                signal_rank(&g_run.ranks[r], SIGKILL);
                 g_ep[r].kill_at = -1;
             }
         if (!j->finishing && !j->exit_code && !j->loop.got_signal)
@@ -492,7 +492,7 @@ static void elastic_loop(ejob_t *j)
         if (!j->finishing && !j->exit_code && !j->loop.got_signal && now >= j->next_discovery)
             elastic_rediscover(j, now);
         evloop_kill_due(&j->loop, now);
-        if (g_nrunning == 0 && (j->finishing || j->exit_code || j->loop.got_signal))
+        if (g_run.nrunning == 0 && (j->finishing || j->exit_code || j->loop.got_signal))
             break;
     }
 }
@@ -504,7 +504,7 @@ static void elastic_verdict(ejob_t *j)
     int nmembers = final_members(j->store, j->base, &ids);
     int bad = 0;
     for (int i = 0; i < nmembers; i++)
-        if (ids[i] >= 0 && ids[i] < g_np && g_ep[ids[i]].code != 0) {
+        if (ids[i] >= 0 && ids[i] < g_run.np && g_ep[ids[i]].code != 0) {
             fprintf(stderr, "loomrun: rank %lld of the final epoch exited with code %d\n",
                     ids[i], g_ep[ids[i]].code);
             bad = bad ? bad : g_ep[ids[i]].code;
@@ -513,12 +513,12 @@ static void elastic_verdict(ejob_t *j)
         j->exit_code = bad ? bad : 1;
     fprintf(stderr, "loomrun: elastic job %s: %d process(es) started (%d at first), %d failed, "
             "%d stopped with their host, %d membership change(s); final epoch has %d rank(s)",
-            j->exit_code || j->loop.got_signal ? "failed" : "finished", g_np, j->nstarted0,
+            j->exit_code || j->loop.got_signal ? "failed" : "finished", g_run.np, j->nstarted0,
             j->nfailed, j->nremoved, j->changes, nmembers > 0 ? nmembers : 0);
     int nbl = 0;
-    for (int h = 0; h < g_nhosts; h++)
+    for (int h = 0; h < g_run.nhosts; h++)
         if (g_eh[h].banned_until > 0)
-            fprintf(stderr, "%s%s", nbl++ ? ", " : "; blacklisted: ", g_hosts[h].name);
+            fprintf(stderr, "%s%s", nbl++ ? ", " : "; blacklisted: ", g_run.hosts[h].name);
     fprintf(stderr, "\n");
     free(ids);
 }
@@ -535,8 +535,8 @@ int elastic_main(options_t *o)
     elastic_envs(&j);
     elastic_host_stores(&j, 0);
     fill_slots(&j, j.np0);
-    j.nstarted0 = g_np;
-    sigprocmask(SIG_SETMASK, &g_orig_mask, NULL);
+    j.nstarted0 = g_run.np;
+    sigprocmask(SIG_SETMASK, &g_run.orig_mask, NULL);
 
     elastic_loop(&j);
     elastic_verdict(&j);

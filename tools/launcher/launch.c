@@ -107,9 +107,9 @@ static void exec_child(int in_fd, int keep_stdin, int out_w, int err_w, const ch
     (void)parent;
 #endif
     for (int i = 0; i < NFWD; i++)
-        sigaction(g_fwd_signals[i], &g_orig_act[i], NULL);
-    sigaction(SIGCHLD, &g_orig_chld, NULL);
-    sigaction(SIGPIPE, &g_orig_pipe, NULL);   /* SIG_IGN would survive exec */
+        sigaction(g_fwd_signals[i], &g_run.orig_act[i], NULL);
+    sigaction(SIGCHLD, &g_run.orig_chld, NULL);
+    sigaction(SIGPIPE, &g_run.orig_pipe, NULL);   /* SIG_IGN would survive exec */
 
     if ((out_w >= 0 && dup2(out_w, STDOUT_FILENO) < 0) ||
         (err_w >= 0 && dup2(err_w, STDERR_FILENO) < 0))
@@ -139,7 +139,7 @@ static void exec_child(int in_fd, int keep_stdin, int out_w, int err_w, const ch
      * (store server sockets) might have opened without it. */
     close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
 #endif
-    sigprocmask(SIG_SETMASK, &g_orig_mask, NULL);
+    sigprocmask(SIG_SETMASK, &g_run.orig_mask, NULL);
 
     if (e == 0) {
         execvpe(argv[0], argv, envp);
@@ -167,7 +167,7 @@ static int open_stream(stream_t *s, int rank, int dest, int *write_end)
     s->rank = rank;
     snprintf(s->prefix, sizeof(s->prefix), "[%d]<%s>: ", rank,
              dest == STDOUT_FILENO ? "stdout" : "stderr");
-    if (!g_tag)
+    if (!g_run.tag)
         s->prefix[0] = '\0';
     s->prefix_len = strlen(s->prefix);
     s->line = NULL;
@@ -180,7 +180,7 @@ static int open_stream(stream_t *s, int rank, int dest, int *write_end)
  * output is the job's, already labelled as the user asked srun to). */
 int start_rank(int r, char *const argv[], char *const envp[], const char *dir)
 {
-    rank_t *rk = &g_ranks[r];
+    rank_t *rk = &g_run.ranks[r];
     int out_w = -1, err_w = -1, ctl[2] = { -1, -1 };
 
     if (rk->kind != RANK_SRUN) {
@@ -229,7 +229,7 @@ int start_rank(int r, char *const argv[], char *const envp[], const char *dir)
     rk->pid = pid;
     rk->ctl = ctl[1];
     rk->running = 1;
-    g_nrunning++;
+    g_run.nrunning++;
     return 0;
 }
 
@@ -385,8 +385,8 @@ void build_envs(const options_t *o, envv_t *env, envv_t *xenv, int warn_unset)
 int start_ssh_rank(int r, const options_t *o, const envv_t *env, const envv_t *xenv,
                    const char *wdir, int port, const char *timeout_opt, double answer_s)
 {
-    rank_t *rk = &g_ranks[r];
-    host_t *h = &g_hosts[rk->host];
+    rank_t *rk = &g_run.ranks[r];
+    host_t *h = &g_run.hosts[rk->host];
     strbuf_t script = { 0 }, secrets = { 0 };
     remote_script(&script, wdir, port, h, xenv, &secrets);
     for (char **p = o->argv; *p != NULL; p++) {

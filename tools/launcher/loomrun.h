@@ -31,9 +31,9 @@
 #endif
 
 #include "loom.h"
-#include "error.h"
-#include "settings.h"
-#include "store.h"
+#include "base/error.h"
+#include "base/settings.h"
+#include "store/store.h"
 
 extern char **environ;
 
@@ -81,7 +81,7 @@ typedef struct rank {
     pid_t pid;           /* also its process group id; 0 once reaped */
     int running;         /* not exited yet */
     rank_kind_t kind;
-    int host;            /* index into g_hosts */
+    int host;            /* index into g_run.hosts */
     int started;         /* ssh: the remote script reached the program */
     int ctl;             /* ssh: write end of ssh's stdin (the remote watcher); -1 */
     long long answer_by; /* ssh: deadline for starting; -1 once it does not matter */
@@ -132,36 +132,43 @@ typedef struct options {
 } options_t;
 
 
-/* The job, global so the fatal path can still end the ranks. */
-extern rank_t *g_ranks;
-extern int g_np;
-extern int g_nrunning;
-extern host_t *g_hosts;
-extern int g_nhosts;
-
-extern int g_sigpipe[2];
 /* SIGINT, SIGTERM, SIGHUP: forwarded to the ranks. */
 #define NFWD 3
 extern const int g_fwd_signals[NFWD];
-/* Dispositions loomrun started with: a signal ignored on entry (nohup, a
- * background job of a non-interactive shell) stays ignored, for us and for
- * the ranks. */
-extern struct sigaction g_orig_act[NFWD];
-extern struct sigaction g_orig_chld, g_orig_pipe;
-extern sigset_t g_orig_mask;
 
-/* Set when a write to our stdout/stderr failed for good (EPIPE...): further
- * output for it is dropped instead of retried. */
-extern int g_dest_dead[3];
+/* Everything loomrun keeps about the ranks while they run, in one place
+ * (main.c defines it; a plain job's plan is main.c's job_t), global so
+ * that the fatal path and the signal handler can still end the ranks. */
+typedef struct loomrun {
+    rank_t *ranks;
+    int np;
+    int nrunning;
+    host_t *hosts;
+    int nhosts;
 
-extern int g_tag;        /* --tag-output (the default) / --no-tag-output */
-extern char *g_out;      /* assembly buffer for one batch of tagged lines */
-extern size_t g_out_cap;
-extern strbuf_t g_fbuf;  /* the same batch, untagged, for --output-filename */
+    int sigpipe[2];
+    /* Dispositions loomrun started with: a signal ignored on entry (nohup, a
+     * background job of a non-interactive shell) stays ignored, for us and
+     * for the ranks. */
+    struct sigaction orig_act[NFWD];
+    struct sigaction orig_chld, orig_pipe;
+    sigset_t orig_mask;
 
-/* LOOM_AUTH_KEY (or the file LOOM_AUTH_KEY_FILE names), as the ranks will read
- * it: the store loomrun serves requires it of every client. */
-extern loom_settings_t g_auth;
+    /* Set when a write to our stdout/stderr failed for good (EPIPE...):
+     * further output for it is dropped instead of retried. */
+    int dest_dead[3];
+
+    int tag;            /* --tag-output (the default) / --no-tag-output */
+    char *out;          /* assembly buffer for one batch of tagged lines */
+    size_t out_cap;
+    strbuf_t fbuf;      /* the same batch, untagged, for --output-filename */
+
+    /* LOOM_AUTH_KEY (or the file LOOM_AUTH_KEY_FILE names), as the ranks
+     * will read it: the store loomrun serves requires it of every client. */
+    loom_settings_t auth;
+} loomrun_t;
+extern loomrun_t g_run;
+
 void load_launcher_key(void);
 
 /* util.c */

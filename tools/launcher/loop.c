@@ -19,14 +19,14 @@
  * hit a child between fork and exec with our handler. */
 void block_signals(void)
 {
-    if (pipe2(g_sigpipe, O_CLOEXEC | O_NONBLOCK) < 0)
+    if (pipe2(g_run.sigpipe, O_CLOEXEC | O_NONBLOCK) < 0)
         fatal("pipe: %s", strerror(errno));
     sigset_t block;
     sigemptyset(&block);
     for (int i = 0; i < NFWD; i++)
         sigaddset(&block, g_fwd_signals[i]);
     sigaddset(&block, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &block, &g_orig_mask);
+    sigprocmask(SIG_BLOCK, &block, &g_run.orig_mask);
     install_handlers();
 }
 
@@ -68,14 +68,14 @@ void evloop_kill_due(evloop_t *L, long long now)
 /* The pipes of every rank, after the self-pipe at index 0. Returns the count. */
 static int evloop_fds(evloop_t *L)
 {
-    L->pfd = xrealloc(L->pfd, (size_t)(2 * g_np + 1) * sizeof(struct pollfd));
-    L->pstream = xrealloc(L->pstream, (size_t)(2 * g_np + 1) * sizeof(stream_t *));
+    L->pfd = xrealloc(L->pfd, (size_t)(2 * g_run.np + 1) * sizeof(struct pollfd));
+    L->pstream = xrealloc(L->pstream, (size_t)(2 * g_run.np + 1) * sizeof(stream_t *));
     int n = 0;
-    L->pfd[n].fd = g_sigpipe[0];
+    L->pfd[n].fd = g_run.sigpipe[0];
     L->pfd[n].events = POLLIN;
     L->pstream[n++] = NULL;
-    for (int r = 0; r < g_np; r++) {
-        stream_t *ss[2] = { &g_ranks[r].out, &g_ranks[r].err };
+    for (int r = 0; r < g_run.np; r++) {
+        stream_t *ss[2] = { &g_run.ranks[r].out, &g_run.ranks[r].err };
         for (int k = 0; k < 2; k++) {
             if (ss[k]->fd < 0)
                 continue;
@@ -94,7 +94,7 @@ static int evloop_signals(evloop_t *L)
     int reap = 0;
     unsigned char sigs[64];
     ssize_t m;
-    while ((m = read(g_sigpipe[0], sigs, sizeof(sigs))) > 0) {
+    while ((m = read(g_run.sigpipe[0], sigs, sizeof(sigs))) > 0) {
         for (ssize_t j = 0; j < m; j++) {
             if (sigs[j] == SIGCHLD) {
                 reap = 1;
@@ -116,9 +116,9 @@ static int evloop_signals(evloop_t *L)
 /* Rank r exited: collect the rest of its output, then tell on_exit. */
 static void evloop_reaped(int r, const siginfo_t *si, evloop_exit_fn on_exit, void *arg)
 {
-    rank_t *rk = &g_ranks[r];
+    rank_t *rk = &g_run.ranks[r];
     rk->running = 0;
-    g_nrunning--;
+    g_run.nrunning--;
     if (rk->ctl >= 0)
         close(rk->ctl);
     rk->ctl = -1;
@@ -145,9 +145,9 @@ void evloop_turn(evloop_t *L, int wait_ms, evloop_exit_fn on_exit, void *arg)
     for (int j = 1; ready > 0 && j < n; j++)
         if (L->pfd[j].revents != 0)
             pump(L->pstream[j], 0);
-    for (int r = 0; reap && r < g_np; r++) {
+    for (int r = 0; reap && r < g_run.np; r++) {
         siginfo_t si;
-        if (g_ranks[r].running && rank_exited(r, &si))
+        if (g_run.ranks[r].running && rank_exited(r, &si))
             evloop_reaped(r, &si, on_exit, arg);
     }
 }
@@ -161,21 +161,21 @@ void end_job(evloop_t *L, int failed, loom_store_server_t *srv)
         kill_all(SIGKILL);
     reap_all();
     loom_store_server_stop(srv);
-    sigaction(SIGCHLD, &g_orig_chld, NULL);
-    close(g_sigpipe[0]);
-    close(g_sigpipe[1]);
+    sigaction(SIGCHLD, &g_run.orig_chld, NULL);
+    close(g_run.sigpipe[0]);
+    close(g_run.sigpipe[1]);
     free(L->pfd);
     free(L->pstream);
-    free(g_ranks);
-    g_ranks = NULL;
-    g_np = 0;
-    free(g_out);
-    sb_free(&g_fbuf);
-    for (int h = 0; h < g_nhosts; h++) {
-        free(g_hosts[h].name);
-        free(g_hosts[h].store);
+    free(g_run.ranks);
+    g_run.ranks = NULL;
+    g_run.np = 0;
+    free(g_run.out);
+    sb_free(&g_run.fbuf);
+    for (int h = 0; h < g_run.nhosts; h++) {
+        free(g_run.hosts[h].name);
+        free(g_run.hosts[h].store);
     }
-    free(g_hosts);
+    free(g_run.hosts);
 }
 
 /* Die of the signal loomrun got, so a calling shell sees the interruption and

@@ -29,43 +29,16 @@
 #include "loomrun.h"
 
 
-/* LOOM_AUTH_KEY (or the file LOOM_AUTH_KEY_FILE names), as the ranks will read
- * it: the store loomrun serves requires it of every client. */
-loom_settings_t g_auth;
+loomrun_t g_run = {.sigpipe = {-1, -1}, .tag = 1};
+const int g_fwd_signals[NFWD] = { SIGINT, SIGTERM, SIGHUP };
 
 void load_launcher_key(void)
 {
     loom_err_t err;
     loom_err_clear(&err);
-    if (loom_settings_load(&g_auth, loom_getenv_process, NULL, &err) != LOOM_SUCCESS)
-        g_auth.auth_keylen = 0;   /* the ranks report the bad setting themselves */
+    if (loom_settings_load(&g_run.auth, loom_getenv_process, NULL, &err) != LOOM_SUCCESS)
+        g_run.auth.auth_keylen = 0;   /* the ranks report the bad setting themselves */
 }
-
-
-/* The job, global so the fatal path can still end the ranks. */
-rank_t *g_ranks;
-int g_np;
-int g_nrunning;
-host_t *g_hosts;
-int g_nhosts;
-
-int g_sigpipe[2] = { -1, -1 };
-const int g_fwd_signals[NFWD] = { SIGINT, SIGTERM, SIGHUP };
-/* Dispositions loomrun started with: a signal ignored on entry (nohup, a
- * background job of a non-interactive shell) stays ignored, for us and for
- * the ranks. */
-struct sigaction g_orig_act[NFWD];
-struct sigaction g_orig_chld, g_orig_pipe;
-sigset_t g_orig_mask;
-
-/* Set when a write to our stdout/stderr failed for good (EPIPE...): further
- * output for it is dropped instead of retried. */
-int g_dest_dead[3];
-
-int g_tag = 1;    /* --tag-output (the default) / --no-tag-output */
-char *g_out;      /* assembly buffer for one batch of tagged lines */
-size_t g_out_cap;
-strbuf_t g_fbuf;  /* the same batch, untagged, for --output-filename */
 
 /* ---- the job ----------------------------------------------------------------- */
 
@@ -74,18 +47,18 @@ strbuf_t g_fbuf;  /* the same batch, untagged, for --output-filename */
 int rank_exited(int r, siginfo_t *si)
 {
     memset(si, 0, sizeof(*si));
-    while (waitid(P_PID, (id_t)g_ranks[r].pid, si, WEXITED | WNOHANG | WNOWAIT) < 0) {
+    while (waitid(P_PID, (id_t)g_run.ranks[r].pid, si, WEXITED | WNOHANG | WNOWAIT) < 0) {
         if (errno != EINTR)
             fatal("waitid: %s", strerror(errno));
     }
-    return si->si_pid == g_ranks[r].pid;
+    return si->si_pid == g_run.ranks[r].pid;
 }
 
 /* Say how rank r failed, in one line, and return loomrun's exit code for it. */
 int report(int r, const siginfo_t *si)
 {
-    rank_t *rk = &g_ranks[r];
-    const char *host = g_hosts[rk->host].name;
+    rank_t *rk = &g_run.ranks[r];
+    const char *host = g_run.hosts[rk->host].name;
     int code = si->si_code == CLD_EXITED ? si->si_status : 128 + si->si_status;
 
     if (rk->kind == RANK_SRUN) {
@@ -141,14 +114,14 @@ char *format_int(int v)
 static void env_set_horovod(envv_t *e, int rank, int size, int lrank, int host)
 {
     int cross_rank = 0, cross_size = 0;
-    for (int h = 0; h < g_nhosts; h++)
-        if (g_hosts[h].nranks > lrank) {
+    for (int h = 0; h < g_run.nhosts; h++)
+        if (g_run.hosts[h].nranks > lrank) {
             cross_rank += h < host;
             cross_size++;
         }
     const struct { const char *name; int value; } v[] = {
         { "HOROVOD_RANK", rank }, { "HOROVOD_SIZE", size }, { "HOROVOD_LOCAL_RANK", lrank },
-        { "HOROVOD_LOCAL_SIZE", g_hosts[host].nranks }, { "HOROVOD_CROSS_RANK", cross_rank },
+        { "HOROVOD_LOCAL_SIZE", g_run.hosts[host].nranks }, { "HOROVOD_CROSS_RANK", cross_rank },
         { "HOROVOD_CROSS_SIZE", cross_size },
     };
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
@@ -156,7 +129,7 @@ static void env_set_horovod(envv_t *e, int rank, int size, int lrank, int host)
         env_set(e, v[i].name, s);
         free(s);
     }
-    env_set(e, "HOROVOD_HOSTNAME", g_hosts[host].name);
+    env_set(e, "HOROVOD_HOSTNAME", g_run.hosts[host].name);
 }
 
 /* The state of a plain (not --elastic) job. */
@@ -209,18 +182,18 @@ static void place_ranks(job_t *j)
         o->hosts[h].local = !j->named_hosts || is_local_host(o->hosts[h].name);
         j->any_remote |= !o->hosts[h].local;
     }
-    g_hosts = o->hosts;
-    g_nhosts = o->nhosts;
-    g_np = j->slurm ? 1 : o->np;
-    g_ranks = xrealloc(NULL, (size_t)g_np * sizeof(rank_t));
-    memset(g_ranks, 0, (size_t)g_np * sizeof(rank_t));
-    for (int r = 0, h = 0; r < g_np; r++) {
-        rank_t *rk = &g_ranks[r];
-        while (!j->slurm && g_hosts[h].nranks == g_hosts[h].slots)
+    g_run.hosts = o->hosts;
+    g_run.nhosts = o->nhosts;
+    g_run.np = j->slurm ? 1 : o->np;
+    g_run.ranks = xrealloc(NULL, (size_t)g_run.np * sizeof(rank_t));
+    memset(g_run.ranks, 0, (size_t)g_run.np * sizeof(rank_t));
+    for (int r = 0, h = 0; r < g_run.np; r++) {
+        rank_t *rk = &g_run.ranks[r];
+        while (!j->slurm && g_run.hosts[h].nranks == g_run.hosts[h].slots)
             h++;
         rk->host = h;
-        g_hosts[h].nranks++;
-        rk->kind = j->slurm ? RANK_SRUN : g_hosts[h].local ? RANK_LOCAL : RANK_SSH;
+        g_run.hosts[h].nranks++;
+        rk->kind = j->slurm ? RANK_SRUN : g_run.hosts[h].local ? RANK_LOCAL : RANK_SSH;
         rk->out.fd = rk->err.fd = rk->out.file = rk->err.file = rk->ctl = -1;
         rk->answer_by = -1;
     }
@@ -255,13 +228,13 @@ static void prepare_paths(job_t *j)
 static void assign_stores(job_t *j)
 {
     char addr[NI_MAXHOST];
-    for (int h = 0; h < g_nhosts; h++) {
-        if (g_hosts[h].local || g_hosts[h].nranks == 0)
+    for (int h = 0; h < g_run.nhosts; h++) {
+        if (g_run.hosts[h].local || g_run.hosts[h].nranks == 0)
             continue;
-        if (route_addr(g_hosts[h].name, addr, sizeof(addr)) == 0) {
-            g_hosts[h].store = store_uri(addr, j->port);
+        if (route_addr(g_run.hosts[h].name, addr, sizeof(addr)) == 0) {
+            g_run.hosts[h].store = store_uri(addr, j->port);
             if (j->local_store == NULL)
-                j->local_store = xstrdup(g_hosts[h].store);
+                j->local_store = xstrdup(g_run.hosts[h].store);
         }
     }
     if (j->slurm) {
@@ -281,8 +254,8 @@ static void assign_stores(job_t *j)
             j->local_store = store_uri(addr, j->port);
         } else {
             j->local_store = store_uri("127.0.0.1", j->port);
-            for (int r = 0; r < g_np; r++) {
-                if (g_ranks[r].kind == RANK_LOCAL) {
+            for (int r = 0; r < g_run.np; r++) {
+                if (g_run.ranks[r].kind == RANK_LOCAL) {
                     fprintf(stderr, "loomrun: warning: no address of this machine found that "
                             "the remote hosts reach; local ranks use 127.0.0.1 (set "
                             "LOOM_SOCKET_IFNAME)\n");
@@ -293,9 +266,9 @@ static void assign_stores(job_t *j)
     } else if (j->local_store == NULL) {
         j->local_store = store_uri("127.0.0.1", j->port);
     }
-    for (int h = 0; h < g_nhosts; h++)
-        if (g_hosts[h].local)
-            g_hosts[h].store = xstrdup(j->local_store);
+    for (int h = 0; h < g_run.nhosts; h++)
+        if (g_run.hosts[h].local)
+            g_run.hosts[h].store = xstrdup(j->local_store);
 }
 
 /* The whole job is `srun --ntasks=N ... prog args`, rank 0 of ours. */
@@ -360,11 +333,11 @@ static void start_ranks(job_t *j, const char *size_s)
     snprintf(timeout_opt, sizeof(timeout_opt), "ConnectTimeout=%d",
              j->answer_s >= INT_MAX - 1 ? INT_MAX - 1
                                         : (int)j->answer_s + (j->answer_s > (int)j->answer_s));
-    int *placed = xrealloc(NULL, (size_t)g_nhosts * sizeof(int));
-    memset(placed, 0, (size_t)g_nhosts * sizeof(int));
-    for (int r = 0; r < g_np; r++) {
-        rank_t *rk = &g_ranks[r];
-        host_t *h = &g_hosts[rk->host];
+    int *placed = xrealloc(NULL, (size_t)g_run.nhosts * sizeof(int));
+    memset(placed, 0, (size_t)g_run.nhosts * sizeof(int));
+    for (int r = 0; r < g_run.np; r++) {
+        rank_t *rk = &g_run.ranks[r];
+        host_t *h = &g_run.hosts[rk->host];
         int lrank = placed[rk->host]++;
         char *rank_s = format_int(r), *lrank_s = format_int(lrank),
              *lsize_s = format_int(h->nranks);
@@ -381,7 +354,7 @@ static void start_ranks(job_t *j, const char *size_s)
             env_set(e, "LOOM_STORE", h->store);
         if (rk->kind != RANK_LOCAL || j->named_hosts)
             env_set(e, "LOOM_HOST_ID", h->name);
-        env_set_horovod(e, r, g_np, lrank, rk->host);
+        env_set_horovod(e, r, g_run.np, lrank, rk->host);
         int rc;
         if (rk->kind == RANK_LOCAL) {
             rc = start_rank(r, j->opt.argv, j->env.v, j->opt.wdir);
@@ -418,10 +391,10 @@ static void plain_exit(int r, const siginfo_t *si, int code, void *arg)
 static int plain_wait_ms(const job_t *j)
 {
     long long wake = -1;
-    for (int r = 0; r < g_np; r++)
-        if (g_ranks[r].running && g_ranks[r].answer_by >= 0 &&
-            (wake < 0 || g_ranks[r].answer_by < wake))
-            wake = g_ranks[r].answer_by;
+    for (int r = 0; r < g_run.np; r++)
+        if (g_run.ranks[r].running && g_run.ranks[r].answer_by >= 0 &&
+            (wake < 0 || g_run.ranks[r].answer_by < wake))
+            wake = g_run.ranks[r].answer_by;
     if (j->loop.kill_at >= 0 && !j->loop.killed && (wake < 0 || j->loop.kill_at < wake))
         wake = j->loop.kill_at;
     if (wake < 0)
@@ -433,13 +406,13 @@ static int plain_wait_ms(const job_t *j)
 /* Remote ranks whose host did not answer in time fail the job. */
 static void check_answers(job_t *j, long long now)
 {
-    for (int r = 0; r < g_np; r++) {
-        rank_t *rk = &g_ranks[r];
+    for (int r = 0; r < g_run.np; r++) {
+        rank_t *rk = &g_run.ranks[r];
         if (!answer_overdue(rk, now))
             continue;
         if (j->exit_code == 0 && !j->loop.got_signal) {
             fprintf(stderr, "loomrun: cannot reach host %s: no answer within %g s\n",
-                    g_hosts[rk->host].name, j->answer_s);
+                    g_run.hosts[rk->host].name, j->answer_s);
             j->exit_code = EXIT_UNREACHABLE;
             evloop_fail(&j->loop, now);
         }
@@ -464,7 +437,7 @@ int main(int argc, char **argv)
     loom_store_server_t *srv = NULL;
     load_launcher_key();
     if (loom_store_server_start_auth(j.any_remote || j.slurm ? NULL : "127.0.0.1", 0,
-                                     g_auth.auth_key, g_auth.auth_keylen, &err,
+                                     g_run.auth.auth_key, g_run.auth.auth_keylen, &err,
                                      &srv) != LOOM_SUCCESS)
         fatal("cannot start the rendezvous store: %s", err.msg);
     j.port = loom_store_server_port(srv);
@@ -490,10 +463,10 @@ int main(int argc, char **argv)
     free(size_s);
     free(j.local_store);
     sb_free(&j.wdir);
-    sigprocmask(SIG_SETMASK, &g_orig_mask, NULL);
+    sigprocmask(SIG_SETMASK, &g_run.orig_mask, NULL);
 
     evloop_init(&j.loop);
-    while (g_nrunning > 0) {
+    while (g_run.nrunning > 0) {
         evloop_turn(&j.loop, plain_wait_ms(&j), plain_exit, &j);
         long long now = now_ms();
         check_answers(&j, now);

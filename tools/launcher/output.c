@@ -51,10 +51,10 @@ const char *last_held_line(rank_t *rk)
 
 /* One line of s is complete: s->line[0..len) then text[0..n), ended by a
  * newline in the output when ended (else cut at LINE_CAP or at the end).
- * Append it, tagged, to the batch at *olen, and untagged to g_fbuf. */
+ * Append it, tagged, to the batch at *olen, and untagged to g_run.fbuf. */
 static void line_done(stream_t *s, size_t *olen, const char *text, size_t n, int ended)
 {
-    rank_t *rk = &g_ranks[s->rank];
+    rank_t *rk = &g_run.ranks[s->rank];
     if (rk->kind == RANK_SSH && !rk->started && s->dest == STDOUT_FILENO && ended &&
         is_marker(s, text, n)) {
         s->len = 0;
@@ -64,10 +64,10 @@ static void line_done(stream_t *s, size_t *olen, const char *text, size_t n, int
         return;
     }
     if (s->file >= 0) {
-        sb_add(&g_fbuf, s->line, s->len);
-        sb_add(&g_fbuf, text, n);
+        sb_add(&g_run.fbuf, s->line, s->len);
+        sb_add(&g_run.fbuf, text, n);
         if (ended)
-            sb_add(&g_fbuf, "\n", 1);
+            sb_add(&g_run.fbuf, "\n", 1);
     }
     if (rk->kind == RANK_SSH && !rk->started && s->dest == STDERR_FILENO &&
         rk->held.len < HOLD_CAP) {
@@ -78,14 +78,14 @@ static void line_done(stream_t *s, size_t *olen, const char *text, size_t n, int
         return;
     }
     out_reserve(*olen + s->prefix_len + s->len + n + 1);
-    memcpy(g_out + *olen, s->prefix, s->prefix_len);
+    memcpy(g_run.out + *olen, s->prefix, s->prefix_len);
     *olen += s->prefix_len;
     if (s->len > 0)   /* s->line may still be NULL */
-        memcpy(g_out + *olen, s->line, s->len);
+        memcpy(g_run.out + *olen, s->line, s->len);
     *olen += s->len;
-    memcpy(g_out + *olen, text, n);
+    memcpy(g_run.out + *olen, text, n);
     *olen += n;
-    g_out[(*olen)++] = '\n';
+    g_run.out[(*olen)++] = '\n';
     s->len = 0;
 }
 
@@ -93,14 +93,14 @@ static void line_done(stream_t *s, size_t *olen, const char *text, size_t n, int
 static void flush_batch(stream_t *s, size_t olen)
 {
     if (olen > 0)
-        write_all(s->dest, g_out, olen);
-    if (g_fbuf.len > 0 && s->file >= 0 && write_fd(s->file, g_fbuf.p, g_fbuf.len) < 0) {
+        write_all(s->dest, g_run.out, olen);
+    if (g_run.fbuf.len > 0 && s->file >= 0 && write_fd(s->file, g_run.fbuf.p, g_run.fbuf.len) < 0) {
         fprintf(stderr, "loomrun: rank %d: writing its %s file: %s; no longer written\n",
                 s->rank, s->dest == STDOUT_FILENO ? "stdout" : "stderr", strerror(errno));
         close(s->file);
         s->file = -1;
     }
-    g_fbuf.len = 0;
+    g_run.fbuf.len = 0;
 }
 
 /* Tag the complete lines in data; keep the unfinished tail for later. One

@@ -21,7 +21,7 @@ void fatal(const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
-    if (g_ranks != NULL) {
+    if (g_run.ranks != NULL) {
         kill_all(SIGKILL);
         reap_all();
     }
@@ -137,19 +137,19 @@ int write_fd(int fd, const char *buf, size_t len)
 
 void write_all(int fd, const char *buf, size_t len)
 {
-    if (!g_dest_dead[fd] && write_fd(fd, buf, len) < 0)
-        g_dest_dead[fd] = 1;
+    if (!g_run.dest_dead[fd] && write_fd(fd, buf, len) < 0)
+        g_run.dest_dead[fd] = 1;
 }
 
 void out_reserve(size_t need)
 {
-    if (need <= g_out_cap)
+    if (need <= g_run.out_cap)
         return;
-    size_t cap = g_out_cap ? g_out_cap : READ_CHUNK;
+    size_t cap = g_run.out_cap ? g_run.out_cap : READ_CHUNK;
     while (cap < need)
         cap *= 2;
-    g_out = xrealloc(g_out, cap);
-    g_out_cap = cap;
+    g_run.out = xrealloc(g_run.out, cap);
+    g_run.out_cap = cap;
 }
 
 /* ---- ending ranks -------------------------------------------------------------- */
@@ -181,18 +181,18 @@ void signal_rank(rank_t *rk, int sig)
  * be in the group. */
 void kill_all(int sig)
 {
-    for (int r = 0; r < g_np; r++)
-        signal_rank(&g_ranks[r], sig);
+    for (int r = 0; r < g_run.np; r++)
+        signal_rank(&g_run.ranks[r], sig);
 }
 
 void reap_all(void)
 {
-    for (int r = 0; r < g_np; r++) {
-        if (g_ranks[r].pid <= 0)
+    for (int r = 0; r < g_run.np; r++) {
+        if (g_run.ranks[r].pid <= 0)
             continue;
-        while (waitpid(g_ranks[r].pid, NULL, 0) < 0 && errno == EINTR)
+        while (waitpid(g_run.ranks[r].pid, NULL, 0) < 0 && errno == EINTR)
             ;
-        g_ranks[r].pid = 0;
+        g_run.ranks[r].pid = 0;
     }
 }
 
@@ -203,7 +203,7 @@ static void on_signal(int sig)
 {
     int saved = errno;
     unsigned char b = (unsigned char)sig;
-    ssize_t r = write(g_sigpipe[1], &b, 1);
+    ssize_t r = write(g_run.sigpipe[1], &b, 1);
     (void)r;   /* a full pipe already holds a wake-up */
     errno = saved;
 }
@@ -217,12 +217,12 @@ void install_handlers(void)
     sa.sa_flags = SA_RESTART;
 
     for (int i = 0; i < NFWD; i++) {
-        sigaction(g_fwd_signals[i], NULL, &g_orig_act[i]);
-        if (g_orig_act[i].sa_handler != SIG_IGN)
+        sigaction(g_fwd_signals[i], NULL, &g_run.orig_act[i]);
+        if (g_run.orig_act[i].sa_handler != SIG_IGN)
             sigaction(g_fwd_signals[i], &sa, NULL);
     }
     sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-    sigaction(SIGCHLD, &sa, &g_orig_chld);
+    sigaction(SIGCHLD, &sa, &g_run.orig_chld);
 
     /* A closed stdout must not kill loomrun (and with it the job's exit code);
      * write_all sees EPIPE instead. */
@@ -230,7 +230,7 @@ void install_handlers(void)
     memset(&ign, 0, sizeof(ign));
     ign.sa_handler = SIG_IGN;
     sigemptyset(&ign.sa_mask);
-    sigaction(SIGPIPE, &ign, &g_orig_pipe);
+    sigaction(SIGPIPE, &ign, &g_run.orig_pipe);
 }
 
 /* Whether the host of a running ssh rank let its answer time pass; true once,

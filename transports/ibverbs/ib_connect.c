@@ -17,12 +17,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "clock.h"
+#include "base/clock.h"
 #include "ib_int.h"
-#include "log.h"
-#include "sha256.h"
-#include "tp_handshake.h"
-#include "wire.h"
+#include "base/log.h"
+#include "base/sha256.h"
+#include "transports/tp_handshake.h"
+#include "transports/wire.h"
 
 #define REC_BYTES 96
 #define REC_MAGIC "LOOMIBV1"

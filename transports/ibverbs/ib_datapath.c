@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
+#include "base/clock.h"
 #include "ib_int.h"
 
 /* ---- rendezvous tables ------------------------------------------------------ */

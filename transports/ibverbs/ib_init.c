@@ -19,9 +19,9 @@
 
 #include "ib_int.h"
 #include "ibverbs.h"
-#include "log.h"
-#include "settings.h"
-#include "tp_handshake.h"
+#include "base/log.h"
+#include "base/settings.h"
+#include "transports/tp_handshake.h"
 
 /* ---- registration cache callbacks ------------------------------------------ */
 

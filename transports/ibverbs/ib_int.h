@@ -17,8 +17,10 @@
 #include "ib_api.h"
 #include "ib_regcache.h"
 #include "ib_util.h"
-#include "tp_util.h"
-#include "transport.h"
+#include "transports/tp_addr.h"
+#include "transports/tp_fail.h"
+#include "transports/tp_match.h"
+#include "transports/transport.h"
 
 #define SLOT_BYTES 8192
 #define EAGER_MAX (SLOT_BYTES - LOOM_IB_HDR_BYTES)

@@ -12,9 +12,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "clock.h"
+#include "base/clock.h"
 #include "ib_int.h"
-#include "log.h"
+#include "base/log.h"
 
 /* ---- failure: the peers are told, abort ------------------------------------ */
 

@@ -61,11 +61,26 @@
  * failure announcement, abort, destroy); this file holds the ops table.
  */
 #include "ib_int.h"
-#include "transport.h"
+#include "ibverbs.h"
+#include "transports/transport.h"
+
+/* Every peer that found an active port too: it published an address. */
+static int ib_reaches(loom_tp_t *tp, int peer, const char *peer_addr, int same_host)
+{
+    return peer_addr != NULL;
+}
+
+static void ib_describe(FILE *out)
+{
+    fprintf(out, "#   libibverbs.so.1 is loaded at run time; the devices it sees:\n");
+    fflush(out);
+    loom_ibverbs_list_devices(out);
+}
 
 const loom_transport_ops_t loom_ibverbs_transport = {
     .size = sizeof(loom_transport_ops_t),
     .name = "ibverbs",
+    .medium = "InfiniBand/RoCE",
     .create = ib_create,
     .connect = ib_connect,
     .isend = ib_isend,
@@ -76,4 +91,6 @@ const loom_transport_ops_t loom_ibverbs_transport = {
     .mem_deregister = ib_mem_deregister,
     .abort = ib_abort,
     .destroy = ib_destroy,
+    .reaches = ib_reaches,
+    .describe = ib_describe,
 };

@@ -47,10 +47,10 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "log.h"
-#include "settings.h"
-#include "sha256.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/settings.h"
+#include "base/sha256.h"
 #include "shm_int.h"
 
 /* ---- setup ---------------------------------------------------------------- */
@@ -423,9 +423,22 @@ static void shm_destroy(loom_tp_t *tp, double timeout_s)
     free(tp);
 }
 
+/* The ranks of our host that made a segment too (peer_addr: its name). */
+static int shm_reaches(loom_tp_t *tp, int peer, const char *peer_addr, int same_host)
+{
+    return same_host && peer_addr != NULL;
+}
+
+static void shm_describe(FILE *out)
+{
+    fprintf(out, "#   the ranks of a node, through one segment in /dev/shm (LOOM_SHM=0: off)\n");
+}
+
 const loom_transport_ops_t loom_shm_transport = {
     .size = sizeof(loom_transport_ops_t),
     .name = "shm",
+    .medium = "shared memory",
+    .node_local = 1,
     .create = shm_create,
     .connect = shm_connect,
     .isend = shm_isend,
@@ -440,4 +453,6 @@ const loom_transport_ops_t loom_shm_transport = {
     .peer_readable = shm_peer_readable,
     .peer_read = shm_peer_read,
     .window = shm_window,
+    .reaches = shm_reaches,
+    .describe = shm_describe,
 };

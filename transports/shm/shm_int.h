@@ -17,7 +17,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tp_util.h"
+#include "transports/tp_fail.h"
+#include "transports/tp_match.h"
+
+extern const loom_transport_ops_t loom_shm_transport;
 
 #define RING_BYTES (256 * 1024)
 /* Messages above this go by cross-memory attach when the receiver can read us. */

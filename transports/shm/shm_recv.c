@@ -13,7 +13,7 @@
 #include <string.h>
 #include <sys/uio.h>
 
-#include "clock.h"
+#include "base/clock.h"
 #include "shm_int.h"
 
 /* ---- matching ------------------------------------------------------------- */

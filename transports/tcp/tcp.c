@@ -35,6 +35,10 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+
 #include "tcp_int.h"
 
 /* ---- addresses ------------------------------------------------------------ */
@@ -671,9 +675,40 @@ static void tcp_destroy(loom_tp_t *tp, double timeout_s)
     free(tp);
 }
 
+/* Every peer: the transport of last resort. */
+static int tcp_reaches(loom_tp_t *tp, int peer, const char *peer_addr, int same_host)
+{
+    return 1;
+}
+
+/* The interfaces it may listen on and dial from (LOOM_SOCKET_IFNAME picks one). */
+static void tcp_describe(FILE *out)
+{
+    struct ifaddrs *ifs;
+    if (getifaddrs(&ifs) != 0) {
+        fprintf(out, "#   no network interfaces (getifaddrs: %s)\n", strerror(errno));
+        return;
+    }
+    for (struct ifaddrs *ifa = ifs; ifa; ifa = ifa->ifa_next) {
+        if (!ifa->ifa_addr ||
+            (ifa->ifa_addr->sa_family != AF_INET && ifa->ifa_addr->sa_family != AF_INET6))
+            continue;
+        char host[INET6_ADDRSTRLEN];
+        const void *a = ifa->ifa_addr->sa_family == AF_INET
+                            ? (const void *)&((struct sockaddr_in *)ifa->ifa_addr)->sin_addr
+                            : (const void *)&((struct sockaddr_in6 *)ifa->ifa_addr)->sin6_addr;
+        inet_ntop(ifa->ifa_addr->sa_family, a, host, sizeof(host));
+        fprintf(out, "#   %-12s %-40s %s%s\n", ifa->ifa_name, host,
+                (ifa->ifa_flags & IFF_UP) ? "up" : "down",
+                (ifa->ifa_flags & IFF_LOOPBACK) ? " loopback" : "");
+    }
+    freeifaddrs(ifs);
+}
+
 const loom_transport_ops_t loom_tcp_transport = {
     .size = sizeof(loom_transport_ops_t),
     .name = "tcp",
+    .medium = "TCP",
     .create = tcp_create,
     .connect = tcp_connect,
     .isend = tcp_isend,
@@ -687,4 +722,6 @@ const loom_transport_ops_t loom_tcp_transport = {
     .fault = tcp_fault,
     .silent_s = tcp_silent_s,
     .destroy = tcp_destroy,
+    .reaches = tcp_reaches,
+    .describe = tcp_describe,
 };

@@ -32,13 +32,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "log.h"
-#include "settings.h"
-#include "sha256.h"
-#include "tp_handshake.h"
-#include "tp_util.h"
-#include "wire.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/settings.h"
+#include "base/sha256.h"
+#include "transports/tp_handshake.h"
+#include "transports/tp_addr.h"
+#include "transports/tp_fail.h"
+#include "transports/tp_match.h"
+#include "transports/wire.h"
 
 #define STAGE_BYTES (64 * 1024)
 /* Payload remainders at least this big are read straight into the user buffer. */
