@@ -34,11 +34,13 @@ fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/$name.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
 # Built next to the tree, not in $tmp: compiling against torch's headers takes
-# minutes, and setup.py rebuilds only what changed.
+# minutes, and setup.py rebuilds only what changed. The package's metadata
+# (egg_info) goes beside it: its torch.distributed.backends entry point lets a
+# script name "loom" without importing anything of Loom.
 lib="$builddir/python/lib-torch"
 if ! (cd "$srcdir/python" && LOOM_BUILD_DIR="$builddir/.libs" LOOM_INCLUDE_DIR="$srcdir/include" \
-        "$py" setup.py -q build --build-base "$builddir/python/build-torch" --build-lib "$lib") \
-        > "$tmp/build.log" 2>&1; then
+        "$py" setup.py -q build --build-base "$builddir/python/build-torch" --build-lib "$lib" \
+        && "$py" setup.py -q egg_info --egg-base "$lib") > "$tmp/build.log" 2>&1; then
     cat "$tmp/build.log"
     echo "$name: FAIL: the extension did not build"
     echo "0 passed, 1 failed"
@@ -89,6 +91,35 @@ with_torchrun 2 tests/python/test_c10d_errors.py abort
 with_torchrun 2 tests/python/test_c10d_equiv.py
 with_torchrun 3 tests/python/test_c10d_equiv.py
 with_loomrun 2 tests/python/test_c10d_equiv.py
+# What gloo does, loom does (issue 31): names, sequence numbers, sparse
+# all_reduce, monitored_barrier, "Timed out" after the group's timeout, pg_options;
+# TORCH_DISTRIBUTED_DEBUG=DETAIL reports a mismatch as on gloo.
+with_torchrun 2 tests/python/test_c10d_gloo_parity.py features
+with_torchrun 3 tests/python/test_c10d_gloo_parity.py features
+with_loomrun 2 tests/python/test_c10d_gloo_parity.py features
+with_torchrun 2 tests/python/test_c10d_gloo_parity.py detail
+# A gloo DDP script with only the backend's name changed, nothing imported:
+# under torchrun and with init_method=file://, the weights of gloo's run.
+plain_ddp() {  # plain_ddp BACKEND: torchrun, then file://; the weights line of rank 0
+    timeout 300 "$venv/bin/torchrun" --standalone --nproc-per-node 2 \
+        "$srcdir/tests/python/ddp_plain.py" "$1" > "$tmp/plain.$1" 2>&1 || echo "torchrun failed" >> "$tmp/plain.$1"
+    rm -f "$tmp/plain_fs"
+    for r in 0 1; do
+        timeout 300 "$py" "$srcdir/tests/python/ddp_plain.py" "$1" --init-method "file://$tmp/plain_fs" \
+            --rank $r --world-size 2 >> "$tmp/plain.$1" 2>&1 &
+    done
+    wait
+}
+plain_ddp gloo
+plain_ddp loom
+want=$(grep -m1 "rank 0 of 2: gloo weights" "$tmp/plain.gloo" | sed 's/.*weights \([^ ]*\).*/\1/')
+got=$(grep -c "rank [01] of 2: loom weights $want ddp backend_name loom" "$tmp/plain.loom")
+cat "$tmp/plain.loom" > "$tmp/out"
+if [ -n "$want" ] && [ "$got" = 4 ]; then
+    report 0 "ddp_plain.py loom, no import: torchrun and file://, the weights of gloo ($want)"
+else
+    report 1 "ddp_plain.py loom, no import: $got of 4 ranks with gloo's weights '$want'"
+fi
 # HashStore and PrefixStore: three ranks as threads of one process.
 timeout 300 "$py" "$srcdir/tests/python/test_c10d_hashstore.py" > "$tmp/out" 2>&1
 report $? "tests/python/test_c10d_hashstore.py (3 ranks as threads over a HashStore)"
