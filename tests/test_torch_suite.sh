@@ -11,38 +11,11 @@
 #   TORCH_SUITE_ARGS: more arguments for run_torch_suite.py (--start-method spawn).
 # Automake TESTS protocol: 0 pass, 1 fail, 77 skip.
 name=test_torch_suite
-top_builddir=${top_builddir:-.}
-top_srcdir=${top_srcdir:-$(dirname "$0")/..}
-srcdir=$(cd "$top_srcdir" && pwd)
-builddir=$(cd "$top_builddir" && pwd)
-venv=${LOOM_TORCH_VENV:-/opt/loom-torch}
-py="$venv/bin/python"
-
-if [ ! -x "$py" ] || ! "$py" -c 'import torch, torch.distributed as d; assert d.is_available()' >/dev/null 2>&1; then
-    echo "$name: SKIP: no PyPI torch in $venv (python/torch_env.sh installs it)"
-    exit 77
-fi
+. "$(dirname "$0")/torch_build.sh"
 if ! "$py" -c 'import expecttest, torch.testing._internal.common_distributed' >/dev/null 2>&1; then
     echo "$name: SKIP: $venv cannot import torch's test helpers (python/torch_env.sh installs expecttest)"
     exit 77
 fi
-if [ ! -e "$builddir/.libs/libloom.so" ]; then
-    echo "$name: SKIP: no shared libloom in $builddir/.libs (configured with --disable-shared)"
-    exit 77
-fi
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/$name.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-lib="$builddir/python/lib-torch"   # shared with test_torch_c10d.sh
-if ! (cd "$srcdir/python" && LOOM_BUILD_DIR="$builddir/.libs" LOOM_INCLUDE_DIR="$srcdir/include" \
-        "$py" setup.py -q build --build-base "$builddir/python/build-torch" --build-lib "$lib") \
-        > "$tmp/build.log" 2>&1; then
-    cat "$tmp/build.log"
-    echo "$name: FAIL: the extension did not build"
-    echo "0 passed, 1 failed"
-    exit 1
-fi
-export PYTHONPATH="$lib"
 export PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
 unset SLURM_JOB_ID LOOM_STORE TORCH_DISTRIBUTED_DEBUG
 

@@ -69,6 +69,12 @@ def _backend(opts, backend_options, profile_name=BACKEND):
                                 timeout.total_seconds(), profile_name), timeout
 
 
+def _create_backend(store, rank, size, timeout):
+    """A bare Loom backend (a c10d::Backend, no ProcessGroup around it) over
+    store, for rank of size ranks: what the tests drive directly."""
+    return _c10d.create_backend(store, rank, size, timeout.total_seconds())
+
+
 def _wrapped_for_debug(backend, opts, timeout):
     """Under TORCH_DISTRIBUTED_DEBUG=DETAIL, torch's ProcessGroupWrapper
     around backend, as torch puts it around gloo's and plugins' backends."""
