@@ -1,5 +1,7 @@
 """Build the loom package: the C extension loom._loom over libloom, and the
 pure-Python adapters (loom.numpy, loom.torch, loom.tensorflow, loom.keras).
+`pip install ./python` runs this through pyproject.toml (PEP 517); the tests
+run `setup.py build` with LOOM_BUILD_DIR set to this tree's build.
 
 libloom is found, in this order:
   1. LOOM_BUILD_DIR: a build tree's directory holding libloom.so (its .libs),
@@ -88,12 +90,14 @@ if os.environ.get("LOOM_TORCH_C10D", "auto") != "0":
         ext_modules.append(found[0])
         cmdclass["build_ext"] = found[1]
 
+# The package's name, version, packages and the torch.distributed.backends entry
+# point are in pyproject.toml.
+# pip install (loom_build.py) builds in a fresh directory of its own.
+options = {}
+if os.environ.get("LOOM_BUILD_BASE"):
+    options["build"] = {"build_base": os.environ["LOOM_BUILD_BASE"]}
 setup(
-    name="loom",
-    version="0.1.0",
-    description="Loom collectives for NumPy, PyTorch, TensorFlow and Keras with Horovod's API",
-    packages=["loom", "loom.torch", "loom.tensorflow", "loom.keras"],
     ext_modules=ext_modules,
     cmdclass=cmdclass,
-    python_requires=">=3.8",
+    options=options,
 )

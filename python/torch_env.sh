@@ -17,7 +17,10 @@ set -e
 VENV=${LOOM_TORCH_VENV:-/opt/loom-torch}
 PY="$VENV/bin/python"
 
+# expecttest: torch's own test helpers import it (tests/test_torch_suite.sh
+# runs PyTorch's distributed_test.py).
 if [ -x "$PY" ] && "$PY" -c 'import torch, torch.distributed as d, setuptools; assert d.is_available()' >/dev/null 2>&1; then
+    "$PY" -c 'import expecttest' >/dev/null 2>&1 || "$PY" -m pip install -q expecttest
     exit 0
 fi
 [ -x "$PY" ] || /usr/bin/python3 -m venv "$VENV"
@@ -45,5 +48,5 @@ if [ -z "$reqs" ]; then
     exit 1
 fi
 # shellcheck disable=SC2086
-echo "$reqs" | tr '\n' '\0' | xargs -0 "$PY" -m pip install -q ninja numpy
+echo "$reqs" | tr '\n' '\0' | xargs -0 "$PY" -m pip install -q ninja numpy expecttest
 "$PY" -c 'import torch, torch.distributed as d; assert d.is_available(); torch.ones(2) + 1'

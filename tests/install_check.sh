@@ -56,6 +56,27 @@ done
 wait
 check "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT"
 
+# pip install ./python against the installed libloom, found by pkg-config alone
+# (no LOOM_BUILD_DIR), for Debian's python3; the package imports and its
+# metadata names the torch.distributed backend entry point.
+py3=python3
+[ -x /usr/bin/python3 ] && py3=/usr/bin/python3
+if $py3 -m pip --version >/dev/null 2>&1; then
+    if (cd "$srcdir" && env -u LOOM_BUILD_DIR $py3 -m pip install -q --no-cache-dir \
+            --prefix "$work/py" ./python) > "$work/pip.log" 2>&1 &&
+        site=$(find "$work/py" -type d -name loom -path '*-packages/loom' | head -n 1) &&
+        (cd "$work" && env -u LD_LIBRARY_PATH PYTHONPATH="$(dirname "$site")" $py3 -c '
+import loom._loom
+from importlib.metadata import entry_points
+assert [e.value for e in entry_points(group="torch.distributed.backends") if e.name == "loom"] \
+    == ["loom.torch.distributed:register"]'); then
+        echo "PASS pip install ./python (pkg-config), import loom._loom, the entry point"
+        passed=$((passed + 1))
+    else
+        echo "FAIL pip install ./python"; cat "$work/pip.log"; failed=$((failed + 1))
+    fi
+fi
+
 for f in include/loom.h lib/libloom.so lib/libloom.a lib/pkgconfig/loom.pc bin/loomrun bin/loom-store bin/loom-info; do
     if [ -e "$prefix/$f" ]; then passed=$((passed + 1)); else echo "FAIL installed $f"; failed=$((failed + 1)); fi
 done

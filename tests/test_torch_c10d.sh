@@ -14,37 +14,7 @@
 # examples/python/ddp_train.py and fsdp_train.py lower their loss.
 # Automake TESTS protocol: 0 pass, 1 fail, 77 skip.
 name=test_torch_c10d
-top_builddir=${top_builddir:-.}
-top_srcdir=${top_srcdir:-$(dirname "$0")/..}
-srcdir=$(cd "$top_srcdir" && pwd)
-builddir=$(cd "$top_builddir" && pwd)
-LOOMRUN="$builddir/tools/loomrun"
-venv=${LOOM_TORCH_VENV:-/opt/loom-torch}
-py="$venv/bin/python"
-
-if [ ! -x "$py" ] || ! "$py" -c 'import torch, torch.distributed as d; assert d.is_available()' >/dev/null 2>&1; then
-    echo "$name: SKIP: no PyPI torch in $venv (python/torch_env.sh installs it)"
-    exit 77
-fi
-if [ ! -e "$builddir/.libs/libloom.so" ]; then
-    echo "$name: SKIP: no shared libloom in $builddir/.libs (configured with --disable-shared)"
-    exit 77
-fi
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/$name.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-# Built next to the tree, not in $tmp: compiling against torch's headers takes
-# minutes, and setup.py rebuilds only what changed.
-lib="$builddir/python/lib-torch"
-if ! (cd "$srcdir/python" && LOOM_BUILD_DIR="$builddir/.libs" LOOM_INCLUDE_DIR="$srcdir/include" \
-        "$py" setup.py -q build --build-base "$builddir/python/build-torch" --build-lib "$lib") \
-        > "$tmp/build.log" 2>&1; then
-    cat "$tmp/build.log"
-    echo "$name: FAIL: the extension did not build"
-    echo "0 passed, 1 failed"
-    exit 1
-fi
-export PYTHONPATH="$lib:$srcdir/tests/python"
+. "$(dirname "$0")/torch_build.sh"
 export PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
 unset SLURM_JOB_ID LOOM_STORE
 
@@ -89,6 +59,35 @@ with_torchrun 2 tests/python/test_c10d_errors.py abort
 with_torchrun 2 tests/python/test_c10d_equiv.py
 with_torchrun 3 tests/python/test_c10d_equiv.py
 with_loomrun 2 tests/python/test_c10d_equiv.py
+# What gloo does, loom does (issue 31): names, sequence numbers, sparse
+# all_reduce, monitored_barrier, "Timed out" after the group's timeout, pg_options;
+# TORCH_DISTRIBUTED_DEBUG=DETAIL reports a mismatch as on gloo.
+with_torchrun 2 tests/python/test_c10d_gloo_parity.py features
+with_torchrun 3 tests/python/test_c10d_gloo_parity.py features
+with_loomrun 2 tests/python/test_c10d_gloo_parity.py features
+with_torchrun 2 tests/python/test_c10d_gloo_parity.py detail
+# A gloo DDP script with only the backend's name changed, nothing imported:
+# under torchrun and with init_method=file://, the weights of gloo's run.
+plain_ddp() {  # plain_ddp BACKEND: torchrun, then file://; the weights line of rank 0
+    timeout 300 "$venv/bin/torchrun" --standalone --nproc-per-node 2 \
+        "$srcdir/tests/python/ddp_plain.py" "$1" > "$tmp/plain.$1" 2>&1 || echo "torchrun failed" >> "$tmp/plain.$1"
+    rm -f "$tmp/plain_fs"
+    for r in 0 1; do
+        timeout 300 "$py" "$srcdir/tests/python/ddp_plain.py" "$1" --init-method "file://$tmp/plain_fs" \
+            --rank $r --world-size 2 >> "$tmp/plain.$1" 2>&1 &
+    done
+    wait
+}
+plain_ddp gloo
+plain_ddp loom
+want=$(grep -m1 "rank 0 of 2: gloo weights" "$tmp/plain.gloo" | sed 's/.*weights \([^ ]*\).*/\1/')
+got=$(grep -c "rank [01] of 2: loom weights $want ddp backend_name loom" "$tmp/plain.loom")
+cat "$tmp/plain.loom" > "$tmp/out"
+if [ -n "$want" ] && [ "$got" = 4 ]; then
+    report 0 "ddp_plain.py loom, no import: torchrun and file://, the weights of gloo ($want)"
+else
+    report 1 "ddp_plain.py loom, no import: $got of 4 ranks with gloo's weights '$want'"
+fi
 # HashStore and PrefixStore: three ranks as threads of one process.
 timeout 300 "$py" "$srcdir/tests/python/test_c10d_hashstore.py" > "$tmp/out" 2>&1
 report $? "tests/python/test_c10d_hashstore.py (3 ranks as threads over a HashStore)"

@@ -21,7 +21,7 @@ N = 3
 
 def rank_main(store, r, results, errors):
     try:
-        pg = loom_dist._create(dist.PrefixStore("threads", store), r, N,
+        pg = loom_dist._create_backend(dist.PrefixStore("threads", store), r, N,
                                __import__("datetime").timedelta(seconds=60))
         t = torch.full((5,), float(r + 1))
         pg.allreduce([t]).wait()

@@ -29,7 +29,7 @@ TIMEOUT = datetime.timedelta(seconds=60)
 
 def rank_main(store, r, results, errors):
     try:
-        pg = loom_dist._create(store, r, 2, TIMEOUT)
+        pg = loom_dist._create_backend(store, r, 2, TIMEOUT)
         t = torch.full((5,), float(r + 1))
         pg.allreduce([t]).wait()
         results[r] = t
@@ -69,7 +69,7 @@ for name, value in forged.items():
     s = dist.HashStore()
     s.set(KEY0, value)
     try:
-        loom_dist._create(s, 1, 2, TIMEOUT)
+        loom_dist._create_backend(s, 1, 2, TIMEOUT)
         T.check(False, "%s rewritten: rank 1 accepted the record" % name)
     except Exception as e:  # noqa: BLE001 - the message is what is checked
         msg = str(e)

@@ -26,12 +26,14 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -243,14 +245,16 @@ void premul(const ReduceOp &op, at::Tensor &t)
     }
 }
 
-void check_cpu(const at::Tensor &t, const char *what)
+void check_cpu(const at::Tensor &t, const char *what, bool sparse_ok = false)
 {
     if (!t.device().is_cpu()) {
         throw_backend_error(std::string("loom: ") + what +
                             ": only CPU tensors are supported (got " + t.device().str() + ")");
     }
-    if (t.is_sparse()) {
-        throw_backend_error(std::string("loom: ") + what + ": sparse tensors are not supported");
+    if (t.is_sparse() && !sparse_ok) {
+        throw_backend_error(std::string("loom: ") + what +
+                            ": sparse tensors are not supported (all_reduce with SUM takes "
+                            "sparse COO tensors)");
     }
 }
 
@@ -262,8 +266,13 @@ using LoomCall = std::function<loom_status_t(loom_request_t *)>;
 
 class LoomWork : public c10d::Work {
   public:
-    LoomWork(int rank, OpType type, std::vector<at::Tensor> outputs, std::string what)
-        : c10d::Work(rank, type), outputs_(std::move(outputs)), what_(std::move(what)),
+    // title ("loom:all_reduce", as Gloo's "gloo:all_reduce") names the event
+    // torch's profiler records from here to finish(), with the inputs' shapes.
+    LoomWork(int rank, OpType type, const std::string &title,
+             const std::vector<at::Tensor> &inputs, std::vector<at::Tensor> outputs,
+             std::string what)
+        : c10d::Work(rank, type, title.c_str(), inputs), outputs_(std::move(outputs)),
+          what_(std::move(what)),
           future_(c10::make_intrusive<at::ivalue::Future>(
               c10::ListType::create(c10::TensorType::get())))
     {
@@ -316,8 +325,9 @@ class LoomWork : public c10d::Work {
 class LoomBackend : public c10d::Backend {
   public:
     LoomBackend(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
-                std::chrono::milliseconds timeout)
-        : c10d::Backend(rank, size), timeout_(timeout)
+                std::chrono::milliseconds timeout, std::string profile_name = "loom")
+        : c10d::Backend(rank, size), store_(store), timeout_(timeout),
+          profile_name_(std::move(profile_name))
     {
         loom_config_t cfg = LOOM_CONFIG_INIT;
         cfg.rank = rank;
@@ -343,8 +353,10 @@ class LoomBackend : public c10d::Backend {
     }
 
     // A group split from another (split()): it owns comm.
-    LoomBackend(loom_comm_t comm, std::chrono::milliseconds timeout)
-        : c10d::Backend(loom_comm_rank(comm), loom_comm_size(comm)), comm_(comm), timeout_(timeout)
+    LoomBackend(loom_comm_t comm, const c10::intrusive_ptr<c10d::Store> &store,
+                std::chrono::milliseconds timeout, std::string profile_name)
+        : c10d::Backend(loom_comm_rank(comm), loom_comm_size(comm)), comm_(comm), store_(store),
+          timeout_(timeout), profile_name_(std::move(profile_name))
     {
         start_threads();
     }
@@ -354,6 +366,101 @@ class LoomBackend : public c10d::Backend {
     const std::string getBackendName() const override { return "loom"; }
 
     void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+
+    // As Gloo's: one number per operation this rank started on the group
+    // (collectives, barriers, sends and receives), from 0 on every rank. The
+    // ProcessGroupWrapper that TORCH_DISTRIBUTED_DEBUG=DETAIL puts around the
+    // group compares it across ranks before each collective.
+    uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+    void setSequenceNumberForGroup() override {}   // always starts at 0
+
+    // Gloo's monitored barrier, over the group's store rather than messages
+    // (a receive Loom posted cannot be withdrawn when its wait times out):
+    // every other rank announces itself and waits for rank 0's verdict; rank 0
+    // waits for each in rank order within the timeout (each rank the whole
+    // timeout with wait_all_ranks) and names the first that did not come, or
+    // all of them, in Gloo's words; then releases the others, or fails them.
+    void monitoredBarrier(const c10d::BarrierOptions &opts, bool waitAllRanks) override
+    {
+        using namespace std::chrono;
+        auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
+        uint64_t n = monitored_++;
+        std::string base = "loom/monitored_barrier/" + std::to_string(n) + "/";
+        int rank = getRank(), size = getSize();
+        if (!store_) {
+            throw_backend_error("loom: monitored_barrier: this group has no store");
+        }
+        if (rank != 0) {
+            store_->set(base + "arrived/" + std::to_string(rank), std::vector<uint8_t>{1});
+            std::string verdict;
+            try {
+                store_->wait({base + "verdict"}, timeout_);
+                auto v = store_->get(base + "verdict");
+                verdict.assign(v.begin(), v.end());
+            } catch (const c10::Error &e) {
+                verdict = e.what_without_backtrace();
+            } catch (const std::exception &e) {
+                verdict = e.what();
+            }
+            if (verdict != "ok") {
+                TORCH_CHECK(false, "Rank ", rank, " successfully reached monitoredBarrier, but "
+                            "received errors while waiting for send/recv from rank 0. Please "
+                            "check rank 0 logs for faulty rank.\n Original exception: \n",
+                            verdict.empty() ? "rank 0 failed the barrier" : verdict);
+            }
+            return;
+        }
+        auto start = steady_clock::now();
+        std::vector<int> processed, failed;
+        std::string error;
+        for (int r = 1; r < size && error.empty(); r++) {
+            milliseconds left = timeout;
+            if (!waitAllRanks) {
+                left = timeout - duration_cast<milliseconds>(steady_clock::now() - start);
+                if (left.count() <= 0) {
+                    error = c10::str("Rank ", rank, " timed out in monitoredBarrier after ",
+                                     timeout.count(), " ms.\n",
+                                     processed.empty()
+                                         ? std::string("No ranks successfully processed in "
+                                                       "monitoredBarrier.")
+                                         : "Successfully processed ranks: " +
+                                               c10::Join(", ", processed));
+                    break;
+                }
+            }
+            std::string why;
+            try {
+                store_->wait({base + "arrived/" + std::to_string(r)}, left);
+                processed.push_back(r);
+                continue;
+            } catch (const c10::Error &e) {
+                why = e.what_without_backtrace();
+            } catch (const std::exception &e) {
+                why = e.what();
+            }
+            if (store_->check({base + "arrived/" + std::to_string(r)})) {
+                processed.push_back(r);
+                continue;
+            }
+            std::string msg = c10::str("[Rank 0]: Rank ", r, " failed to pass monitoredBarrier in ",
+                                       timeout.count(), " ms");
+            if (waitAllRanks) {
+                failed.push_back(r);
+            } else {
+                error = msg + "\n Original exception: \n" + why;
+            }
+        }
+        if (error.empty() && !failed.empty()) {
+            error = c10::str("[Rank 0]: Ranks ", c10::Join(", ", failed),
+                             " failed to pass monitoredBarrier in ", timeout.count(), " ms");
+        }
+        std::string verdict = error.empty() ? "ok" : error;
+        store_->set(base + "verdict", std::vector<uint8_t>(verdict.begin(), verdict.end()));
+        if (!error.empty()) {
+            LOG(ERROR) << error;
+            TORCH_CHECK(false, error);
+        }
+    }
 
     void abort() override
     {
@@ -403,7 +510,7 @@ class LoomBackend : public c10d::Backend {
             return nullptr;
         }
         auto timeout = opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
-        return c10::make_intrusive<LoomBackend>(sub, timeout);
+        return c10::make_intrusive<LoomBackend>(sub, store, timeout, profile_name_);
     }
 #endif
 
@@ -429,6 +536,9 @@ class LoomBackend : public c10d::Backend {
     c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor> &tensors,
                                              const c10d::AllreduceOptions &opts) override
     {
+        if (tensors.size() == 1 && tensors[0].is_sparse()) {
+            return sparse_allreduce(tensors, opts);
+        }
         at::Tensor t = single(tensors, "allreduce");
         auto w = make_work(OpType::ALLREDUCE, {t}, "allreduce");
         loom_op_t op = to_loom_op(opts.reduceOp, t);
@@ -442,6 +552,106 @@ class LoomBackend : public c10d::Backend {
                                 : loom_allreduce(LOOM_IN_PLACE, p, n, dt, op, comm_);
                    }},
                    opts.asyncOp);
+    }
+
+    c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor> &tensors,
+                                                    const c10d::AllreduceOptions &opts) override
+    {
+        return sparse_allreduce(tensors, opts);
+    }
+
+    // A sparse COO tensor summed as Gloo sums it: each rank's coalesced
+    // indices and values gathered from all, added up in rank order and
+    // coalesced; the tensor takes the result. Runs in the calling thread (the
+    // Work is complete on return), its calls ordered with the group's others.
+    c10::intrusive_ptr<c10d::Work> sparse_allreduce(std::vector<at::Tensor> &tensors,
+                                                    const c10d::AllreduceOptions &opts)
+    {
+        TORCH_CHECK(tensors.size() == 1, "loom: allreduce takes one tensor per process (got ",
+                    tensors.size(), ")");
+        at::Tensor t = tensors[0];
+        check_cpu(t, "allreduce", /*sparse_ok=*/true);
+        if (opts.reduceOp.op_ != ReduceOp::SUM) {
+            throw_backend_error("loom: allreduce of a sparse tensor: only ReduceOp.SUM is "
+                                "supported");
+        }
+        auto w = make_work(OpType::ALLREDUCE, {t}, "allreduce (sparse)");
+        int size = getSize();
+        at::Tensor in = t.coalesce();
+        at::Tensor idx = in._indices().contiguous();   // sparse_dim x nnz, int64
+        at::Tensor val = in._values().contiguous();    // nnz x dense sizes
+        int64_t per_value = 1;   // elements of one value (the dense part)
+        for (int64_t d = 1; d < val.dim(); d++) {
+            per_value *= val.size(d);
+        }
+        // Loom wants a buffer even for no elements.
+        static int64_t none[1];
+        auto ptr = [](const at::Tensor &x) { return x.numel() ? x.data_ptr() : (void *)none; };
+        // Metadata: nnz, sparse and dense dimension counts, size, from every rank.
+        std::vector<int64_t> meta{in._nnz(), in.sparse_dim(), in.dense_dim(), in.dim()};
+        for (int64_t d : in.sizes()) {
+            meta.push_back(d);
+        }
+        at::Tensor mine = at::tensor(meta, at::kLong);
+        at::Tensor all = at::empty({(int64_t)size * mine.numel()}, at::kLong);
+        auto call = [&](const char *what, const std::function<loom_status_t()> &f) {
+            loom_status_t st = f();
+            if (st != LOOM_SUCCESS) {
+                w->complete(backend_error(failure(what, st, loom_comm_last_error(comm_))));
+                std::rethrow_exception(w->exception());
+            }
+        };
+        call("allreduce (sparse): the shapes", [&] {
+            return loom_allgather(mine.data_ptr(), all.data_ptr(), (size_t)mine.numel(),
+                                  LOOM_INT64, comm_);
+        });
+        auto am = all.view({size, mine.numel()});
+        std::vector<size_t> icounts(size), idispl(size), vcounts(size), vdispl(size);
+        size_t ioff = 0, voff = 0;
+        for (int r = 0; r < size; r++) {
+            auto row = am[r];
+            if (!at::equal(row.narrow(0, 1, row.numel() - 1), mine.narrow(0, 1, mine.numel() - 1))) {
+                w->complete(backend_error(
+                    "loom: allreduce (sparse): rank " + std::to_string(r) +
+                    "'s sparse tensor has another shape or other sparse/dense dimensions "
+                    "than this rank's"));
+                std::rethrow_exception(w->exception());
+            }
+            int64_t nnz = row[0].item<int64_t>();
+            icounts[r] = (size_t)(nnz * in.sparse_dim());
+            idispl[r] = ioff;
+            ioff += icounts[r];
+            vcounts[r] = (size_t)(nnz * per_value);
+            vdispl[r] = voff;
+            voff += vcounts[r];
+        }
+        at::Tensor all_idx = at::empty({(int64_t)ioff}, at::kLong);
+        at::Tensor all_val = at::empty({(int64_t)voff}, val.options());
+        loom_dtype_t vdt = to_loom_dtype(val);
+        call("allreduce (sparse): the indices", [&] {
+            return loom_allgatherv(ptr(idx), (size_t)idx.numel(), ptr(all_idx),
+                                   icounts.data(), idispl.data(), LOOM_INT64, comm_);
+        });
+        call("allreduce (sparse): the values", [&] {
+            return loom_allgatherv(ptr(val), (size_t)val.numel(), ptr(all_val),
+                                   vcounts.data(), vdispl.data(), vdt, comm_);
+        });
+        std::vector<int64_t> vshape(val.sizes().begin(), val.sizes().end());
+        at::Tensor out;
+        for (int r = 0; r < size; r++) {
+            int64_t nnz = am[r][0].item<int64_t>();
+            vshape[0] = nnz;
+            at::Tensor ri = all_idx.narrow(0, (int64_t)idispl[r], (int64_t)icounts[r])
+                                .view({in.sparse_dim(), nnz});
+            at::Tensor rv = all_val.narrow(0, (int64_t)vdispl[r], (int64_t)vcounts[r])
+                                .view(vshape);
+            at::Tensor part = at::sparse_coo_tensor(ri, rv, in.sizes(), in.options());
+            out = r == 0 ? part : out + part;
+        }
+        out = out.coalesce();
+        t.copy_(out);
+        w->complete(nullptr);
+        return w;
     }
 
     c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
@@ -513,7 +723,7 @@ class LoomBackend : public c10d::Backend {
         TORCH_CHECK(outputs.size() == 1, "loom: allgather takes one list of outputs");
         auto &outs = outputs[0];
         check_list(outs, in, "allgather");
-        auto w = make_work(OpType::ALLGATHER, outs, "allgather");
+        auto w = make_work(OpType::ALLGATHER, outs, "allgather", &inputs);
         at::Tensor src = in.contiguous();
         at::Tensor flat = at::empty({(int64_t)getSize() * in.numel()}, in.options());
         w->keep_ = {src, flat};
@@ -531,7 +741,8 @@ class LoomBackend : public c10d::Backend {
                     "input's elements");
         TORCH_CHECK(output.scalar_type() == input.scalar_type(),
                     "loom: allgather_into_tensor: input and output types differ");
-        auto w = make_work(OpType::_ALLGATHER_BASE, {output}, "allgather_into_tensor");
+        std::vector<at::Tensor> ins{input};
+        auto w = make_work(OpType::_ALLGATHER_BASE, {output}, "allgather_into_tensor", &ins);
         at::Tensor src = input.contiguous();
         at::Tensor dst = staged(w, output, false);
         w->keep_.push_back(src);
@@ -599,7 +810,7 @@ class LoomBackend : public c10d::Backend {
                 all_outs.push_back(o);
             }
         }
-        auto w = make_work(OpType::ALLGATHER_COALESCED, all_outs, "allgather_coalesced");
+        auto w = make_work(OpType::ALLGATHER_COALESCED, all_outs, "allgather_coalesced", &inputs);
         w->keep_ = {src, flat};
         w->post_ = [flat, all_outs]() mutable { unflatten(flat, all_outs); };
         return run(w, {gather_call(src, flat, -1)}, opts.asyncOp);
@@ -621,7 +832,7 @@ class LoomBackend : public c10d::Backend {
             TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
                         "loom: gather: outputs are given at the root only");
         }
-        auto w = make_work(OpType::GATHER, outs, "gather");
+        auto w = make_work(OpType::GATHER, outs, "gather", &inputs);
         at::Tensor src = in.contiguous();
         at::Tensor flat = at_root ? at::empty({(int64_t)getSize() * in.numel()}, in.options())
                                   : at::empty({0}, in.options());
@@ -781,7 +992,8 @@ class LoomBackend : public c10d::Backend {
         TORCH_CHECK(input.scalar_type() == output.scalar_type(),
                     "loom: all_to_all_single: input and output types differ");
         int size = getSize();
-        auto w = make_work(OpType::ALLTOALL_BASE, {output}, "all_to_all_single");
+        std::vector<at::Tensor> ins{input};
+        auto w = make_work(OpType::ALLTOALL_BASE, {output}, "all_to_all_single", &ins);
         at::Tensor src = input.contiguous();
         at::Tensor dst = staged(w, output, false);
         w->keep_.push_back(src);
@@ -825,7 +1037,7 @@ class LoomBackend : public c10d::Backend {
                             outputs[i].scalar_type() == inputs[0].scalar_type(),
                         "loom: all_to_all: tensors must have one type");
         }
-        auto w = make_work(OpType::ALLTOALL, outputs, "all_to_all");
+        auto w = make_work(OpType::ALLTOALL, outputs, "all_to_all", &inputs);
         at::Tensor src = flatten(inputs);
         int64_t total = 0;
         for (auto &o : outputs) {
@@ -1042,20 +1254,69 @@ class LoomBackend : public c10d::Backend {
         };
     }
 
+    // The operation's name in profiler events, Gloo's for each.
+    static const char *profile_op(OpType type)
+    {
+        switch (type) {
+        case OpType::BROADCAST: return "broadcast";
+        case OpType::ALLREDUCE: return "all_reduce";
+        case OpType::ALLREDUCE_COALESCED: return "all_reduce_coalesced";
+        case OpType::REDUCE: return "reduce";
+        case OpType::ALLGATHER: return "all_gather";
+        case OpType::_ALLGATHER_BASE: return "all_gather_into_tensor";
+        case OpType::ALLGATHER_COALESCED: return "all_gather_coalesced";
+        case OpType::ALLGATHER_INTO_TENSOR_COALESCED: return "all_gather_into_tensor_coalesced";
+        case OpType::GATHER: return "gather";
+        case OpType::SCATTER: return "scatter";
+        case OpType::REDUCE_SCATTER: return "reduce_scatter";
+        case OpType::_REDUCE_SCATTER_BASE: return "reduce_scatter_tensor";
+        case OpType::REDUCE_SCATTER_TENSOR_COALESCED: return "reduce_scatter_tensor_coalesced";
+        case OpType::ALLTOALL_BASE: return "all_to_all";
+        case OpType::ALLTOALL: return "all_to_all";
+        case OpType::BARRIER: return "barrier";
+        case OpType::SEND: return "send";
+        case OpType::RECV:
+        case OpType::RECVANYSOURCE: return "recv";
+        default: return "unknown";
+        }
+    }
+
+    // inputs: what the profiler records (the outputs where the operation
+    // works in place).
     c10::intrusive_ptr<LoomWork> make_work(OpType type, std::vector<at::Tensor> outputs,
-                                           const char *what)
+                                           const char *what,
+                                           const std::vector<at::Tensor> *inputs = nullptr)
     {
         if (!comm_) {
             throw_backend_error(std::string("loom: rank ") + std::to_string(getRank()) + ": " +
                                 what + " on a process group that was shut down");
         }
-        return c10::make_intrusive<LoomWork>(getRank(), type, std::move(outputs), what);
+        seq_++;
+        std::string title = profile_name_ + ":" + profile_op(type);
+        std::vector<at::Tensor> ins = inputs ? *inputs : outputs;
+        return c10::make_intrusive<LoomWork>(getRank(), type, title, ins, std::move(outputs),
+                                             what);
     }
 
+    // A failed operation, in torch's words where torch has some: a timeout
+    // reads "Timed out waiting <ms>ms" as Gloo's, naming the group's timeout
+    // (init_process_group's or new_group's timeout=, or pg_options), which is
+    // the communicator's (Loom's own text names LOOM_TIMEOUT, its setting
+    // outside torch).
     std::string failure(const std::string &what, loom_status_t st, const char *msg)
     {
-        return "loom: rank " + std::to_string(getRank()) + " of " + std::to_string(getSize()) +
-               ": " + what + " failed (" + loom_strerror(st) + "): " + (msg && *msg ? msg : "");
+        std::string detail = msg && *msg ? msg : "";
+        std::string head = "loom: rank " + std::to_string(getRank()) + " of " +
+                           std::to_string(getSize()) + ": " + what;
+        if (st == LOOM_ERR_TIMEOUT) {
+            const std::string env = "(LOOM_TIMEOUT)";
+            for (size_t at; (at = detail.find(env)) != std::string::npos;) {
+                detail.replace(at, env.size(), "(the process group's timeout)");
+            }
+            return head + ": Timed out waiting " + std::to_string(timeout_.count()) +
+                   "ms (the process group's timeout) for " + what + " to complete: " + detail;
+        }
+        return head + " failed (" + loom_strerror(st) + "): " + detail;
     }
 
     // Start (or, when !async, run) w's calls. Their requests go to the
@@ -1211,7 +1472,11 @@ class LoomBackend : public c10d::Backend {
     }
 
     loom_comm_t comm_ = nullptr;
+    c10::intrusive_ptr<c10d::Store> store_;
     std::chrono::milliseconds timeout_;
+    std::atomic<uint64_t> seq_{0};
+    std::string profile_name_;   // the profiler's events: "<this>:<operation>"
+    uint64_t monitored_ = 0;
     std::mutex submit_mu_, life_mu_;
     Queue coll_q_, p2p_q_;
     struct Pool {
@@ -1226,10 +1491,11 @@ class LoomBackend : public c10d::Backend {
 };
 
 c10::intrusive_ptr<c10d::Backend> create(const c10::intrusive_ptr<c10d::Store> &store, int rank,
-                                         int size, double timeout_s)
+                                         int size, double timeout_s,
+                                         const std::string &profile_name)
 {
     auto ms = std::chrono::milliseconds((int64_t)(timeout_s * 1000.0));
-    return c10::make_intrusive<LoomBackend>(store, rank, size, ms);
+    return c10::make_intrusive<LoomBackend>(store, rank, size, ms, profile_name);
 }
 
 } // namespace loom_c10d
@@ -1238,7 +1504,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
 {
     m.doc() = "Loom's torch.distributed backend (c10d::Backend over libloom)";
     m.def("create_backend", &loom_c10d::create, py::arg("store"), py::arg("rank"),
-          py::arg("size"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+          py::arg("size"), py::arg("timeout_s"), py::arg("profile_name") = "loom",
+          py::call_guard<py::gil_scoped_release>(),
           "A Loom backend for a process group of size ranks (this one rank) that "
-          "rendezvouses through store");
+          "rendezvouses through store; profile_name names its profiler events "
+          "(profile_name:all_reduce, ...)");
 }
