@@ -81,9 +81,10 @@ def test_gradients():
         gathered = hvd.allgather(tf.stack([v] * (R + 1)), name="grad.ag")
         loss = tf.reduce_sum(gathered * tf.cast(tf.range(tf.shape(gathered)[0])[:, None] + 1, tf.float32))
     g = tape.gradient(loss, v)
-    # d/dv: this rank's rows sit at offset sum(r+1 for r < R); every rank's loss is summed.
+    # d/dv: this rank's rows sit at offset sum(r+1 for r < R); as Horovod's, the
+    # gradient is this rank's rows of the incoming gradients' average over the ranks.
     start = sum(r + 1 for r in range(R))
-    want = N * sum(start + j + 1 for j in range(R + 1))
+    want = sum(start + j + 1 for j in range(R + 1))
     T.check(np.allclose(g.numpy(), want), "allgather gradient %s != %s" % (g, want))
     w = tf.Variable(tf.fill([3], float(R)))
     hvd.broadcast_variables([w], root_rank=N - 1)
