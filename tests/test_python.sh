@@ -9,8 +9,10 @@
 # (test_torch_horovod.py: every failure kind followed by a good call, the
 # gradients of every collective, sparse, int16, scaling, SyncBatchNorm, the
 # response cache), the elastic API's state handling in a plain job; then
-# loom.tensorflow and loom.keras (their equivalence tests too) where an
-# interpreter with TensorFlow is found. The examples in examples/python run
+# loom.tensorflow and loom.keras (their equivalence tests too, and
+# test_tf_horovod.py: Horovod's error types and names, every gradient against
+# finite differences, the API beside the collectives) where an interpreter with
+# TensorFlow is found. The examples in examples/python run
 # too (2 ranks), and must end with the loss lower.
 # Automake TESTS protocol: 0 pass, 1 fail, 77 skip.
 name=test_python
@@ -127,9 +129,22 @@ if [ -n "$tfpy" ]; then
     for np in 1 2 3; do
         run $np tests/python/test_tf.py TF_CPP_MIN_LOG_LEVEL=3 PYTHON_FOR_TEST="$tfpy"
         run $np tests/python/test_keras.py TF_CPP_MIN_LOG_LEVEL=3 PYTHON_FOR_TEST="$tfpy"
+        run $np tests/python/test_tf_horovod.py TF_CPP_MIN_LOG_LEVEL=3 PYTHON_FOR_TEST="$tfpy"
     done
     example "$tfpy" tf_train.py
     example "$tfpy" keras_train.py
+    example "$tfpy" horovod_tf_keras_mnist.py
+    # Horovod's first example under horovodrun's command line too.
+    if TF_CPP_MIN_LOG_LEVEL=3 LOOMRUN="$LOOMRUN" "$tfpy" -m loom.runner -np 2 "$tfpy" \
+            "$srcdir/examples/python/horovod_tf_keras_mnist.py" --epochs 2 > "$tmp/out" 2>&1 &&
+        grep -q "loss fell" "$tmp/out"; then
+        echo "ok: python -m loom.runner examples/python/horovod_tf_keras_mnist.py"
+        passes=$((passes + 1))
+    else
+        echo "FAIL: python -m loom.runner examples/python/horovod_tf_keras_mnist.py"
+        tail -n 40 "$tmp/out"
+        failures=$((failures + 1))
+    fi
 else
     echo "test_python: TensorFlow tests not run: no python with tensorflow and keras" \
         "(python3 -m venv /opt/loom-tf && /opt/loom-tf/bin/pip install tensorflow-cpu)"

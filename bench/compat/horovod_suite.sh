@@ -120,12 +120,46 @@ rc=0
 for np in $nps; do
     echo "== loomrun -np $np $py -m pytest $suite $*"
     (cd "$tmp/parallel" && timeout "${SUITE_TIMEOUT:-1800}" "$LOOMRUN" -np "$np" \
-        "$py" -m pytest -p no:cacheprovider -q -rfE "$suite" "$@") > "$tmp/out.$np" 2>&1 || rc=1
+        "$py" -m pytest -p no:cacheprovider -v -rfE "$suite" "$@") > "$tmp/out.$np" 2>&1 || rc=1
     if grep -qE "[0-9]+ (passed|failed|skipped)" "$tmp/out.$np"; then
-        # One line per test that failed on some rank, then each rank's summary.
-        grep -E "^\[[0-9]+\]<stdout>: (FAILED|ERROR) " "$tmp/out.$np" |
-            sed 's/^\[[0-9]*\]<stdout>: //; s/ - .*//' | sort | uniq -c
-        grep -E "[0-9]+ (passed|failed|skipped)" "$tmp/out.$np"
+        # One verdict per test over every rank (run_all_in_graph_and_eager_modes
+        # runs a test's graph and eager halves as subtests: either failing
+        # fails the test): failed where it failed or erred on some rank,
+        # skipped where every rank skipped it, else passed. Then the failed
+        # tests, and each rank's own summary line.
+        "$py" - "$tmp/out.$np" "$np" <<'PY'
+import re
+import sys
+
+verdicts = {}
+pat = re.compile(r"^\[(\d+)\]<stdout>: (\S+\.py::\S+)(?: \[[^\]]*\])?\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS|SUBPASSED|SUBFAILED|SUBSKIPPED)")
+sub = re.compile(r"^\[(\d+)\]<stdout>: (SUBFAILED|FAILED|ERROR)(?:\[[^\]]*\])? (\S+\.py::\S+)")
+for line in open(sys.argv[1], errors="replace"):
+    m = pat.match(line)
+    if m:
+        verdicts.setdefault(m.group(2), {}).setdefault(int(m.group(1)), set()).add(m.group(3))
+        continue
+    m = sub.match(line)
+    if m:
+        verdicts.setdefault(m.group(3), {}).setdefault(int(m.group(1)), set()).add(m.group(2))
+ranks = int(sys.argv[2])
+count = {"passed": 0, "failed": 0, "skipped": 0}
+failed = []
+for test, by_rank in sorted(verdicts.items()):
+    seen = set().union(*by_rank.values())
+    if seen & {"FAILED", "SUBFAILED", "ERROR"} or len(by_rank) < ranks:
+        count["failed"] += 1
+        failed.append(test)
+    elif all(v <= {"SKIPPED", "SUBSKIPPED"} for v in by_rank.values()):
+        count["skipped"] += 1
+    else:
+        count["passed"] += 1
+for t in failed:
+    print("  failed: %s" % t)
+print("per test, %d ranks: %d passed, %d failed, %d skipped" % (ranks, count["passed"], count["failed"],
+                                                             count["skipped"]))
+PY
+        grep -E "^\[[0-9]+\]<stdout>: =+ .*[0-9]+ (passed|failed|skipped)" "$tmp/out.$np"
     else
         tail -n 60 "$tmp/out.$np"
     fi

@@ -5,6 +5,7 @@ BroadcastGlobalVariablesCallback, MetricAverageCallback,
 LearningRateWarmupCallback, plus the collectives of loom.tensorflow."""
 import keras
 import numpy as np
+import tensorflow as tf
 
 from .. import numpy as _lnp
 from ..tensorflow import (  # noqa: F401
@@ -39,8 +40,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     their own gradients, divided by the size where scale_local_gradients."""
     if op == Adasum:
         raise NotImplementedError("DistributedOptimizer: Adasum is not implemented by Loom")
-    if backward_passes_per_step != 1:
-        raise NotImplementedError("loom.keras: backward_passes_per_step > 1 is not implemented")
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be at least 1")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if isinstance(optimizer, type) or not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -51,6 +52,13 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                  else (1.0, 1.0))
     prefix = _engine.engine_for(process_set).auto_name(name or "DistributedOptimizer")
     local = {_key(v) for layer in (local_layers or []) for v in layer.trainable_weights}
+
+    # backward_passes_per_step: Keras' own gradient accumulation, which
+    # applies the mean of the accumulated gradients; Horovod applies their
+    # sum unless average_aggregated_gradients.
+    k = int(backward_passes_per_step)
+    if k > 1 and not average_aggregated_gradients:
+        post = post * k
 
     def reduce(self, grads, variables):
         grads = list(grads)
@@ -74,14 +82,20 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     def _compute_gradients(self, loss, var_list, tape=None):
         """[(reduced gradient, variable)] of loss (Keras 2's private API,
         which Horovod's tests call)."""
-        if tape is None:
-            raise ValueError("_compute_gradients: a tf.GradientTape is required")
         var_list = list(var_list)
+        if tape is None:
+            if not callable(loss):
+                raise ValueError("_compute_gradients: a tf.GradientTape, or loss as a callable, is required")
+            with tf.GradientTape() as tape:
+                loss = loss()
         return list(zip(reduce(self, tape.gradient(loss, var_list), var_list), var_list))
 
     cls = type(base.__name__, (base,), {"apply": apply, "_compute_gradients": _compute_gradients,
                                        "_loom_distributed": True})
-    return cls.from_config(optimizer.get_config())
+    config = optimizer.get_config()
+    if k > 1:
+        config["gradient_accumulation_steps"] = k
+    return cls.from_config(config)
 
 
 def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",

@@ -796,3 +796,14 @@ def _fusion_stats(process_set=global_process_set):
 
 
 from . import elastic  # noqa: E402,F401  (uses the functions above)
+
+
+def __getattr__(attr):
+    # Names Horovod keeps elsewhere: say where, rather than a bare AttributeError.
+    where = {"callbacks": "loom.keras.callbacks (Horovod: horovod.tensorflow.keras.callbacks)",
+             "SyncBatchNormalization": "nowhere yet: loom.tensorflow has no SyncBatchNormalization",
+             "load_model": "loom.keras.load_model is not provided: load with keras.models.load_model, "
+                           "then wrap the optimizer in DistributedOptimizer"}
+    if attr in where:
+        raise AttributeError("module 'loom.tensorflow' has no attribute '%s': see %s" % (attr, where[attr]))
+    raise AttributeError("module 'loom.tensorflow' has no attribute '%s'" % attr)
