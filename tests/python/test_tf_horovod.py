@@ -73,7 +73,7 @@ def test_errors():
     T.check(raises(lambda: session_run(lambda: hvd.allreduce(tf.ones([2 + R]))),
                    tf.errors.FailedPreconditionError), "graph: shape mismatch type")
     good_call("graph shape mismatch")
-    T.check(raises(lambda: session_run(lambda: hvd.alltoall(tf.ones([N + 1]))[0]),
+    T.check(raises(lambda: session_run(lambda: hvd.alltoall(tf.ones([N + 1]))),
                    tf.errors.InvalidArgumentError), "graph: alltoall bad dimension")
     good_call("graph alltoall")
     # A rank that raises before the engine sees its call (a bad argument on
@@ -177,8 +177,9 @@ def test_api():
             return s.run(var)
     with tf.Graph().as_default():
         T.check(np.allclose(bgv(), N - 1), "broadcast_global_variables in a graph")
-    _, splits = hvd.alltoall(tf.ones([N, 2]))
+    got, splits = hvd.alltoall(tf.ones([N, 2]), splits=tf.constant([1] * N, tf.int64))
     T.check(splits.dtype == tf.int32 and splits.numpy().tolist() == [1] * N, "alltoall splits int32")
+    T.check(not isinstance(hvd.alltoall(tf.ones([N, 2])), tuple), "alltoall without splits: the tensor alone")
 
     # IndexedSlices: allgathered, averaged by dividing the values.
     sl = tf.IndexedSlices(tf.fill([1, 2], float(R + 1)), tf.constant([R]), dense_shape=tf.constant([N, 2]))

@@ -374,8 +374,9 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
 # ---- alltoall ---------------------------------------------------------------
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """splits[i] rows of dimension 0 to rank i (equal parts by default);
-    returns (received tensor, received splits as int32). The gradient is the
+    """splits[i] rows of dimension 0 to rank i (equal parts by default).
+    Returns, as Horovod's, the received tensor, and with splits given the
+    pair (received tensor, received splits as int32). The gradient is the
     alltoall of the incoming gradient with the received splits."""
     tensor = _scalar_to_vector(tensor)
     name = _name("alltoall", "Alltoall", [tensor], name, process_set)
@@ -409,7 +410,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
 
         def grad(dy, drs=None):
             dy = tf.zeros_like(y) if dy is None else dy
-            gx, _ = alltoall(dy, splits=rs, process_set=process_set)
+            gx = alltoall(dy, splits=rs, process_set=process_set)[0]
             return [gx] + [None] * len(sp)
         return (y, rs), grad
 
@@ -417,7 +418,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     if splits is not None:
         inputs.append(tf.cast(tf.convert_to_tensor(splits), tf.int32))
     y, rs = _a2a(*inputs)
-    return y, tf.stop_gradient(rs)
+    return (y, tf.stop_gradient(rs)) if splits is not None else y
 
 
 # ---- reducescatter ----------------------------------------------------------
