@@ -181,6 +181,12 @@ def test_api():
     T.check(splits.dtype == tf.int32 and splits.numpy().tolist() == [1] * N, "alltoall splits int32")
     T.check(not isinstance(hvd.alltoall(tf.ones([N, 2])), tuple), "alltoall without splits: the tensor alone")
 
+    # float16 scaled in float32, as Horovod on the CPU: its tests want this exactly.
+    x16 = tf.constant([0.3, 1.7, 2.9, 100.1], tf.float16)
+    got = hvd.allreduce(x16, op=hvd.Sum, prescale_factor=0.37)
+    want = tf.cast(tf.cast(x16, tf.float32) * tf.constant(0.37, tf.float32), tf.float16) * N
+    T.check(np.array_equal(got.numpy(), want.numpy()), "float16 prescale %s != %s" % (got, want))
+
     # IndexedSlices: allgathered, averaged by dividing the values.
     sl = tf.IndexedSlices(tf.fill([1, 2], float(R + 1)), tf.constant([R]), dense_shape=tf.constant([N, 2]))
     for op, scale in ((hvd.Sum, 1.0), (hvd.Average, 1.0 / N)):
