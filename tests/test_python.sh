@@ -47,13 +47,17 @@ for np in 1 2 3; do
     run $np tests/python/test_numpy.py
 done
 
-example() {  # example PYTHON SCRIPT: 2 ranks, 3 epochs, the loss must fall
-    if "$LOOMRUN" -np 2 "$1" "$srcdir/examples/python/$2" --epochs 3 > "$tmp/out" 2>&1 &&
+example() {  # example PYTHON SCRIPT [LAUNCHER...]: 2 ranks, 3 epochs, the loss must fall (LAUNCHER: loomrun)
+    interp=$1 script=$2
+    shift 2
+    how=${*:+" under $*"}
+    [ $# -gt 0 ] || set -- "$LOOMRUN"
+    if "$@" -np 2 "$interp" "$srcdir/examples/python/$script" --epochs 3 > "$tmp/out" 2>&1 &&
         grep -q "loss fell" "$tmp/out"; then
-        echo "ok: examples/python/$2"
+        echo "ok: examples/python/$script$how"
         passes=$((passes + 1))
     else
-        echo "FAIL: examples/python/$2"
+        echo "FAIL: examples/python/$script$how"
         tail -n 40 "$tmp/out"
         failures=$((failures + 1))
     fi
@@ -135,16 +139,7 @@ if [ -n "$tfpy" ]; then
     example "$tfpy" keras_train.py
     example "$tfpy" horovod_tf_keras_mnist.py
     # Horovod's first example under horovodrun's command line too.
-    if TF_CPP_MIN_LOG_LEVEL=3 LOOMRUN="$LOOMRUN" "$tfpy" -m loom.runner -np 2 "$tfpy" \
-            "$srcdir/examples/python/horovod_tf_keras_mnist.py" --epochs 2 > "$tmp/out" 2>&1 &&
-        grep -q "loss fell" "$tmp/out"; then
-        echo "ok: python -m loom.runner examples/python/horovod_tf_keras_mnist.py"
-        passes=$((passes + 1))
-    else
-        echo "FAIL: python -m loom.runner examples/python/horovod_tf_keras_mnist.py"
-        tail -n 40 "$tmp/out"
-        failures=$((failures + 1))
-    fi
+    example "$tfpy" horovod_tf_keras_mnist.py env LOOMRUN="$LOOMRUN" TF_CPP_MIN_LOG_LEVEL=3 "$tfpy" -m loom.runner
 else
     echo "test_python: TensorFlow tests not run: no python with tensorflow and keras" \
         "(python3 -m venv /opt/loom-tf && /opt/loom-tf/bin/pip install tensorflow-cpu)"

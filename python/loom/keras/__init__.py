@@ -19,7 +19,7 @@ from ..tensorflow import (  # noqa: F401
     HostsUpdatedInterrupt, LoomError, LoomInternalError, _allreduce_grads,
     grouped_allgather, grouped_reducescatter, broadcast_, broadcast_global_variables, size_op,
     local_size_op, rank_op, local_rank_op, process_set_included_op, broadcast_object_fn,
-    DistributedGradientTape, PartialDistributedGradientTape, _executing_eagerly)
+    DistributedGradientTape, PartialDistributedGradientTape, _executing_eagerly, _layer_list)
 from .. import _basics, _engine
 
 
@@ -106,12 +106,7 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
                                 scale_local_gradients=True):
     """DistributedOptimizer whose local_layers (Keras layers) keep their own
     gradients."""
-    if local_layers is None:
-        local_layers = []
-    elif isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
-    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
-        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    local_layers = _layer_list(local_layers)
     return DistributedOptimizer(optimizer, name=name, compression=compression,
                                 sparse_as_dense=sparse_as_dense,
                                 gradient_predivide_factor=gradient_predivide_factor, op=op,

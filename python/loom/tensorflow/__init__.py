@@ -175,6 +175,20 @@ def _name(kind, label, tensors, name, process_set):
     return _engine.engine_for(process_set).auto_name(kind)
 
 
+def _grouped_call(base, xs, process_set, make, rows_vary=False):
+    """The collective of each tensor in xs, in one call into the engine:
+    make(name, array) is the entry of each (named base, or base.i in a
+    group). The results keep the inputs' shapes, dimension 0 aside where
+    rows_vary."""
+    def body(*vals):
+        names = _names(base, len(vals))
+        return _run(process_set, names, lambda: [make(n, v) for n, v in zip(names, vals)])
+    ys = _call(body, xs, [x.dtype for x in xs])
+    for y, x in zip(ys, xs):
+        y.set_shape([None] + x.shape[1:].as_list() if rows_vary else x.shape)
+    return ys
+
+
 def _op_of(op, average, what):
     if average is not None:
         op = Average if average else Sum
@@ -200,14 +214,8 @@ def _grouped_allreduce_dense(tensors, op, pre, post, name, process_set):
 
     @tf.custom_gradient
     def _ar(*xs):
-        def body(*vals):
-            names = _names(base, len(vals))
-            return _run(process_set, names, lambda: [
-                _entry("allreduce", n, tensor=v, output=v, op=op, pre=pre, post=post)
-                for n, v in zip(names, vals)])
-        ys = _call(body, xs, [x.dtype for x in xs])
-        for y, x in zip(ys, xs):
-            y.set_shape(x.shape)
+        ys = _grouped_call(base, xs, process_set, lambda n, v: _entry(
+            "allreduce", n, tensor=v, output=v, op=op, pre=pre, post=post))
 
         def grad(*dys):
             dys = [tf.zeros_like(x) if d is None else tf.convert_to_tensor(d) for d, x in zip(dys, xs)]
@@ -303,13 +311,8 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=g
 
     @tf.custom_gradient
     def _ag(*xs):
-        def body(*vals):
-            names = _names(base, len(vals))
-            return _run(process_set, names, lambda: [_entry("allgather", n, tensor=v)
-                                                     for n, v in zip(names, vals)])
-        ys = _call(body, xs, [x.dtype for x in xs])
-        for y, x in zip(ys, xs):
-            y.set_shape([None] + x.shape[1:].as_list())
+        ys = _grouped_call(base, xs, process_set, lambda n, v: _entry("allgather", n, tensor=v),
+                           rows_vary=True)
 
         def grad(*dys):
             out = []
@@ -339,13 +342,8 @@ def _grouped_broadcast(tensors, root_rank, name, process_set):
 
     @tf.custom_gradient
     def _bc(*xs):
-        def body(*vals):
-            names = _names(base, len(vals))
-            return _run(process_set, names, lambda: [_entry("broadcast", n, tensor=v, output=v, root=root)
-                                                     for n, v in zip(names, vals)])
-        ys = _call(body, xs, [x.dtype for x in xs])
-        for y, x in zip(ys, xs):
-            y.set_shape(x.shape)
+        ys = _grouped_call(base, xs, process_set, lambda n, v: _entry(
+            "broadcast", n, tensor=v, output=v, root=root))
 
         def grad(*dys):
             dys = [tf.zeros_like(x) if d is None else tf.convert_to_tensor(d) for d, x in zip(dys, xs)]
@@ -445,14 +443,9 @@ def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average
 
     @tf.custom_gradient
     def _rs(*xs):
-        def body(*vals):
-            names = _names(base, len(vals))
-            return _run(process_set, names, lambda: [
-                _entry("reducescatter", n, tensor=v, output=v, op=op, pre=prescale_factor,
-                       post=postscale_factor) for n, v in zip(names, vals)])
-        ys = _call(body, xs, [x.dtype for x in xs])
-        for y, x in zip(ys, xs):
-            y.set_shape([None] + x.shape[1:].as_list())
+        ys = _grouped_call(base, xs, process_set, lambda n, v: _entry(
+            "reducescatter", n, tensor=v, output=v, op=op, pre=prescale_factor, post=postscale_factor),
+            rows_vary=True)
 
         def grad(*dys):
             scale = float(prescale_factor) * float(postscale_factor)
@@ -703,19 +696,26 @@ class DistributedGradientTape:
         return self._tape.__exit__(*exc)
 
 
+def _layer_list(local_layers):
+    """local_layers (None, a Keras layer or several) as a list of layers."""
+    import keras
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        return [local_layers]
+    local_layers = list(local_layers)
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    return local_layers
+
+
 def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=None,
                                    sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0,
                                    num_groups=0, groups=None, process_set=global_process_set,
                                    local_layers=None, scale_local_gradients=True):
     """DistributedGradientTape whose local_layers' (Keras layers') trainable
     weights keep their own gradients."""
-    import keras
-    if local_layers is None:
-        local_layers = []
-    elif isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
-    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
-        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    local_layers = _layer_list(local_layers)
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense,
                                    op, gradient_predivide_factor, num_groups, groups, process_set,
                                    scale_local_gradients)
