@@ -154,10 +154,13 @@ for test, by_rank in sorted(verdicts.items()):
         count["skipped"] += 1
     else:
         count["passed"] += 1
+        # pytest -v reports a test whose halves were skipped as PASSED: the
+        # GPU tests without a GPU; their names say so.
+        count["gpu"] = count.get("gpu", 0) + ("gpu" in test.rsplit("::", 1)[-1])
 for t in failed:
     print("  failed: %s" % t)
-print("per test, %d ranks: %d passed, %d failed, %d skipped" % (ranks, count["passed"], count["failed"],
-                                                             count["skipped"]))
+print("per test, %d ranks: %d passed (%d of them *gpu* tests, skipped inside without a GPU), "
+      "%d failed, %d skipped" % (ranks, count["passed"], count.get("gpu", 0), count["failed"], count["skipped"]))
 PY
         grep -E "^\[[0-9]+\]<stdout>: =+ .*[0-9]+ (passed|failed|skipped)" "$tmp/out.$np"
     else
