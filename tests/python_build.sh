@@ -11,8 +11,9 @@ LOOMRUN="$builddir/tools/loomrun"
 # The interpreter: the first of $PYTHON, python3 on PATH and Debian's (where
 # apt's python3-numpy and python3-torch land) that has NumPy and PyTorch, else
 # the first that has NumPy.
+# A caller that needs other modules names them in $py_need (e.g. 'import numpy, tensorflow').
 py=""
-for need in 'import numpy, torch' 'import numpy'; do
+for need in ${py_need:+"$py_need"} 'import numpy, torch' 'import numpy'; do
     for cand in ${PYTHON:-} python3 /usr/bin/python3; do
         if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "$need" 2>/dev/null; then
             py=$cand

@@ -9,8 +9,10 @@
 # (test_torch_horovod.py: every failure kind followed by a good call, the
 # gradients of every collective, sparse, int16, scaling, SyncBatchNorm, the
 # response cache), the elastic API's state handling in a plain job; then
-# loom.tensorflow and loom.keras (their equivalence tests too) where an
-# interpreter with TensorFlow is found. The examples in examples/python run
+# loom.tensorflow and loom.keras (their equivalence tests too, and
+# test_tf_horovod.py: Horovod's error types and names, every gradient against
+# finite differences, the API beside the collectives) where an interpreter with
+# TensorFlow is found. The examples in examples/python run
 # too (2 ranks), and must end with the loss lower.
 # Automake TESTS protocol: 0 pass, 1 fail, 77 skip.
 name=test_python
@@ -45,13 +47,17 @@ for np in 1 2 3; do
     run $np tests/python/test_numpy.py
 done
 
-example() {  # example PYTHON SCRIPT: 2 ranks, 3 epochs, the loss must fall
-    if "$LOOMRUN" -np 2 "$1" "$srcdir/examples/python/$2" --epochs 3 > "$tmp/out" 2>&1 &&
+example() {  # example PYTHON SCRIPT [LAUNCHER...]: 2 ranks, 3 epochs, the loss must fall (LAUNCHER: loomrun)
+    interp=$1 script=$2
+    shift 2
+    how=${*:+" under $*"}
+    [ $# -gt 0 ] || set -- "$LOOMRUN"
+    if "$@" -np 2 "$interp" "$srcdir/examples/python/$script" --epochs 3 > "$tmp/out" 2>&1 &&
         grep -q "loss fell" "$tmp/out"; then
-        echo "ok: examples/python/$2"
+        echo "ok: examples/python/$script$how"
         passes=$((passes + 1))
     else
-        echo "FAIL: examples/python/$2"
+        echo "FAIL: examples/python/$script$how"
         tail -n 40 "$tmp/out"
         failures=$((failures + 1))
     fi
@@ -127,9 +133,13 @@ if [ -n "$tfpy" ]; then
     for np in 1 2 3; do
         run $np tests/python/test_tf.py TF_CPP_MIN_LOG_LEVEL=3 PYTHON_FOR_TEST="$tfpy"
         run $np tests/python/test_keras.py TF_CPP_MIN_LOG_LEVEL=3 PYTHON_FOR_TEST="$tfpy"
+        run $np tests/python/test_tf_horovod.py TF_CPP_MIN_LOG_LEVEL=3 PYTHON_FOR_TEST="$tfpy"
     done
     example "$tfpy" tf_train.py
     example "$tfpy" keras_train.py
+    example "$tfpy" horovod_tf_keras_mnist.py
+    # Horovod's first example under horovodrun's command line too.
+    example "$tfpy" horovod_tf_keras_mnist.py env LOOMRUN="$LOOMRUN" TF_CPP_MIN_LOG_LEVEL=3 "$tfpy" -m loom.runner
 else
     echo "test_python: TensorFlow tests not run: no python with tensorflow and keras" \
         "(python3 -m venv /opt/loom-tf && /opt/loom-tf/bin/pip install tensorflow-cpu)"

@@ -58,6 +58,11 @@ from . import _adasum, _basics, _loom, _negotiation
 from ._loom import LoomError, LoomInternalError
 
 JOIN = "__loom_join__"
+# The kind a rank submits under a collective's name when its own arguments
+# were refused before it could submit the collective itself: the name still
+# resolves on every rank (a mismatch where the others submitted the
+# collective), so the names after it stay in step.
+REFUSED = "__loom_refused__"
 # Tensors larger than this are reduced in their own memory, never copied into a
 # fusion buffer: at 1 MiB an allreduce already takes about as long as copying
 # the tensor in and out of the buffer would (README, Performance), so fusing
@@ -176,6 +181,8 @@ class Entry:
 
 def _describe(meta):
     kind, dtype, shape, op, root, pre, post, splits = meta
+    if kind == REFUSED:
+        return "nothing (its arguments were refused on that rank)"
     s = "%s %s%s" % (kind, dtype.split(".", 1)[-1], list(shape))
     if kind in ("allreduce", "reducescatter"):
         s += " op=%s" % {_loom.SUM: "Sum", _loom.AVG: "Average", _loom.MIN: "Min",
@@ -201,7 +208,7 @@ def _mismatch(name, metas, joined, n):
             return (kind, dtype, shape[1:])
         if kind == "broadcast":
             return (kind, dtype, shape, root)
-        if kind in ("barrier", JOIN):
+        if kind in ("barrier", JOIN, REFUSED):
             return (kind,)
         return (kind, dtype, shape, op, pre, post)
 
@@ -224,6 +231,9 @@ def _mismatch(name, metas, joined, n):
         for r, m in present:
             if len(m[7]) != n:
                 return "loom: alltoall '%s': rank %d gave %d splits for %d ranks" % (name, r, len(m[7]), n)
+            if any(s < 0 for s in m[7]) or (m[2] and sum(m[7]) != m[2][0]):
+                return "loom: alltoall '%s': rank %d's splits %s do not add up to its dimension 0 (%d)" % (
+                    name, r, list(m[7]), m[2][0] if m[2] else 0)
     return None
 
 
@@ -703,7 +713,7 @@ class Engine:
                 continue
             meta = next(m for m in metas if m is not None)
             kind = meta[0]
-            if kind != JOIN and not checked and all(m is not None for m in metas):
+            if kind not in (JOIN, REFUSED) and not checked and all(m is not None for m in metas):
                 self._remember(name, metas)
             if kind == "allreduce" and meta[3] == _basics.Adasum:
                 self._guarded([(e, meta)], self._adasum)
@@ -857,6 +867,8 @@ class Engine:
         if kind == "barrier":
             c.barrier()
             return None
+        if kind == REFUSED:
+            return None   # refused on every rank: each raises its own error
         t, b = e.tensor, e.backend
         dt = b.loom_dtype(meta[1])
         row = _numel(t.shape[1:])

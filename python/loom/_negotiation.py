@@ -40,7 +40,7 @@ MAX_SPLITS = 1 << 20
 
 # The closed vocabulary of collectives; the codes never change meaning.
 KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier",
-         "__loom_join__")
+         "__loom_join__", "__loom_refused__")
 _KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 
 _HEAD = struct.Struct("<4sBBI")

@@ -51,6 +51,9 @@ def _scale(a, factor):
     if factor != 1.0:
         if a.dtype.kind in "iub":
             a[...] = (a * factor).astype(a.dtype)
+        elif a.dtype.itemsize == 2:
+            # float16 and bfloat16 in float32, as Horovod scales them on the CPU.
+            a[...] = (a.astype(np.float32) * np.float32(factor)).astype(a.dtype)
         else:
             a *= factor
 

@@ -88,7 +88,34 @@ def test_warmup():
     T.check(all(a <= b + 1e-9 for a, b in zip(seen, seen[1:])), "warmup never decreases")
 
 
-for fn in (test_fit_equivalence, test_broadcast_callback, test_warmup):
+def test_partial():
+    """PartialDistributedOptimizer: a local layer's gradient is its own over
+    the size, the others' averaged; BroadcastGlobalVariablesCallback leaves
+    local_variables as they are."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, kernel_initializer="ones", use_bias=False),
+                              keras.layers.Dense(1, kernel_initializer="ones", use_bias=False)])
+    x = tf.constant([[float(R + 1), 0.0]])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(x))
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=[model.layers[0]])
+    gv = opt._compute_gradients(loss, model.trainable_weights, tape=tape)
+    g_local, g_shared = gv[0][0].numpy(), gv[1][0].numpy()
+    T.check(np.allclose(g_local[0], (R + 1.0) / N) and np.allclose(g_shared, (N + 1) / 2.0),
+            "PartialDistributedOptimizer %s %s" % (g_local, g_shared))
+    keras.utils.set_random_seed(R)
+    model = make(seed=R)
+    compile_(model, hvd.DistributedOptimizer(keras.optimizers.SGD(0.0)))
+    local = list(model.layers[0].weights)
+    mine = [np.asarray(v).copy() for v in local]
+    model.fit(shard(X)[:4], shard(Y)[:4], batch_size=4, epochs=1, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(N - 1, local_variables=local)])
+    T.check(all(np.array_equal(np.asarray(v), m) for v, m in zip(local, mine)), "local_variables kept")
+    others = np.asarray(model.layers[1].weights[0])
+    T.check(np.allclose(hvd.broadcast(tf.constant(others), root_rank=N - 1).numpy(), others),
+            "the other variables broadcast")
+
+
+for fn in (test_fit_equivalence, test_broadcast_callback, test_warmup, test_partial):
     T.run(fn)
 hvd.shutdown()
 T.finish()

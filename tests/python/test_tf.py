@@ -43,7 +43,8 @@ def test_collectives():
         T.check(np.array_equal(tf.cast(b, tf.float64).numpy(), tf.cast(data(N - 1, dt), tf.float64).numpy()),
                 "broadcast %s" % dt.name)
     x = tf.reshape(tf.range(2 * N, dtype=tf.float32) + 10 * R, [N, 2])
-    got, rs = hvd.alltoall(x)
+    got = hvd.alltoall(x)
+    _, rs = hvd.alltoall(x, splits=[1] * N)
     want = np.stack([np.arange(2 * R, 2 * R + 2) + 10 * r for r in range(N)])
     T.check(np.array_equal(got.numpy(), want) and rs.numpy().tolist() == [1] * N, "alltoall")
     rsc = hvd.reducescatter(tf.ones([2 * N, 3]), op=hvd.Sum)
@@ -81,9 +82,10 @@ def test_gradients():
         gathered = hvd.allgather(tf.stack([v] * (R + 1)), name="grad.ag")
         loss = tf.reduce_sum(gathered * tf.cast(tf.range(tf.shape(gathered)[0])[:, None] + 1, tf.float32))
     g = tape.gradient(loss, v)
-    # d/dv: this rank's rows sit at offset sum(r+1 for r < R); every rank's loss is summed.
+    # d/dv: this rank's rows sit at offset sum(r+1 for r < R); as Horovod's, the
+    # gradient is this rank's rows of the incoming gradients' average over the ranks.
     start = sum(r + 1 for r in range(R))
-    want = N * sum(start + j + 1 for j in range(R + 1))
+    want = sum(start + j + 1 for j in range(R + 1))
     T.check(np.allclose(g.numpy(), want), "allgather gradient %s != %s" % (g, want))
     w = tf.Variable(tf.fill([3], float(R)))
     hvd.broadcast_variables([w], root_rank=N - 1)
