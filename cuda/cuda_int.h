@@ -6,12 +6,13 @@
  *    path through base/reduce_ops.h;
  *  - staging.c: every collective on device buffers, written against a small
  *    table of device operations (loom_dev_ops_t) and a "run this collective on
- *    host buffers" callback; the unit tests drive it with host memory standing
- *    in for device memory;
+ *    host buffers" callback;
  *  - device.c / stream.c: the CUDA backend of that table, the per-communicator
  *    state (staging buffers, stream, stream-ordered worker), the accelerator
  *    table the core calls (device.c) and loom_cuda.h (stream.c, a layer above
  *    the core: its stream worker calls the public collectives).
+ * Without a GPU the tests run all of it over the CUDA double
+ * (tests/cuda-double/), where the host cannot touch device memory.
  */
 #ifndef LOOM_CUDA_INT_H
 #define LOOM_CUDA_INT_H
@@ -83,14 +84,6 @@ int loom_cuda_ptr_on_device(const void *p, int *device);
 /* Staging through the communicator's pinned buffers, device reductions,
  * stream-ordered calls stopped at destroy and their state freed. */
 extern const loom_accel_ops_t loom_accel_cuda;
-
-/* ---- test hooks ------------------------------------------------------------
- * Replace pointer classification (so host tests can call host memory "device"
- * memory), the device operations and the allocation of device scratch; NULL
- * restores the CUDA backend. */
-void loom_cuda_test_backend(int (*on_device)(const void *p, int *device),
-                            const loom_dev_ops_t *ops, void *ops_arg,
-                            void *(*scratch_alloc)(size_t bytes), void (*scratch_free)(void *p));
 
 #ifdef __cplusplus
 }

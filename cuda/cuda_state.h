@@ -47,6 +47,10 @@ extern __thread int loom_cuda_on_stream_worker;
 /* stream.c: stop the worker of st (pending jobs fail with LOOM_ERR_ABORTED). */
 void loom_cuda_stream_stop(loom_cuda_state_t *st);
 
+/* The device operations staging.c runs on (arg: a state; its stream and done
+ * event). */
+extern const loom_dev_ops_t loom_cuda_dev_ops;
+
 /* A CUDA error as a Loom status with a message naming the call. */
 loom_status_t loom_cuda_fail(loom_err_t *err, cudaError_t e, const char *what);
 

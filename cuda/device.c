@@ -81,14 +81,8 @@ static cu_attrs_fn driver_pointer_attrs(void)
     return f;
 }
 
-static int (*test_on_device)(const void *p, int *device);
-static const loom_dev_ops_t *test_ops;
-static void *test_ops_arg;
-
 int loom_cuda_ptr_on_device(const void *p, int *device)
 {
-    if (test_on_device)
-        return test_on_device(p, device);
     cu_attrs_fn attrs = p ? driver_pointer_attrs() : NULL;
     if (!attrs)
         return 0;
@@ -106,20 +100,6 @@ int loom_cuda_ptr_on_device(const void *p, int *device)
         return 0;
     *device = ordinal;
     return 1;
-}
-
-static void *(*test_scratch_alloc)(size_t bytes);
-static void (*test_scratch_free)(void *p);
-
-void loom_cuda_test_backend(int (*on_device)(const void *p, int *device),
-                            const loom_dev_ops_t *ops, void *ops_arg,
-                            void *(*scratch_alloc)(size_t bytes), void (*scratch_free)(void *p))
-{
-    test_on_device = on_device;
-    test_ops = ops;
-    test_ops_arg = ops_arg;
-    test_scratch_alloc = scratch_alloc;
-    test_scratch_free = scratch_free;
 }
 
 /* Note one buffer; the first one decides what the others must be. */
@@ -368,7 +348,7 @@ static loom_status_t cuda_sync(void *arg, loom_err_t *err)
     return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "waiting for the GPU");
 }
 
-static const loom_dev_ops_t cuda_ops = {
+const loom_dev_ops_t loom_cuda_dev_ops = {
     .size = sizeof(loom_dev_ops_t),
     .copy2d = cuda_copy2d,
     .reduce3 = cuda_reduce3,
@@ -376,34 +356,10 @@ static const loom_dev_ops_t cuda_ops = {
     .sync = cuda_sync,
 };
 
-/* The test double's staging buffers: plain memory, per call. */
-static loom_status_t execute_test(loom_comm_t c, const loom_coll_args_t *a,
-                                  loom_accel_host_coll_fn run_host, void *host_arg,
-                                  loom_err_t *err)
-{
-    size_t chunk = chunk_bytes_for(loom_comm_settings(c), loom_comm_size(c));
-    char *mem = malloc(2 * chunk), *scratch = test_scratch_alloc(chunk);
-    loom_status_t status = loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
-    if (mem && scratch) {
-        loom_staging_t s = {.rank = loom_comm_rank(c), .size = loom_comm_size(c), .err = err,
-                            .run_host = run_host, .host_arg = host_arg,
-                            .dev = test_ops, .dev_arg = test_ops_arg,
-                            .host_send = mem, .host_recv = mem + chunk, .dev_scratch = scratch,
-                            .chunk_bytes = chunk};
-        status = loom_staging_run(&s, a);
-    }
-    if (scratch)
-        test_scratch_free(scratch);
-    free(mem);
-    return status;
-}
-
 static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_args_t *a,
                                    int on_comm_worker, loom_accel_host_coll_fn run_host,
                                    void *host_arg, loom_err_t *err)
 {
-    if (test_ops)
-        return execute_test(c, a, run_host, host_arg, err);
     loom_cuda_state_t *st;
     loom_status_t status = loom_cuda_state_get(c, device, &st, err);
     if (status != LOOM_SUCCESS)
@@ -431,7 +387,7 @@ static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_ar
     if (status == LOOM_SUCCESS) {
         loom_staging_t s = {.rank = loom_comm_rank(c), .size = loom_comm_size(c), .err = err,
                             .run_host = run_host, .host_arg = host_arg,
-                            .dev = &cuda_ops, .dev_arg = st,
+                            .dev = &loom_cuda_dev_ops, .dev_arg = st,
                             .host_send = st->host_send, .host_recv = st->host_recv,
                             .dev_scratch = st->dev_scratch, .chunk_bytes = st->chunk_bytes};
         status = loom_staging_run(&s, a);
@@ -496,10 +452,7 @@ static loom_status_t cuda_run_p2p(loom_comm_t c, int device, int is_send, void *
     loom_status_t status = LOOM_SUCCESS;
     loom_cuda_state_t *st = NULL;
     int prev = -1;
-    if (test_ops) {
-        if (is_send)
-            status = test_ops->copy2d(test_ops_arg, hbuf, bytes, dbuf, bytes, bytes, 1, err);
-    } else if ((status = loom_cuda_state_get(c, device, &st, err)) == LOOM_SUCCESS) {
+    if ((status = loom_cuda_state_get(c, device, &st, err)) == LOOM_SUCCESS) {
         cudaGetDevice(&prev);
         if (prev != device)
             cudaSetDevice(device);
@@ -509,8 +462,7 @@ static loom_status_t cuda_run_p2p(loom_comm_t c, int device, int is_send, void *
     if (status == LOOM_SUCCESS)
         status = host(hbuf, arg);
     if (status == LOOM_SUCCESS && !is_send)
-        status = test_ops ? test_ops->copy2d(test_ops_arg, dbuf, bytes, hbuf, bytes, bytes, 1, err)
-                          : p2p_copy(st, dbuf, hbuf, bytes, err);
+        status = p2p_copy(st, dbuf, hbuf, bytes, err);
     if (prev >= 0 && prev != device)
         cudaSetDevice(prev);
     free(hbuf);

@@ -1,0 +1,1036 @@
+/* cuda_double.c - a CUDA runtime and driver that fail where a GPU would, for
+ * the tests of Loom's GPU path on machines without one (README.md here).
+ *
+ * Device memory is a memfd mapped twice: the address handed out is a PROT_NONE
+ * mapping, so any host access through it faults as it would on hardware (or
+ * reads garbage, which is worse), and the double's copies, memsets and kernels
+ * work through a second, writable mapping of the same pages. Each stream has a
+ * worker thread that runs its operations in order; events, stream waits, host
+ * functions and the legacy default stream's implicit ordering are kept, so a
+ * missing dependency shows as a wrong or racy result rather than passing by
+ * luck. CUDA state does not survive fork, and a faulting kernel leaves every
+ * later call failing, as on hardware.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "cuda_double.h"
+
+/* ---- process state ------------------------------------------------------------ */
+
+/* One lock for everything: the double is about ordering, not speed, and the
+ * copies themselves run outside it. Each stream has a condition of its own
+ * (work queued on it, work finished), so a step wakes only who waits on it. */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+static pid_t owner;                      /* the process that started "CUDA" */
+static cudaError_t sticky = cudaSuccess; /* a kernel faulted: the context is lost */
+static __thread int current_device;
+static __thread cudaError_t last_error;
+static __thread int in_host_fn;          /* host functions may not call CUDA */
+static cuda_double_counts_t counts;
+
+static int device_count(void)
+{
+    const char *s = getenv("LOOM_CUDA_DOUBLE_DEVICES");
+    return s && *s ? atoi(s) : 1;
+}
+
+/* The status of a call: remembered for cudaGetLastError. */
+static cudaError_t ret(cudaError_t e)
+{
+    if (e != cudaSuccess)
+        last_error = e;
+    return e;
+}
+
+/* What every call checks first. */
+static cudaError_t enter(void)
+{
+    if (in_host_fn)
+        return cudaErrorNotPermitted;
+    pid_t me = getpid();
+    pthread_mutex_lock(&lock);
+    if (!owner)
+        owner = me;
+    int forked = owner != me;
+    cudaError_t e = forked ? cudaErrorInitializationError : sticky;
+    pthread_mutex_unlock(&lock);
+    if (forked)
+        fprintf(stderr, "cuda double: CUDA used in a child of the process that started it "
+                        "(a CUDA context does not survive fork)\n");
+    return e;
+}
+
+#define ENTER()                              \
+    do {                                     \
+        cudaError_t enter_ = enter();        \
+        if (enter_ != cudaSuccess)           \
+            return ret(enter_);              \
+    } while (0)
+
+/* ---- memory ---------------------------------------------------------------- */
+
+typedef struct region {
+    struct region *next;
+    char *addr;    /* what the program sees: PROT_NONE for device memory */
+    char *shadow;  /* the double's writable view (device memory only) */
+    size_t len, mapped;
+    int device, pinned, fd;
+} region_t;
+
+static region_t *regions;
+
+/* The region holding [p, p + len), or NULL; *partial: p is in a region that
+ * ends before p + len. Under lock. */
+static region_t *region_of(const void *p, size_t len, int *partial)
+{
+    const char *c = p;
+    if (partial)
+        *partial = 0;
+    for (region_t *r = regions; r; r = r->next)
+        if (c >= r->addr && c < r->addr + (r->len ? r->len : 1)) {
+            if ((size_t)(c - r->addr) + len > r->len) {
+                if (partial)
+                    *partial = 1;
+                return NULL;
+            }
+            return r;
+        }
+    return NULL;
+}
+
+void *cuda_double_reach(const void *p, size_t len)
+{
+    pthread_mutex_lock(&lock);
+    region_t *r = region_of(p, len, NULL);
+    void *out = !r ? NULL : r->pinned ? (void *)p : r->shadow + ((const char *)p - r->addr);
+    pthread_mutex_unlock(&lock);
+    return out;
+}
+
+static size_t page_round(size_t n)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    return (n + pg - 1) / pg * pg;
+}
+
+static cudaError_t device_alloc(void **out, size_t size)
+{
+    if (!out)
+        return cudaErrorInvalidValue;
+    if (size == 0) {
+        *out = NULL;
+        return cudaSuccess;
+    }
+    region_t *r = calloc(1, sizeof(*r));
+    if (!r)
+        return cudaErrorMemoryAllocation;
+    r->len = size;
+    r->mapped = page_round(size);
+    r->device = current_device;
+    r->fd = memfd_create("loom-cuda-double", MFD_CLOEXEC);
+    if (r->fd < 0 || ftruncate(r->fd, (off_t)r->mapped) != 0)
+        goto fail_fd;
+    r->addr = mmap(NULL, r->mapped, PROT_NONE, MAP_SHARED, r->fd, 0);
+    if (r->addr == MAP_FAILED)
+        goto fail_fd;
+    r->shadow = mmap(NULL, r->mapped, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+    if (r->shadow == MAP_FAILED)
+        goto fail_addr;
+    /* Fresh device memory is not zeroed on hardware: make that visible. */
+    memset(r->shadow, 0xd7, r->mapped);
+    pthread_mutex_lock(&lock);
+    r->next = regions;
+    regions = r;
+    pthread_mutex_unlock(&lock);
+    *out = r->addr;
+    return cudaSuccess;
+fail_addr:
+    munmap(r->addr, r->mapped);
+fail_fd:
+    if (r->fd >= 0)
+        close(r->fd);
+    free(r);
+    return cudaErrorMemoryAllocation;
+}
+
+static cudaError_t host_alloc(void **out, size_t size)
+{
+    if (!out)
+        return cudaErrorInvalidValue;
+    region_t *r = calloc(1, sizeof(*r));
+    if (!r)
+        return cudaErrorMemoryAllocation;
+    r->len = size;
+    r->mapped = page_round(size ? size : 1);
+    r->pinned = 1;
+    r->fd = -1;
+    r->device = -1;
+    r->addr = mmap(NULL, r->mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r->addr == MAP_FAILED) {
+        free(r);
+        return cudaErrorMemoryAllocation;
+    }
+    pthread_mutex_lock(&lock);
+    r->next = regions;
+    regions = r;
+    pthread_mutex_unlock(&lock);
+    *out = r->addr;
+    return cudaSuccess;
+}
+
+static void wait_device_idle(int device);
+
+static cudaError_t region_free(void *p, int pinned)
+{
+    if (!p)
+        return cudaSuccess;
+    /* cudaFree and cudaFreeHost wait for the device, as on hardware. */
+    wait_device_idle(pinned ? -1 : current_device);
+    pthread_mutex_lock(&lock);
+    region_t **pp = &regions;
+    while (*pp && ((*pp)->addr != p || (*pp)->pinned != pinned))
+        pp = &(*pp)->next;
+    region_t *r = *pp;
+    if (r)
+        *pp = r->next;
+    pthread_mutex_unlock(&lock);
+    if (!r)
+        return cudaErrorInvalidValue;
+    munmap(r->addr, r->mapped);
+    if (r->shadow)
+        munmap(r->shadow, r->mapped);
+    if (r->fd >= 0)
+        close(r->fd);
+    free(r);
+    return cudaSuccess;
+}
+
+/* ---- streams and events ----------------------------------------------------- */
+
+typedef enum { OP_COPY, OP_MEMSET, OP_FN, OP_WAIT, OP_RECORD } op_kind_t;
+
+struct CUevent_st {
+    struct CUstream_st *stream;        /* of the latest record; NULL: never recorded */
+    unsigned long long ticket;         /* that record's place in stream */
+    unsigned int flags;
+    int refs;                          /* the program's, and one per pending record */
+    struct timespec at;
+};
+
+typedef struct op {
+    struct op *next;
+    op_kind_t kind;
+    unsigned long long ticket;
+    union {
+        struct { char *dst; const char *src; size_t dpitch, spitch, width, height; } copy;
+        struct { char *dst; int value; size_t bytes; } set;
+        struct { void (*fn)(void *); void *arg; int kernel; } fn;
+        struct { struct CUstream_st *stream; unsigned long long ticket; } wait;
+        struct { struct CUevent_st *event; } record;
+    } u;
+} op_t;
+
+struct CUstream_st {
+    struct CUstream_st *next_all;
+    int device, nonblocking, legacy, destroyed;
+    op_t *head, *tail;
+    unsigned long long queued, done;   /* tickets: queued ones, the last one finished */
+    pthread_cond_t moved;              /* queued or done changed */
+    pthread_t worker;
+};
+
+/* Every stream ever made: a destroyed stream drains, and what waits on it may
+ * still read its counters, so none is freed. */
+static struct CUstream_st *streams;
+
+static void *stream_worker(void *arg);
+
+/* Under lock. */
+static cudaError_t stream_new(int device, int nonblocking, int legacy, struct CUstream_st **out)
+{
+    struct CUstream_st *s = calloc(1, sizeof(*s));
+    if (!s)
+        return cudaErrorMemoryAllocation;
+    s->device = device;
+    s->nonblocking = nonblocking;
+    s->legacy = legacy;
+    pthread_cond_init(&s->moved, NULL);
+    if (pthread_create(&s->worker, NULL, stream_worker, s) != 0) {
+        pthread_cond_destroy(&s->moved);
+        free(s);
+        return cudaErrorMemoryAllocation;
+    }
+    pthread_detach(s->worker);
+    s->next_all = streams;
+    streams = s;
+    *out = s;
+    return cudaSuccess;
+}
+
+/* The stream a handle names, for the calling thread's device. Under lock. */
+static cudaError_t stream_of(cudaStream_t handle, struct CUstream_st **out)
+{
+    if (handle == NULL || handle == cudaStreamLegacy || handle == cudaStreamPerThread) {
+        for (struct CUstream_st *s = streams; s; s = s->next_all)
+            if (s->legacy && s->device == current_device) {
+                *out = s;
+                return cudaSuccess;
+            }
+        return stream_new(current_device, 0, 1, out);
+    }
+    for (struct CUstream_st *s = streams; s; s = s->next_all)
+        if (s == handle && !s->destroyed) {
+            *out = s;
+            return cudaSuccess;
+        }
+    return cudaErrorInvalidResourceHandle;
+}
+
+static void push(struct CUstream_st *s, op_t *op)
+{
+    op->ticket = ++s->queued;
+    op->next = NULL;
+    if (s->tail)
+        s->tail->next = op;
+    else
+        s->head = op;
+    s->tail = op;
+}
+
+static int push_wait(struct CUstream_st *s, struct CUstream_st *on, unsigned long long ticket)
+{
+    op_t *w = calloc(1, sizeof(*w));
+    if (!w)
+        return -1;
+    w->kind = OP_WAIT;
+    w->u.wait.stream = on;
+    w->u.wait.ticket = ticket;
+    push(s, w);
+    return 0;
+}
+
+/* Queue op on s after what the legacy default stream orders it behind: the
+ * legacy stream waits for every blocking stream of its device, and a blocking
+ * stream for the legacy one. Under lock; returns the op's ticket, 0 when out
+ * of memory (op freed). */
+static unsigned long long enqueue(struct CUstream_st *s, op_t *op)
+{
+    int bad = 0;
+    for (struct CUstream_st *t = streams; t; t = t->next_all) {
+        if (t == s || t->device != s->device || t->nonblocking || t->done == t->queued)
+            continue;
+        if ((s->legacy && !t->legacy) || (!s->legacy && !s->nonblocking && t->legacy))
+            bad |= push_wait(s, t, t->queued);
+    }
+    if (bad) {
+        free(op);
+        return 0;
+    }
+    push(s, op);
+    pthread_cond_broadcast(&s->moved);
+    return op->ticket;
+}
+
+static void run_op(op_t *op)
+{
+    switch (op->kind) {
+    case OP_COPY:
+        for (size_t r = 0; r < op->u.copy.height; r++)
+            memmove(op->u.copy.dst + r * op->u.copy.dpitch, op->u.copy.src + r * op->u.copy.spitch,
+                    op->u.copy.width);
+        break;
+    case OP_MEMSET:
+        memset(op->u.set.dst, op->u.set.value, op->u.set.bytes);
+        break;
+    case OP_FN:
+        in_host_fn = !op->u.fn.kernel;
+        op->u.fn.fn(op->u.fn.arg);
+        in_host_fn = 0;
+        break;
+    default:
+        break;
+    }
+}
+
+static void event_unref(struct CUevent_st *ev)
+{
+    if (--ev->refs == 0)
+        free(ev);
+}
+
+static void *stream_worker(void *arg)
+{
+    struct CUstream_st *s = arg;
+    pthread_mutex_lock(&lock);
+    for (;;) {
+        while (!s->head && !s->destroyed)
+            pthread_cond_wait(&s->moved, &lock);
+        op_t *op = s->head;
+        if (!op)
+            break;
+        if (op->kind == OP_WAIT) {
+            while (op->u.wait.stream->done < op->u.wait.ticket)
+                pthread_cond_wait(&op->u.wait.stream->moved, &lock);
+        } else if (op->kind == OP_RECORD) {
+            struct CUevent_st *ev = op->u.record.event;
+            if (ev->stream == s && ev->ticket == op->ticket)
+                clock_gettime(CLOCK_MONOTONIC, &ev->at);
+            event_unref(ev);
+        } else if (sticky == cudaSuccess) {
+            /* After a fault nothing runs: the context is gone. */
+            pthread_mutex_unlock(&lock);
+            run_op(op);
+            pthread_mutex_lock(&lock);
+        }
+        s->head = op->next;
+        if (!s->head)
+            s->tail = NULL;
+        s->done = op->ticket;
+        if (op->kind == OP_FN)
+            free(op->u.fn.arg);
+        free(op);
+        pthread_cond_broadcast(&s->moved);
+    }
+    pthread_mutex_unlock(&lock);
+    return NULL;
+}
+
+/* Wait until s has finished ticket. Under lock. */
+static void wait_ticket(struct CUstream_st *s, unsigned long long ticket)
+{
+    while (s->done < ticket)
+        pthread_cond_wait(&s->moved, &lock);
+}
+
+/* device < 0: every device. */
+static void wait_device_idle(int device)
+{
+    pthread_mutex_lock(&lock);
+    for (struct CUstream_st *s = streams; s; s = s->next_all)
+        if (device < 0 || s->device == device)
+            wait_ticket(s, s->queued);
+    pthread_mutex_unlock(&lock);
+}
+
+/* Queue op on the stream handle names; blocking: wait for it too. */
+static cudaError_t submit(cudaStream_t handle, op_t *op, int blocking)
+{
+    pthread_mutex_lock(&lock);
+    struct CUstream_st *s;
+    cudaError_t e = stream_of(handle, &s);
+    unsigned long long ticket = 0;
+    if (e != cudaSuccess)
+        free(op);
+    else if ((ticket = enqueue(s, op)) == 0)
+        e = cudaErrorMemoryAllocation;
+    else if (blocking)
+        wait_ticket(s, ticket);
+    if (e == cudaSuccess && blocking && sticky != cudaSuccess)
+        e = sticky;
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags)
+{
+    ENTER();
+    if (!out || (flags & ~(unsigned)cudaStreamNonBlocking))
+        return ret(cudaErrorInvalidValue);
+    pthread_mutex_lock(&lock);
+    struct CUstream_st *s = NULL;
+    cudaError_t e = stream_new(current_device, (flags & cudaStreamNonBlocking) != 0, 0, &s);
+    pthread_mutex_unlock(&lock);
+    if (e == cudaSuccess)
+        *out = s;
+    return ret(e);
+}
+
+cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t *out)
+{
+    return cudaStreamCreateWithFlags(out, cudaStreamDefault);
+}
+
+cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t handle)
+{
+    ENTER();
+    if (handle == NULL || handle == cudaStreamLegacy || handle == cudaStreamPerThread)
+        return ret(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&lock);
+    struct CUstream_st *s;
+    cudaError_t e = stream_of(handle, &s);
+    if (e == cudaSuccess) {
+        /* Queued work still runs, as on hardware; the worker exits after it. */
+        s->destroyed = 1;
+        pthread_cond_broadcast(&s->moved);
+    }
+    pthread_mutex_unlock(&lock);
+    return ret(e);
+}
+
+cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t handle)
+{
+    ENTER();
+    pthread_mutex_lock(&lock);
+    struct CUstream_st *s;
+    cudaError_t e = stream_of(handle, &s);
+    if (e == cudaSuccess) {
+        wait_ticket(s, s->queued);
+        e = sticky;
+    }
+    pthread_mutex_unlock(&lock);
+    return ret(e);
+}
+
+cudaError_t CUDARTAPI cudaStreamQuery(cudaStream_t handle)
+{
+    ENTER();
+    pthread_mutex_lock(&lock);
+    struct CUstream_st *s;
+    cudaError_t e = stream_of(handle, &s);
+    if (e == cudaSuccess && s->done < s->queued)
+        e = cudaErrorNotReady;
+    pthread_mutex_unlock(&lock);
+    return e == cudaErrorNotReady ? e : ret(e);
+}
+
+cudaError_t CUDARTAPI cudaDeviceSynchronize(void)
+{
+    ENTER();
+    wait_device_idle(current_device);
+    return ret(sticky);
+}
+
+cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags)
+{
+    ENTER();
+    if (!out)
+        return ret(cudaErrorInvalidValue);
+    struct CUevent_st *ev = calloc(1, sizeof(*ev));
+    if (!ev)
+        return ret(cudaErrorMemoryAllocation);
+    ev->flags = flags;
+    ev->refs = 1;
+    *out = ev;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t *out)
+{
+    return cudaEventCreateWithFlags(out, cudaEventDefault);
+}
+
+cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t ev)
+{
+    ENTER();
+    if (!ev)
+        return ret(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&lock);
+    event_unref(ev);   /* a pending record keeps it until it runs */
+    pthread_mutex_unlock(&lock);
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t ev, cudaStream_t handle)
+{
+    ENTER();
+    if (!ev)
+        return ret(cudaErrorInvalidResourceHandle);
+    op_t *op = calloc(1, sizeof(*op));
+    if (!op)
+        return ret(cudaErrorMemoryAllocation);
+    op->kind = OP_RECORD;
+    op->u.record.event = ev;
+    pthread_mutex_lock(&lock);
+    struct CUstream_st *s;
+    cudaError_t e = stream_of(handle, &s);
+    unsigned long long ticket = 0;
+    if (e != cudaSuccess)
+        free(op);
+    else if ((ticket = enqueue(s, op)) == 0)
+        e = cudaErrorMemoryAllocation;
+    else {
+        ev->stream = s;
+        ev->ticket = ticket;
+        ev->refs++;
+    }
+    pthread_mutex_unlock(&lock);
+    return ret(e);
+}
+
+static int event_done(struct CUevent_st *ev)
+{
+    return !ev->stream || ev->stream->done >= ev->ticket;
+}
+
+cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t ev)
+{
+    ENTER();
+    if (!ev)
+        return ret(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&lock);
+    int done = event_done(ev);
+    pthread_mutex_unlock(&lock);
+    return done ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t ev)
+{
+    ENTER();
+    if (!ev)
+        return ret(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&lock);
+    if (ev->stream)
+        wait_ticket(ev->stream, ev->ticket);
+    cudaError_t e = sticky;
+    pthread_mutex_unlock(&lock);
+    return ret(e);
+}
+
+cudaError_t CUDARTAPI cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    ENTER();
+    if (!ms || !start || !end)
+        return ret(cudaErrorInvalidValue);
+    if ((start->flags | end->flags) & cudaEventDisableTiming)
+        return ret(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&lock);
+    int ready = start->stream && end->stream && event_done(start) && event_done(end);
+    pthread_mutex_unlock(&lock);
+    if (!ready)
+        return ret(start->stream && end->stream ? cudaErrorNotReady : cudaErrorInvalidResourceHandle);
+    *ms = (float)((double)(end->at.tv_sec - start->at.tv_sec) * 1e3 +
+                  (double)(end->at.tv_nsec - start->at.tv_nsec) / 1e6);
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t handle, cudaEvent_t ev, unsigned int flags)
+{
+    ENTER();
+    if (!ev || flags != 0)
+        return ret(!ev ? cudaErrorInvalidResourceHandle : cudaErrorInvalidValue);
+    pthread_mutex_lock(&lock);
+    struct CUstream_st *s;
+    cudaError_t e = stream_of(handle, &s);
+    /* The record that is latest now, as CUDA does: later records do not count. */
+    if (e == cudaSuccess && ev->stream && !event_done(ev)) {
+        op_t *w = calloc(1, sizeof(*w));
+        if (!w)
+            e = cudaErrorMemoryAllocation;
+        else {
+            w->kind = OP_WAIT;
+            w->u.wait.stream = ev->stream;
+            w->u.wait.ticket = ev->ticket;
+            if (!enqueue(s, w))
+                e = cudaErrorMemoryAllocation;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return ret(e);
+}
+
+static cudaError_t launch(cudaStream_t stream, void (*fn)(void *), const void *arg,
+                          size_t arg_bytes, int kernel)
+{
+    ENTER();
+    if (!fn)
+        return ret(cudaErrorInvalidValue);
+    op_t *op = calloc(1, sizeof(*op));
+    void *copy = arg_bytes ? malloc(arg_bytes) : NULL;
+    if (!op || (arg_bytes && !copy)) {
+        free(op);
+        free(copy);
+        return ret(cudaErrorMemoryAllocation);
+    }
+    if (arg_bytes)
+        memcpy(copy, arg, arg_bytes);
+    op->kind = OP_FN;
+    op->u.fn.fn = fn;
+    op->u.fn.arg = copy;
+    op->u.fn.kernel = kernel;
+    if (kernel) {
+        pthread_mutex_lock(&lock);
+        counts.kernels++;
+        pthread_mutex_unlock(&lock);
+    }
+    return ret(submit(stream, op, 0));
+}
+
+cudaError_t cuda_double_launch(cudaStream_t stream, void (*fn)(void *), const void *arg,
+                               size_t arg_bytes)
+{
+    return launch(stream, fn, arg, arg_bytes, 1);
+}
+
+/* A host function gets its own pointer back: it is not copied. */
+typedef struct { cudaHostFn_t fn; void *user; } host_fn_t;
+
+static void run_host_fn(void *arg)
+{
+    host_fn_t *h = arg;
+    h->fn(h->user);
+}
+
+cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *user)
+{
+    host_fn_t h = {fn, user};
+    return launch(stream, run_host_fn, &h, sizeof(h), 0);
+}
+
+void cuda_double_fault(cudaError_t e, const char *why)
+{
+    pthread_mutex_lock(&lock);
+    if (sticky == cudaSuccess) {
+        sticky = e;
+        fprintf(stderr, "cuda double: %s (%s): every later CUDA call fails\n", why,
+                cudaGetErrorName(e));
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void cuda_double_counts(cuda_double_counts_t *out)
+{
+    pthread_mutex_lock(&lock);
+    *out = counts;
+    pthread_mutex_unlock(&lock);
+}
+
+/* ---- copies and memsets ------------------------------------------------------- */
+
+typedef struct {
+    char *at;      /* where the double reads or writes */
+    int device;    /* device memory; else host */
+    int pageable;  /* host memory CUDA did not allocate: copies are synchronous */
+} side_t;
+
+/* Under lock. */
+static cudaError_t side_of(const void *p, size_t extent, side_t *out)
+{
+    int partial;
+    region_t *r = region_of(p, extent, &partial);
+    if (partial)
+        return cudaErrorInvalidValue;
+    out->device = r && !r->pinned;
+    out->pageable = !r;
+    out->at = out->device ? r->shadow + ((const char *)p - r->addr) : (char *)p;
+    return cudaSuccess;
+}
+
+static cudaError_t copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                        size_t height, enum cudaMemcpyKind kind, cudaStream_t stream, int blocking)
+{
+    ENTER();
+    if (height == 0 || width == 0)
+        return cudaSuccess;
+    if (!dst || !src || (height > 1 && (dpitch < width || spitch < width)))
+        return ret(cudaErrorInvalidValue);
+    side_t d, s;
+    pthread_mutex_lock(&lock);
+    cudaError_t e = side_of(dst, (height - 1) * dpitch + width, &d);
+    if (e == cudaSuccess)
+        e = side_of(src, (height - 1) * spitch + width, &s);
+    if (e == cudaSuccess) {
+        /* An explicit direction must name the memories it copies between. */
+        int want_src = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+        int want_dst = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+        if (kind != cudaMemcpyDefault && (s.device != want_src || d.device != want_dst))
+            e = cudaErrorInvalidValue;
+    }
+    if (e == cudaSuccess) {
+        long long bytes = (long long)(width * height);
+        if (s.device && d.device)
+            counts.d2d++, counts.d2d_bytes += bytes;
+        else if (d.device)
+            counts.h2d++, counts.h2d_bytes += bytes;
+        else if (s.device)
+            counts.d2h++, counts.d2h_bytes += bytes;
+        else
+            counts.h2h++;
+    }
+    pthread_mutex_unlock(&lock);
+    if (e != cudaSuccess)
+        return ret(e);
+    op_t *op = calloc(1, sizeof(*op));
+    if (!op)
+        return ret(cudaErrorMemoryAllocation);
+    op->kind = OP_COPY;
+    op->u.copy.dst = d.at;
+    op->u.copy.src = s.at;
+    op->u.copy.dpitch = height > 1 ? dpitch : width;
+    op->u.copy.spitch = height > 1 ? spitch : width;
+    op->u.copy.width = width;
+    op->u.copy.height = height;
+    /* Pageable memory is copied before the call returns, as CUDA stages it. */
+    return ret(submit(stream, op, blocking || d.pageable || s.pageable));
+}
+
+cudaError_t CUDARTAPI cudaMemcpyAsync(void *dst, const void *src, size_t n,
+                                      enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    return copy(dst, n, src, n, n, 1, kind, stream, 0);
+}
+
+cudaError_t CUDARTAPI cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+{
+    return copy(dst, n, src, n, n, 1, kind, cudaStreamLegacy, 1);
+}
+
+cudaError_t CUDARTAPI cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                        size_t width, size_t height, enum cudaMemcpyKind kind,
+                                        cudaStream_t stream)
+{
+    return copy(dst, dpitch, src, spitch, width, height, kind, stream, 0);
+}
+
+cudaError_t CUDARTAPI cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                   size_t width, size_t height, enum cudaMemcpyKind kind)
+{
+    return copy(dst, dpitch, src, spitch, width, height, kind, cudaStreamLegacy, 1);
+}
+
+static cudaError_t set(void *dst, int value, size_t n, cudaStream_t stream, int blocking)
+{
+    ENTER();
+    if (n == 0)
+        return cudaSuccess;
+    side_t d;
+    pthread_mutex_lock(&lock);
+    cudaError_t e = side_of(dst, n, &d);
+    pthread_mutex_unlock(&lock);
+    if (e == cudaSuccess && !d.device)
+        e = cudaErrorInvalidValue;
+    if (e != cudaSuccess)
+        return ret(e);
+    op_t *op = calloc(1, sizeof(*op));
+    if (!op)
+        return ret(cudaErrorMemoryAllocation);
+    op->kind = OP_MEMSET;
+    op->u.set.dst = d.at;
+    op->u.set.value = value;
+    op->u.set.bytes = n;
+    return ret(submit(stream, op, blocking));
+}
+
+cudaError_t CUDARTAPI cudaMemsetAsync(void *dst, int value, size_t n, cudaStream_t stream)
+{
+    return set(dst, value, n, stream, 0);
+}
+
+cudaError_t CUDARTAPI cudaMemset(void *dst, int value, size_t n)
+{
+    return set(dst, value, n, cudaStreamLegacy, 1);
+}
+
+/* ---- allocation ------------------------------------------------------------- */
+
+cudaError_t CUDARTAPI cudaMalloc(void **out, size_t size)
+{
+    ENTER();
+    return ret(device_alloc(out, size));
+}
+
+cudaError_t CUDARTAPI cudaFree(void *p)
+{
+    ENTER();
+    return ret(region_free(p, 0));
+}
+
+cudaError_t CUDARTAPI cudaHostAlloc(void **out, size_t size, unsigned int flags)
+{
+    ENTER();
+    (void)flags;
+    return ret(host_alloc(out, size));
+}
+
+cudaError_t CUDARTAPI cudaMallocHost(void **out, size_t size)
+{
+    ENTER();
+    return ret(host_alloc(out, size));
+}
+
+cudaError_t CUDARTAPI cudaFreeHost(void *p)
+{
+    ENTER();
+    return ret(region_free(p, 1));
+}
+
+/* ---- devices ----------------------------------------------------------------- */
+
+cudaError_t CUDARTAPI cudaGetDeviceCount(int *n)
+{
+    ENTER();
+    if (!n)
+        return ret(cudaErrorInvalidValue);
+    *n = device_count();
+    return *n > 0 ? cudaSuccess : ret(cudaErrorNoDevice);
+}
+
+cudaError_t CUDARTAPI cudaSetDevice(int device)
+{
+    ENTER();
+    if (device < 0 || device >= device_count())
+        return ret(cudaErrorInvalidDevice);
+    current_device = device;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaGetDevice(int *device)
+{
+    ENTER();
+    if (!device)
+        return ret(cudaErrorInvalidValue);
+    *device = current_device;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaGetDeviceProperties(struct cudaDeviceProp *p, int device)
+{
+    ENTER();
+    if (!p)
+        return ret(cudaErrorInvalidValue);
+    if (device < 0 || device >= device_count())
+        return ret(cudaErrorInvalidDevice);
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "Loom CUDA double");
+    p->major = 9;
+    p->minor = 0;
+    p->totalGlobalMem = (size_t)16 << 30;
+    p->multiProcessorCount = 1;
+    p->warpSize = 32;
+    p->unifiedAddressing = 1;
+    p->pciDeviceID = device;
+    return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
+{
+    ENTER();
+    if (!value)
+        return ret(cudaErrorInvalidValue);
+    if (device < 0 || device >= device_count())
+        return ret(cudaErrorInvalidDevice);
+    switch (attr) {
+    case cudaDevAttrMemoryClockRate: *value = 1000000; break;      /* kHz */
+    case cudaDevAttrGlobalMemoryBusWidth: *value = 64; break;      /* bits */
+    case cudaDevAttrUnifiedAddressing: *value = 1; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    default: *value = 0; break;
+    }
+    return cudaSuccess;
+}
+
+/* ---- errors ------------------------------------------------------------------ */
+
+static const struct { cudaError_t e; const char *name, *text; } errors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorNotPermitted, "cudaErrorNotPermitted", "operation not permitted"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
+     "an illegal memory access was encountered"},
+};
+
+const char *CUDARTAPI cudaGetErrorName(cudaError_t e)
+{
+    for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+        if (errors[i].e == e)
+            return errors[i].name;
+    return "cudaErrorUnknown";
+}
+
+const char *CUDARTAPI cudaGetErrorString(cudaError_t e)
+{
+    for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+        if (errors[i].e == e)
+            return errors[i].text;
+    return "unknown error";
+}
+
+cudaError_t CUDARTAPI cudaGetLastError(void)
+{
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e != cudaSuccess ? e : sticky;
+}
+
+cudaError_t CUDARTAPI cudaPeekAtLastError(void)
+{
+    return last_error != cudaSuccess ? last_error : sticky;
+}
+
+/* ---- the driver calls Loom makes ------------------------------------------------ */
+
+CUresult CUDAAPI cuInit(unsigned int flags)
+{
+    (void)flags;
+    return enter() == cudaSuccess ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+/* Like the driver: no error for memory it does not know, only empty answers;
+ * CUDA_ERROR_NOT_INITIALIZED before anything started CUDA. */
+CUresult CUDAAPI cuPointerGetAttributes(unsigned int n, CUpointer_attribute *which, void **values,
+                                        CUdeviceptr ptr)
+{
+    if (!which || !values)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    int started = owner == getpid();
+    region_t *r = region_of((const void *)(uintptr_t)ptr, 1, NULL);
+    for (unsigned int i = 0; started && i < n; i++) {
+        switch (which[i]) {
+        case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+            *(unsigned int *)values[i] = !r ? 0 : r->pinned ? CU_MEMORYTYPE_HOST
+                                                            : CU_MEMORYTYPE_DEVICE;
+            break;
+        case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+            *(unsigned int *)values[i] = 0;
+            break;
+        case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+            *(int *)values[i] = r ? (r->pinned ? current_device : r->device) : -2;
+            break;
+        case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+            *(void **)values[i] = r ? r->addr : NULL;
+            break;
+        case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+            *(size_t *)values[i] = r ? r->len : 0;
+            break;
+        default:
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return started ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+CUresult CUDAAPI cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr ptr)
+{
+    pthread_mutex_lock(&lock);
+    region_t *r = region_of((const void *)(uintptr_t)ptr, 1, NULL);
+    if (r && !r->pinned) {
+        if (base)
+            *base = (CUdeviceptr)(uintptr_t)r->addr;
+        if (size)
+            *size = r->len;
+    }
+    pthread_mutex_unlock(&lock);
+    return r && !r->pinned ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}

@@ -1,0 +1,34 @@
+/* cuda_double.h - what the CUDA test double offers beyond the CUDA API it
+ * serves (tests/cuda-double/README.md): the stand-ins of Loom's reduction
+ * kernels launch through it, and tests read its counters. */
+#ifndef LOOM_CUDA_DOUBLE_H
+#define LOOM_CUDA_DOUBLE_H
+
+#include <stddef.h>
+#include <cuda_runtime_api.h>
+
+/* The double's own view of device memory: the writable mapping of the pages
+ * whose PROT_NONE alias [p, p + len) is, or p itself for pinned host memory
+ * (a kernel may read that over the bus). NULL for anything else: pageable host
+ * memory, a range that runs past its allocation, freed memory. */
+void *cuda_double_reach(const void *p, size_t len);
+
+/* Queue fn(arg) on stream as a kernel: in stream order, on the stream's worker
+ * thread; arg (arg_bytes) is copied at launch, as kernel arguments are. */
+cudaError_t cuda_double_launch(cudaStream_t stream, void (*fn)(void *arg), const void *arg,
+                               size_t arg_bytes);
+
+/* Make the context fail as a faulting kernel does on hardware: every later call
+ * returns e (a sticky error). Kernels call it for a bad operand. */
+void cuda_double_fault(cudaError_t e, const char *why);
+
+/* What the double has done in this process: copies by direction (bytes and
+ * calls), kernels run. */
+typedef struct cuda_double_counts {
+    long h2d, d2h, d2d, h2h;                 /* copies */
+    long long h2d_bytes, d2h_bytes, d2d_bytes;
+    long kernels;
+} cuda_double_counts_t;
+void cuda_double_counts(cuda_double_counts_t *out);
+
+#endif
