@@ -21,6 +21,7 @@
 #include "loom_cuda.h"
 #include "cuda/cuda_int.h"
 #include "base/reduce.h"
+#include "base/types.h"
 #include "base/reduce_ops.h"
 
 #define REQUIRE(cond, ...)                                                              \
@@ -29,12 +30,6 @@
             ck_abort_msg(__VA_ARGS__);                                                  \
     } while (0)
 
-static const char *const dtype_names[LOOM_NUM_DTYPES] = {
-    "int8", "uint8", "int32", "uint32", "int64", "uint64",
-    "float16", "bfloat16", "float32", "float64", "int16", "uint16",
-};
-static const char *const op_names[LOOM_NUM_OPS] = {"sum", "prod", "min", "max", "avg",
-                                                   "band", "bor", "bxor"};
 
 /* ---- the element code of the kernels -------------------------------------- */
 
@@ -230,11 +225,11 @@ START_TEST(test_half_ops_match_reference)
                               : op == LOOM_MAX  ? ref_minmax(x, y, 1)
                                                 : (double)half_value(dt, half_round(dt, x + y)) / 3.0;
                 REQUIRE(half_matches(dt, out[i], want),
-                        "%s %s: %#06x op %#06x gave %#06x, want %#06x (%g)", dtype_names[dt],
-                        op_names[op], a[i], b[i], out[i], half_round(dt, want), want);
+                        "%s %s: %#06x op %#06x gave %#06x, want %#06x (%g)", loom_dtype_name(dt),
+                        loom_op_name(op), a[i], b[i], out[i], half_round(dt, want), want);
                 if ((op == LOOM_MIN || op == LOOM_MAX) && !isnan(want))
                     REQUIRE(signbit(half_value(dt, out[i])) == signbit(want),
-                            "%s %s: sign of zero", dtype_names[dt], op_names[op]);
+                            "%s %s: sign of zero", loom_dtype_name(dt), loom_op_name(op));
             }
         }
     }
@@ -262,14 +257,14 @@ START_TEST(test_float_ops_specials)
                          : op == LOOM_PROD               ? x * y
                                           : (float)ref_minmax(x, y, op == LOOM_MAX);
             REQUIRE(isnan(want) ? isnan(out[i]) : out[i] == want && signbit(out[i]) == signbit(want),
-                    "float32 %s: %g op %g gave %g, want %g", op_names[op], x, y, out[i], want);
+                    "float32 %s: %g op %g gave %g, want %g", loom_op_name(op), x, y, out[i], want);
             double dx = da[i], dy = db[i];
             double dwant = op == LOOM_SUM || op == LOOM_AVG ? dx + dy
                            : op == LOOM_PROD               ? dx * dy
                                                            : ref_minmax(dx, dy, op == LOOM_MAX);
             REQUIRE(isnan(dwant) ? isnan(dout[i])
                                  : dout[i] == dwant && signbit(dout[i]) == signbit(dwant),
-                    "float64 %s: %g op %g gave %g, want %g", op_names[op], dx, dy, dout[i], dwant);
+                    "float64 %s: %g op %g gave %g, want %g", loom_op_name(op), dx, dy, dout[i], dwant);
         }
     }
     free(a);
@@ -323,8 +318,8 @@ START_TEST(test_ops_match_cpu_kernels)
                 for (size_t i = 0; i < n; i++)
                     REQUIRE(memcmp(gpu + i * es, cpu + i * es, es) == 0 ||
                                 (arith_nan(dt, op, gpu + i * es) && arith_nan(dt, op, cpu + i * es)),
-                            "%s %s (%s) element %zu differs from the CPU kernel", dtype_names[dt],
-                            op_names[op], isas[k], i);
+                            "%s %s (%s) element %zu differs from the CPU kernel", loom_dtype_name(dt),
+                            loom_op_name(op), isas[k], i);
             }
         }
     }

@@ -23,6 +23,7 @@
 #include "cuda/cuda_state.h"
 #include "loom_cuda.h"
 #include "base/reduce.h"
+#include "base/types.h"
 #include "thread_harness.h"
 
 #define REQUIRE(cond, ...)                                                              \
@@ -31,12 +32,6 @@
             ck_abort_msg(__VA_ARGS__);                                                  \
     } while (0)
 
-static const char *const dtype_names[LOOM_NUM_DTYPES] = {
-    "int8", "uint8", "int32", "uint32", "int64", "uint64",
-    "float16", "bfloat16", "float32", "float64", "int16", "uint16",
-};
-static const char *const op_names[LOOM_NUM_OPS] = {"sum", "prod", "min", "max", "avg",
-                                                   "band", "bor", "bxor"};
 
 /* What the CUDA backend's device operations take: a state with its stream and
  * the event they synchronize on (the rest is the communicator's, unused here). */
@@ -123,7 +118,7 @@ static void stage_fail(stage_case_t *t, loom_ctx_t *ctx, const char *fmt, size_t
 {
     if (atomic_exchange(&t->failed, 1) == 0)
         snprintf(t->msg, sizeof(t->msg), "%s %s %s count %zu chunk %zu ranks %d%s rank %d: %s %zu: got %g, want %g",
-                 loom_coll_name(t->coll), dtype_names[t->dt], op_names[t->op], t->count, t->chunk,
+                 loom_coll_name(t->coll), loom_dtype_name(t->dt), loom_op_name(t->op), t->count, t->chunk,
                  t->nranks, t->in_place ? " in place" : "", ctx->rank, fmt, i, got, want);
     ctx->tp_ops->abort(ctx->tp, LOOM_ERR_ABORTED);
 }
@@ -279,7 +274,7 @@ static void stage_rank(loom_ctx_t *ctx, void *arg)
     if (st != LOOM_SUCCESS) {
         if (atomic_exchange(&t->failed, 1) == 0)
             snprintf(t->msg, sizeof(t->msg), "%s %s ranks %d chunk %zu rank %d: status %d: %.300s",
-                     loom_coll_name(t->coll), dtype_names[dt], P, t->chunk, me, (int)st,
+                     loom_coll_name(t->coll), loom_dtype_name(dt), P, t->chunk, me, (int)st,
                      ctx->err->msg);
         ctx->tp_ops->abort(ctx->tp, LOOM_ERR_ABORTED);
         goto out;
@@ -367,7 +362,7 @@ static void run_stage_case(loom_coll_t coll, loom_dtype_t dt, loom_op_t op, size
     int left = loom_harness_run(nranks, stage_rank, &t);
     REQUIRE(!t.failed, "%s", t.msg);
     REQUIRE(left == 0, "%s %s ranks %d: %d messages left over", loom_coll_name(coll),
-            dtype_names[dt], nranks, left);
+            loom_dtype_name(dt), nranks, left);
 }
 
 static const size_t chunks[] = {64, 200, 4096};
