@@ -4,7 +4,7 @@ keeps training when ranks die or hosts leave, and grows when hosts come.
     loomrun --elastic --min-np 2 --max-np 8 \\
         --host-discovery-script ./discover_hosts.sh python3 elastic_torch.py
 
-(discover_hosts.sh prints one "host:slots" line per usable host; README.md,
+(discover_hosts.sh prints one "host:slots" line per usable host; docs/launching.md,
 "Elastic jobs".) It also runs as a plain job: `loomrun -np 2 python3
 elastic_torch.py`, or alone.
 

@@ -6,7 +6,7 @@
     import loom.keras as hvd         # Keras 3, for horovod.keras
 
 Launch with `loomrun -np 4 python3 train.py` (or torchrun, srun, mpirun: see
-the Loom README). The C core is loom._loom: Comm (one per communicator) and
+the Loom README and docs/launching.md). The C core is loom._loom: Comm (one per communicator) and
 Request (a non-blocking operation)."""
 from ._loom import Comm, Request, LoomError, version  # noqa: F401
 from ._basics import (  # noqa: F401

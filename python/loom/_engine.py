@@ -65,7 +65,7 @@ JOIN = "__loom_join__"
 REFUSED = "__loom_refused__"
 # Tensors larger than this are reduced in their own memory, never copied into a
 # fusion buffer: at 1 MiB an allreduce already takes about as long as copying
-# the tensor in and out of the buffer would (README, Performance), so fusing
+# the tensor in and out of the buffer would (docs/performance.md, "Performance"), so fusing
 # them saves nothing and costs two copies.
 FUSE_MAX_TENSOR = 1 << 20
 

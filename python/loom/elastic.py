@@ -15,7 +15,7 @@ training goes on from the last commit.
 
     train(state)
 
-Start it with `loomrun --elastic --host-discovery-script S ...` (README,
+Start it with `loomrun --elastic --host-discovery-script S ...` (docs/launching.md,
 "Elastic jobs"). What happens on a failure: the collective in flight raises
 LoomInternalError (Horovod's HorovodInternalError) on every survivor, within
 a fraction of a second; run() restores the state of the last commit, the
