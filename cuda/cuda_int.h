@@ -38,8 +38,11 @@ int loom_cuda_avg(void *buf, size_t count, loom_dtype_t dt, int nranks, void *st
 
 /* ---- staging.c ------------------------------------------------------------ */
 
-/* Device operations, queued in order on one queue; sync waits for all of them.
- * copy2d copies height rows of width bytes between any two memories. */
+/* Device operations, queued in order on one queue. copy2d copies height rows
+ * of width bytes between any two memories. mark puts a numbered marker
+ * (0 <= slot < LOOM_STAGING_MARKS) behind what is queued; wait returns once
+ * the work before the latest marker of that slot is done, sync once all of it
+ * is. */
 typedef struct loom_dev_ops {
     size_t size;
     loom_status_t (*copy2d)(void *arg, void *dst, size_t dpitch, const void *src, size_t spitch,
@@ -49,16 +52,32 @@ typedef struct loom_dev_ops {
     loom_status_t (*avg)(void *arg, void *buf, size_t count, loom_dtype_t dt, int nranks,
                          loom_err_t *err);
     loom_status_t (*sync)(void *arg, loom_err_t *err);
+    loom_status_t (*mark)(void *arg, int slot, loom_err_t *err);
+    loom_status_t (*wait)(void *arg, int slot, loom_err_t *err);
 } loom_dev_ops_t;
 
+/* Passes in flight at once when they overlap: the copies down of the next
+ * pass, the host collective of this one, the copies up of the one before.
+ * Each has its own pair of host buffers and a marker per device stage (at
+ * most three: before, between and after the host collectives of a pass). */
+#define LOOM_STAGING_SETS 3
+#define LOOM_STAGING_MARKS (3 * LOOM_STAGING_SETS)
+
+typedef struct loom_staging_set {
+    char *send, *recv;   /* host memory, chunk_bytes each */
+} loom_staging_set_t;
+
 /* One collective on device buffers: every buffer of args is device memory, moved
- * through host_send and host_recv (chunk_bytes each, pinned in the CUDA backend)
- * in passes of at most chunk_bytes; each pass runs ordinary host collectives
- * through run_host. Reductions run on the device, in dev_scratch (chunk_bytes):
+ * through the host buffers of sets (pinned in the CUDA backend) in passes of
+ * at most chunk_bytes; each pass runs ordinary host collectives through
+ * run_host. Reductions run on the device, in dev_scratch (chunk_bytes):
  * a reducing collective is a reduce-scatter (alltoall of blocks, then the
  * device reduces the size copies of its block in rank order) followed by an
  * allgatherv (allreduce), a copy at the root (reduce) or nothing (reduce_scatter).
- * Every rank must pass the same chunk_bytes, at least 16 * size. */
+ * overlap: the device copies of neighbouring passes run while a pass's host
+ * collective does (0: each device stage is waited for at once). Every rank
+ * must pass the same chunk_bytes, at least 16 * size; overlap may differ, the
+ * host collectives come in the same order either way. */
 typedef struct loom_staging {
     int rank, size;
     loom_err_t *err;
@@ -66,8 +85,10 @@ typedef struct loom_staging {
     void *host_arg;
     const loom_dev_ops_t *dev;
     void *dev_arg;
-    char *host_send, *host_recv, *dev_scratch;
+    loom_staging_set_t sets[LOOM_STAGING_SETS];
+    char *dev_scratch;
     size_t chunk_bytes;
+    int overlap;
 } loom_staging_t;
 
 loom_status_t loom_staging_run(const loom_staging_t *s, const loom_coll_args_t *a);

@@ -194,10 +194,11 @@ static void state_free(loom_cuda_state_t *st)
     cudaSetDevice(st->device);
     if (st->dev_scratch)
         cudaFree(st->dev_scratch);
-    if (st->host_recv)
-        cudaFreeHost(st->host_recv);
-    if (st->host_send)
-        cudaFreeHost(st->host_send);
+    if (st->pinned)
+        cudaFreeHost(st->pinned);
+    for (int i = 0; i < LOOM_STAGING_MARKS; i++)
+        if (st->marks[i])
+            cudaEventDestroy(st->marks[i]);
     if (st->legacy_ready)
         cudaEventDestroy(st->legacy_ready);
     if (st->done)
@@ -224,6 +225,7 @@ static loom_status_t state_create(loom_comm_t c, int device, loom_cuda_state_t *
     st->comm = c;
     st->device = device;
     st->chunk_bytes = chunk_bytes_for(loom_comm_settings(c), loom_comm_size(c));
+    st->overlap = loom_comm_settings(c)->cuda_overlap;
     int prev = -1;
     cudaError_t e = cudaGetDevice(&prev);
     const char *what = "cudaGetDevice";
@@ -243,12 +245,20 @@ static loom_status_t state_create(loom_comm_t c, int device, loom_cuda_state_t *
     }
     if (e == cudaSuccess)
         e = cudaEventCreateWithFlags(&st->legacy_ready, cudaEventDisableTiming);
+    /* The host waits on the markers while the network waits on it: sleeping,
+     * not spinning, leaves the cores to the host collective. */
+    for (int i = 0; i < LOOM_STAGING_MARKS && e == cudaSuccess; i++)
+        e = cudaEventCreateWithFlags(&st->marks[i],
+                                     cudaEventBlockingSync | cudaEventDisableTiming);
     if (e == cudaSuccess) {
         what = "cudaHostAlloc (staging buffers)";
-        e = cudaHostAlloc((void **)&st->host_send, st->chunk_bytes, cudaHostAllocPortable);
+        e = cudaHostAlloc((void **)&st->pinned, 2 * LOOM_STAGING_SETS * st->chunk_bytes,
+                          cudaHostAllocPortable);
     }
-    if (e == cudaSuccess)
-        e = cudaHostAlloc((void **)&st->host_recv, st->chunk_bytes, cudaHostAllocPortable);
+    for (int i = 0; e == cudaSuccess && i < LOOM_STAGING_SETS; i++) {
+        st->sets[i].send = st->pinned + (size_t)(2 * i) * st->chunk_bytes;
+        st->sets[i].recv = st->sets[i].send + st->chunk_bytes;
+    }
     if (e == cudaSuccess) {
         what = "cudaMalloc (reduction scratch)";
         e = cudaMalloc((void **)&st->dev_scratch, st->chunk_bytes);
@@ -348,12 +358,28 @@ static loom_status_t cuda_sync(void *arg, loom_err_t *err)
     return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "waiting for the GPU");
 }
 
+static loom_status_t cuda_mark(void *arg, int slot, loom_err_t *err)
+{
+    loom_cuda_state_t *st = arg;
+    cudaError_t e = cudaEventRecord(st->marks[slot], st->stream);
+    return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "cudaEventRecord (staging)");
+}
+
+static loom_status_t cuda_wait(void *arg, int slot, loom_err_t *err)
+{
+    loom_cuda_state_t *st = arg;
+    cudaError_t e = cudaEventSynchronize(st->marks[slot]);
+    return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "waiting for the GPU");
+}
+
 const loom_dev_ops_t loom_cuda_dev_ops = {
     .size = sizeof(loom_dev_ops_t),
     .copy2d = cuda_copy2d,
     .reduce3 = cuda_reduce3,
     .avg = cuda_avg,
     .sync = cuda_sync,
+    .mark = cuda_mark,
+    .wait = cuda_wait,
 };
 
 static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_args_t *a,
@@ -388,8 +414,9 @@ static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_ar
         loom_staging_t s = {.rank = loom_comm_rank(c), .size = loom_comm_size(c), .err = err,
                             .run_host = run_host, .host_arg = host_arg,
                             .dev = &loom_cuda_dev_ops, .dev_arg = st,
-                            .host_send = st->host_send, .host_recv = st->host_recv,
-                            .dev_scratch = st->dev_scratch, .chunk_bytes = st->chunk_bytes};
+                            .dev_scratch = st->dev_scratch, .chunk_bytes = st->chunk_bytes,
+                            .overlap = st->overlap};
+        memcpy(s.sets, st->sets, sizeof(s.sets));
         status = loom_staging_run(&s, a);
     }
     if (status != LOOM_SUCCESS)
