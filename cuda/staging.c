@@ -20,8 +20,9 @@
  * pass k - 1's allgatherv.
  *
  * Reductions happen on the device, once per element, in rank order:
- * the pass is cut into size blocks; an alltoallv brings every rank's copy of
- * block r to rank r, which copies them up and reduces them with the kernels
+ * the pass is cut into size blocks; an alltoallv brings the other ranks'
+ * copies of block r to rank r, which copies them up and reduces them with its
+ * own copy, read where it is in the device buffer, with the kernels
  * ((x0 op x1) op x2 ...), divides for LOOM_AVG, and copies the block down; an
  * allgatherv then hands every block to every rank. The traffic is that of a
  * ring reduce-scatter plus allgather; since one rank computes each element,
@@ -160,18 +161,20 @@ static size_t passes_for(size_t count, size_t per_pass)
 /* ---- reductions ------------------------------------------------------------ */
 
 /* The size copies of one block, blocks apart in dev_scratch, reduced into out
- * (device memory, may be the scratch itself). */
-static loom_status_t reduce_blocks(const loom_staging_t *s, void *out, size_t len, size_t pitch,
-                                   loom_dtype_t dt, loom_op_t op)
+ * (device memory, may be the scratch itself). own: this rank's copy where it
+ * already is on the device (its place in the scratch is not read), or NULL. */
+static loom_status_t reduce_blocks(const loom_staging_t *s, void *out, const void *own,
+                                   size_t len, size_t pitch, loom_dtype_t dt, loom_op_t op)
 {
     loom_status_t st;
     if (len == 0)
         return LOOM_SUCCESS;
-    if (s->size == 1) /* callers with one rank reduce in place: nothing to combine */
+    if (s->size == 1) /* one rank: callers put its block in place */
         return LOOM_SUCCESS;
     for (int r = 1; r < s->size; r++) {
-        const void *acc = r == 1 ? (const void *)s->dev_scratch : out;
-        const char *next = s->dev_scratch + (size_t)r * pitch;
+        const void *first = own && s->rank == 0 ? own : (const void *)s->dev_scratch;
+        const void *acc = r == 1 ? first : out;
+        const void *next = own && s->rank == r ? own : s->dev_scratch + (size_t)r * pitch;
         if ((st = s->dev->reduce3(s->dev_arg, out, acc, next, len, dt, op, s->err)) != LOOM_SUCCESS)
             return st;
     }
@@ -205,13 +208,30 @@ static loom_status_t ar_device(const staged_t *c, size_t pass, int st,
     const size_t es = a->esize, P = (size_t)s->size;
     const ar_pass_t p = ar_pass(c, pass);
     loom_status_t r;
+    /* This rank's own block stays on the device: it is neither copied down
+     * nor sent to itself, and the reduction reads it where it is. */
+    const size_t me = (size_t)s->rank, before = min_sz(p.m, me * p.b),
+                 after = min_sz(p.m, (me + 1) * p.b);
+    const char *own = p.mine ? (const char *)a->sendbuf + (p.off + me * p.b) * es : NULL;
     switch (st) {
-    case 0: return copy(s, set->send, (const char *)a->sendbuf + p.off * es, p.m * es);
+    case 0:
+        if ((r = copy(s, set->send, (const char *)a->sendbuf + p.off * es, before * es)) !=
+            LOOM_SUCCESS)
+            return r;
+        return copy(s, set->send + after * es, (const char *)a->sendbuf + (p.off + after) * es,
+                    (p.m - after) * es);
     case 1:
-        if ((r = copy2d(s, s->dev_scratch, p.b * es, set->recv, p.b * es, p.mine * es, P)) !=
+        if ((r = copy2d(s, s->dev_scratch, p.b * es, set->recv, p.b * es, p.mine * es, me)) !=
                 LOOM_SUCCESS ||
-            (r = reduce_blocks(s, s->dev_scratch, p.mine, p.b * es, a->dtype, a->op)) !=
+            (r = copy2d(s, s->dev_scratch + (me + 1) * p.b * es, p.b * es,
+                        set->recv + (me + 1) * p.b * es, p.b * es, p.mine * es, P - me - 1)) !=
                 LOOM_SUCCESS)
+            return r;
+        if (P == 1)
+            r = copy(s, s->dev_scratch, own, p.mine * es);
+        else
+            r = reduce_blocks(s, s->dev_scratch, own, p.mine, p.b * es, a->dtype, a->op);
+        if (r != LOOM_SUCCESS)
             return r;
         return copy(s, set->send, s->dev_scratch, p.mine * es);
     default:
@@ -236,6 +256,9 @@ static loom_status_t ar_host(const staged_t *c, size_t pass, int step,
         rcounts[i] = p.mine;
         rdispls[i] = i * p.b;
     }
+    /* The alltoallv leaves out what a rank would send itself (ar_device). */
+    if (step == 0)
+        scounts[c->s->rank] = rcounts[c->s->rank] = 0;
     loom_coll_args_t x = {.sendbuf = set->send, .recvbuf = set->recv, .esize = c->a->esize,
                           .dtype = c->a->dtype, .displs = step ? sdispls : rdispls};
     if (step == 0) {
@@ -281,7 +304,7 @@ static loom_status_t rs_device(const staged_t *c, size_t pass, int st,
         return copy(s, out, set->recv, k * es);
     if ((r = copy2d(s, s->dev_scratch, kp * es, set->recv, k * es, k * es, P)) != LOOM_SUCCESS)
         return r;
-    return reduce_blocks(s, out, k, kp * es, a->dtype, a->op);
+    return reduce_blocks(s, out, NULL, k, kp * es, a->dtype, a->op);
 }
 
 static loom_status_t rs_host(const staged_t *c, size_t pass, int step,
