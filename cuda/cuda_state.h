@@ -13,7 +13,8 @@ typedef struct loom_cuda_state {
     struct loom_cuda_state *next;     /* in the registry */
     loom_comm_t comm;
     int device;
-    cudaStream_t stream;              /* staging copies and kernels; non-blocking */
+    cudaStream_t stream;              /* staging copies up and kernels; non-blocking */
+    cudaStream_t down;                /* staging copies down; non-blocking */
     cudaStream_t p2p_stream;          /* blocking send/recv copies, which may run
                                          beside a queued collective */
     cudaEvent_t done;                 /* blocking-sync: waiting on it sleeps */

@@ -205,6 +205,8 @@ static void state_free(loom_cuda_state_t *st)
         cudaEventDestroy(st->done);
     if (st->p2p_stream)
         cudaStreamDestroy(st->p2p_stream);
+    if (st->down)
+        cudaStreamDestroy(st->down);
     if (st->stream)
         cudaStreamDestroy(st->stream);
     if (prev >= 0)
@@ -237,6 +239,8 @@ static loom_status_t state_create(loom_comm_t c, int device, loom_cuda_state_t *
         what = "cudaStreamCreateWithFlags";
         e = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
     }
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&st->down, cudaStreamNonBlocking);
     if (e == cudaSuccess)
         e = cudaStreamCreateWithFlags(&st->p2p_stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) {
@@ -322,14 +326,19 @@ static void cuda_comm_release(loom_comm_t c)
 
 /* ---- the device operations ---------------------------------------------- */
 
-static loom_status_t cuda_copy2d(void *arg, void *dst, size_t dpitch, const void *src,
+static cudaStream_t queue(const loom_cuda_state_t *st, int q)
+{
+    return q == LOOM_DEV_DOWN ? st->down : st->stream;
+}
+
+static loom_status_t cuda_copy2d(void *arg, int q, void *dst, size_t dpitch, const void *src,
                                  size_t spitch, size_t width, size_t height, loom_err_t *err)
 {
     loom_cuda_state_t *st = arg;
     cudaError_t e = height == 1
-                        ? cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, st->stream)
+                        ? cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, queue(st, q))
                         : cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height,
-                                            cudaMemcpyDefault, st->stream);
+                                            cudaMemcpyDefault, queue(st, q));
     return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "staging copy");
 }
 
@@ -352,17 +361,26 @@ static loom_status_t cuda_avg(void *arg, void *buf, size_t count, loom_dtype_t d
 static loom_status_t cuda_sync(void *arg, loom_err_t *err)
 {
     loom_cuda_state_t *st = arg;
-    cudaError_t e = cudaEventRecord(st->done, st->stream);
-    if (e == cudaSuccess)
-        e = cudaEventSynchronize(st->done);
+    cudaError_t e = cudaSuccess;
+    for (int q = LOOM_DEV_DOWN; q <= LOOM_DEV_UP && e == cudaSuccess; q++)
+        if ((e = cudaEventRecord(st->done, queue(st, q))) == cudaSuccess)
+            e = cudaEventSynchronize(st->done);
     return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "waiting for the GPU");
 }
 
-static loom_status_t cuda_mark(void *arg, int slot, loom_err_t *err)
+static loom_status_t cuda_mark(void *arg, int q, int slot, loom_err_t *err)
 {
     loom_cuda_state_t *st = arg;
-    cudaError_t e = cudaEventRecord(st->marks[slot], st->stream);
+    cudaError_t e = cudaEventRecord(st->marks[slot], queue(st, q));
     return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "cudaEventRecord (staging)");
+}
+
+static loom_status_t cuda_order(void *arg, int q, int slot, loom_err_t *err)
+{
+    loom_cuda_state_t *st = arg;
+    cudaError_t e = cudaStreamWaitEvent(queue(st, q), st->marks[slot], 0);
+    return e == cudaSuccess ? LOOM_SUCCESS
+                            : loom_cuda_fail(err, e, "cudaStreamWaitEvent (staging)");
 }
 
 static loom_status_t cuda_wait(void *arg, int slot, loom_err_t *err)
@@ -379,6 +397,7 @@ const loom_dev_ops_t loom_cuda_dev_ops = {
     .avg = cuda_avg,
     .sync = cuda_sync,
     .mark = cuda_mark,
+    .order = cuda_order,
     .wait = cuda_wait,
 };
 
@@ -407,6 +426,8 @@ static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_ar
         e = cudaEventRecord(st->legacy_ready, cudaStreamLegacy);
         if (e == cudaSuccess)
             e = cudaStreamWaitEvent(st->stream, st->legacy_ready, 0);
+        if (e == cudaSuccess)
+            e = cudaStreamWaitEvent(st->down, st->legacy_ready, 0);
         if (e != cudaSuccess)
             status = loom_cuda_fail(err, e, "ordering after the default stream");
     }

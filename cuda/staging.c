@@ -9,15 +9,18 @@
  * LOOM_STAGING_SETS), and while the host collective of pass k runs, the
  * device copies pass k - 1's result up and pass k + 1's slice down, so the
  * copy time (PCIe or C2C) hides under the network time instead of adding to
- * it. All device work goes on one queue in the order it is issued, and a
- * host collective starts only after a wait on the marker behind the copies
- * that fill its buffers; the stage that empties a set is queued before the
- * stage that refills it, and before the marker the host waits on before
- * writing it again, so no set is overwritten while the device still reads it.
+ * it. Copies down go on one device queue, copies up and kernels on another,
+ * so both directions of the bus work at once. A host collective starts only
+ * after a wait on the marker behind the copies that fill its buffers; the
+ * copies that refill a set wait on the device for the stage that last
+ * emptied it, so no set is overwritten while the device still reads it, and
+ * the host, which waits for the refill before touching the set, never writes
+ * one the device is still reading.
  * A reduction has two host collectives per pass with device work between
  * them; the second runs one step behind the first (pass k's alltoallv, then
  * pass k - 1's allgatherv), so the device reduces pass k while the host runs
- * pass k - 1's allgatherv.
+ * pass k - 1's allgatherv; the reduction of a pass waits for the previous
+ * pass's reduced block to leave the scratch.
  *
  * Reductions happen on the device, once per element, in rank order:
  * the pass is cut into size blocks; an alltoallv brings the other ranks'
@@ -63,19 +66,21 @@ static size_t round_up(size_t x, size_t to)
     return (x + to - 1) / to * to;
 }
 
-static loom_status_t copy(const loom_staging_t *s, void *dst, const void *src, size_t bytes)
+/* Copies to the host go on LOOM_DEV_DOWN, all others on LOOM_DEV_UP. */
+static loom_status_t copy(const loom_staging_t *s, int q, void *dst, const void *src,
+                          size_t bytes)
 {
     if (bytes == 0)
         return LOOM_SUCCESS;
-    return s->dev->copy2d(s->dev_arg, dst, bytes, src, bytes, bytes, 1, s->err);
+    return s->dev->copy2d(s->dev_arg, q, dst, bytes, src, bytes, bytes, 1, s->err);
 }
 
-static loom_status_t copy2d(const loom_staging_t *s, void *dst, size_t dpitch, const void *src,
-                            size_t spitch, size_t width, size_t height)
+static loom_status_t copy2d(const loom_staging_t *s, int q, void *dst, size_t dpitch,
+                            const void *src, size_t spitch, size_t width, size_t height)
 {
     if (width == 0 || height == 0)
         return LOOM_SUCCESS;
-    return s->dev->copy2d(s->dev_arg, dst, dpitch, src, spitch, width, height, s->err);
+    return s->dev->copy2d(s->dev_arg, q, dst, dpitch, src, spitch, width, height, s->err);
 }
 
 static loom_status_t host(const loom_staging_t *s, const loom_coll_args_t *a)
@@ -107,18 +112,34 @@ static const loom_staging_set_t *set_of(const staged_t *c, size_t pass)
     return &c->s->sets[pass % LOOM_STAGING_SETS];
 }
 
+/* Stages 0-2, and 3: inside stage 1 of a reduction, after its kernels. */
 static int mark_slot(size_t pass, int stage)
 {
-    return (int)(pass % LOOM_STAGING_SETS) * 3 + stage;
+    return (int)(pass % LOOM_STAGING_SETS) * 4 + stage;
 }
 
-/* Queue a device stage and the marker behind it; without overlap, wait for it. */
+/* The queue a stage ends on: the last one copies up, the others down. */
+static int stage_queue(const staged_t *c, int st)
+{
+    return st == c->steps ? LOOM_DEV_UP : LOOM_DEV_DOWN;
+}
+
+/* Queue a device stage and the marker behind it; without overlap, wait for
+ * it. The copies down into a set wait on the device for the last stage of
+ * the pass that used the set before, which ran on the other queue and may
+ * still read its buffers (the host waits for the copies down before it
+ * writes the set, so that covers the host too). */
 static loom_status_t stage(const staged_t *c, size_t pass, int st)
 {
     const loom_staging_t *s = c->s;
-    loom_status_t r = c->device(c, pass, st, set_of(c, pass));
+    const int q = stage_queue(c, st);
+    loom_status_t r = LOOM_SUCCESS;
+    if (st == 0 && pass >= LOOM_STAGING_SETS)
+        r = s->dev->order(s->dev_arg, q, mark_slot(pass - LOOM_STAGING_SETS, c->steps), s->err);
     if (r == LOOM_SUCCESS)
-        r = s->dev->mark(s->dev_arg, mark_slot(pass, st), s->err);
+        r = c->device(c, pass, st, set_of(c, pass));
+    if (r == LOOM_SUCCESS)
+        r = s->dev->mark(s->dev_arg, q, mark_slot(pass, st), s->err);
     if (r == LOOM_SUCCESS && !s->overlap)
         r = s->dev->wait(s->dev_arg, mark_slot(pass, st), s->err);
     return r;
@@ -215,29 +236,37 @@ static loom_status_t ar_device(const staged_t *c, size_t pass, int st,
     const char *own = p.mine ? (const char *)a->sendbuf + (p.off + me * p.b) * es : NULL;
     switch (st) {
     case 0:
-        if ((r = copy(s, set->send, (const char *)a->sendbuf + p.off * es, before * es)) !=
-            LOOM_SUCCESS)
+        if ((r = copy(s, LOOM_DEV_DOWN, set->send, (const char *)a->sendbuf + p.off * es,
+                      before * es)) != LOOM_SUCCESS)
             return r;
-        return copy(s, set->send + after * es, (const char *)a->sendbuf + (p.off + after) * es,
-                    (p.m - after) * es);
+        return copy(s, LOOM_DEV_DOWN, set->send + after * es,
+                    (const char *)a->sendbuf + (p.off + after) * es, (p.m - after) * es);
     case 1:
-        if ((r = copy2d(s, s->dev_scratch, p.b * es, set->recv, p.b * es, p.mine * es, me)) !=
-                LOOM_SUCCESS ||
-            (r = copy2d(s, s->dev_scratch + (me + 1) * p.b * es, p.b * es,
+        /* The scratch is free once the previous pass's block was copied down. */
+        if ((pass > 0 &&
+             (r = s->dev->order(s->dev_arg, LOOM_DEV_UP, mark_slot(pass - 1, 1), s->err)) !=
+                 LOOM_SUCCESS) ||
+            (r = copy2d(s, LOOM_DEV_UP, s->dev_scratch, p.b * es, set->recv, p.b * es,
+                        p.mine * es, me)) != LOOM_SUCCESS ||
+            (r = copy2d(s, LOOM_DEV_UP, s->dev_scratch + (me + 1) * p.b * es, p.b * es,
                         set->recv + (me + 1) * p.b * es, p.b * es, p.mine * es, P - me - 1)) !=
                 LOOM_SUCCESS)
             return r;
         if (P == 1)
-            r = copy(s, s->dev_scratch, own, p.mine * es);
+            r = copy(s, LOOM_DEV_UP, s->dev_scratch, own, p.mine * es);
         else
             r = reduce_blocks(s, s->dev_scratch, own, p.mine, p.b * es, a->dtype, a->op);
-        if (r != LOOM_SUCCESS)
+        if (r != LOOM_SUCCESS ||
+            (r = s->dev->mark(s->dev_arg, LOOM_DEV_UP, mark_slot(pass, 3), s->err)) !=
+                LOOM_SUCCESS ||
+            (r = s->dev->order(s->dev_arg, LOOM_DEV_DOWN, mark_slot(pass, 3), s->err)) !=
+                LOOM_SUCCESS)
             return r;
-        return copy(s, set->send, s->dev_scratch, p.mine * es);
+        return copy(s, LOOM_DEV_DOWN, set->send, s->dev_scratch, p.mine * es);
     default:
         if (c->root >= 0 && c->root != s->rank)
             return LOOM_SUCCESS;
-        return copy(s, (char *)a->recvbuf + p.off * es, set->recv, p.m * es);
+        return copy(s, LOOM_DEV_UP, (char *)a->recvbuf + p.off * es, set->recv, p.m * es);
     }
 }
 
@@ -299,10 +328,12 @@ static loom_status_t rs_device(const staged_t *c, size_t pass, int st,
     char *out = (char *)a->recvbuf + off * es;
     loom_status_t r;
     if (st == 0)
-        return copy2d(s, set->send, k * es, (const char *)a->sendbuf + off * es, n * es, k * es, P);
+        return copy2d(s, LOOM_DEV_DOWN, set->send, k * es, (const char *)a->sendbuf + off * es,
+                      n * es, k * es, P);
     if (P == 1)
-        return copy(s, out, set->recv, k * es);
-    if ((r = copy2d(s, s->dev_scratch, kp * es, set->recv, k * es, k * es, P)) != LOOM_SUCCESS)
+        return copy(s, LOOM_DEV_UP, out, set->recv, k * es);
+    if ((r = copy2d(s, LOOM_DEV_UP, s->dev_scratch, kp * es, set->recv, k * es, k * es, P)) !=
+        LOOM_SUCCESS)
         return r;
     return reduce_blocks(s, out, NULL, k, kp * es, a->dtype, a->op);
 }
@@ -340,7 +371,8 @@ static loom_status_t bc_device(const staged_t *c, size_t pass, int st,
     char *dbuf = (char *)a->recvbuf + off * es;
     if ((c->s->rank == a->root) != (st == 0))
         return LOOM_SUCCESS;
-    return st == 0 ? copy(c->s, set->send, dbuf, k * es) : copy(c->s, dbuf, set->send, k * es);
+    return st == 0 ? copy(c->s, LOOM_DEV_DOWN, set->send, dbuf, k * es)
+                   : copy(c->s, LOOM_DEV_UP, dbuf, set->send, k * es);
 }
 
 static loom_status_t bc_host(const staged_t *c, size_t pass, int step,
@@ -387,13 +419,13 @@ static loom_status_t blocked_device(const staged_t *c, size_t pass, int st,
         int send_blocks = a->coll == LOOM_COLL_ALLTOALL || a->coll == LOOM_COLL_SCATTER;
         if (!blocked_sends(c))
             return LOOM_SUCCESS;
-        return copy2d(c->s, set->send, k * es, (const char *)a->sendbuf + off * es, n * es,
-                      k * es, send_blocks ? P : 1);
+        return copy2d(c->s, LOOM_DEV_DOWN, set->send, k * es,
+                      (const char *)a->sendbuf + off * es, n * es, k * es, send_blocks ? P : 1);
     }
     if (!blocked_receives(c))
         return LOOM_SUCCESS;
-    return copy2d(c->s, (char *)a->recvbuf + off * es, n * es, set->recv, k * es, k * es,
-                  a->coll != LOOM_COLL_SCATTER ? P : 1);
+    return copy2d(c->s, LOOM_DEV_UP, (char *)a->recvbuf + off * es, n * es, set->recv, k * es,
+                  k * es, a->coll != LOOM_COLL_SCATTER ? P : 1);
 }
 
 static loom_status_t blocked_host(const staged_t *c, size_t pass, int step,
@@ -427,15 +459,15 @@ static loom_status_t vector_device(const staged_t *c, size_t pass, int st,
     loom_status_t r = LOOM_SUCCESS;
     if (st == 1) {
         for (size_t i = 0; i < P && r == LOOM_SUCCESS; i++)
-            r = copy(c->s, (char *)a->recvbuf + (a->displs[i] + off) * es, set->recv + i * k * es,
-                     clamp_len(a->counts[i], off, k) * es);
+            r = copy(c->s, LOOM_DEV_UP, (char *)a->recvbuf + (a->displs[i] + off) * es,
+                     set->recv + i * k * es, clamp_len(a->counts[i], off, k) * es);
     } else if (a->coll == LOOM_COLL_ALLTOALLV) {
         for (size_t i = 0; i < P && r == LOOM_SUCCESS; i++)
-            r = copy(c->s, set->send + i * k * es,
+            r = copy(c->s, LOOM_DEV_DOWN, set->send + i * k * es,
                      (const char *)a->sendbuf + (a->sdispls[i] + off) * es,
                      clamp_len(a->scounts[i], off, k) * es);
     } else {
-        r = copy(c->s, set->send, (const char *)a->sendbuf + off * es,
+        r = copy(c->s, LOOM_DEV_DOWN, set->send, (const char *)a->sendbuf + off * es,
                  clamp_len(a->count, off, k) * es);
     }
     return r;

@@ -33,7 +33,7 @@
     } while (0)
 
 
-/* What the CUDA backend's device operations take: a state with its stream and
+/* What the CUDA backend's device operations take: a state with its streams and
  * the events they synchronize on (the rest is the communicator's, unused here). */
 typedef struct {
     loom_cuda_state_t state;
@@ -42,6 +42,7 @@ typedef struct {
 static int device_stream_open(device_stream_t *d)
 {
     int ok = cudaStreamCreateWithFlags(&d->state.stream, cudaStreamNonBlocking) == cudaSuccess &&
+             cudaStreamCreateWithFlags(&d->state.down, cudaStreamNonBlocking) == cudaSuccess &&
              cudaEventCreateWithFlags(&d->state.done, cudaEventDisableTiming) == cudaSuccess;
     for (int i = 0; i < LOOM_STAGING_MARKS && ok; i++)
         ok = cudaEventCreateWithFlags(&d->state.marks[i], cudaEventDisableTiming) == cudaSuccess;
@@ -55,6 +56,8 @@ static void device_stream_close(device_stream_t *d)
             cudaEventDestroy(d->state.marks[i]);
     if (d->state.done)
         cudaEventDestroy(d->state.done);
+    if (d->state.down)
+        cudaStreamDestroy(d->state.down);
     if (d->state.stream)
         cudaStreamDestroy(d->state.stream);
 }

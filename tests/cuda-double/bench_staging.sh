@@ -4,10 +4,11 @@
 # overlapped passes, and on GPU buffers one pass at a time (LOOM_CUDA_OVERLAP=0),
 # over the CUDA double with its host<->device copies slowed to GBPS GB/s per
 # stream (LOOM_CUDA_DOUBLE_GBPS). The three runs are interleaved, ROUNDS times;
-# each prints loom-perf's out-of-place time of one timed call, and the end the
-# medians and their ratios to the host run.
+# each gives loom-perf's out-of-place time per call (the mean of ITERS calls,
+# default 3, after an untimed one); the end prints the medians and their ratios.
 #
-#   make tests/cuda-double/loom-perf && tests/cuda-double/bench_staging.sh [GBPS [ROUNDS [SIZE]]]
+#   make tests/cuda-double/loom-perf &&
+#   [ITERS=N] tests/cuda-double/bench_staging.sh [GBPS [ROUNDS [SIZE]]]
 #
 # Defaults: 3 GB/s, 3 rounds, 256M. Not a test: timings belong here, not in
 # make check. On the double the copies and the reduction "kernels" run on the
@@ -18,6 +19,7 @@ top_builddir=${top_builddir:-.}
 gbps=${1:-3}
 rounds=${2:-3}
 size=${3:-256M}
+iters=${ITERS:-3}
 perf=$top_builddir/tests/cuda-double/loom-perf
 run=$top_builddir/tools/loomrun
 [ -x "$perf" ] || { echo "missing $perf: make tests/cuda-double/loom-perf" >&2; exit 1; }
@@ -30,7 +32,7 @@ one() {
     serial) gpu=-g overlap=0 ;;
     esac
     LOOM_SHM=0 LOOM_CUDA_OVERLAP=$overlap LOOM_CUDA_DOUBLE_GBPS=$gbps \
-        "$run" -np 2 "$perf" allreduce -b "$size" -e "$size" -n 1 -w 0 -c 0 -t tcp $gpu |
+        "$run" -np 2 "$perf" allreduce -b "$size" -e "$size" -n "$iters" -w 0 -c 0 -t tcp $gpu |
         awk '$1 == "[0]<stdout>:" && $4 == "float" { print $7 }'
 }
 
