@@ -27,7 +27,8 @@
  * copies of block r to rank r, which copies them up and reduces them with its
  * own copy, read where it is in the device buffer, with the kernels
  * ((x0 op x1) op x2 ...), divides for LOOM_AVG, and copies the block down; an
- * allgatherv then hands every block to every rank. The traffic is that of a
+ * allgatherv then hands every block to every rank, which copies up the blocks
+ * other than its own (reduced straight into the result where it can be). The traffic is that of a
  * ring reduce-scatter plus allgather; since one rank computes each element,
  * every rank ends with the same bits.
  *
@@ -234,6 +235,13 @@ static loom_status_t ar_device(const staged_t *c, size_t pass, int st,
     const size_t me = (size_t)s->rank, before = min_sz(p.m, me * p.b),
                  after = min_sz(p.m, (me + 1) * p.b);
     const char *own = p.mine ? (const char *)a->sendbuf + (p.off + me * p.b) * es : NULL;
+    /* Where a rank that keeps the result reduces its block: into the result
+     * itself, so it need not come back up after the allgatherv. Not in place
+     * past rank 1, where the first steps would overwrite the own copy before
+     * the reduction reaches it. */
+    const int direct = p.mine && (c->root < 0 || c->root == s->rank) &&
+                       (a->sendbuf != a->recvbuf || me <= 1);
+    char *res = direct ? (char *)a->recvbuf + (p.off + me * p.b) * es : s->dev_scratch;
     switch (st) {
     case 0:
         if ((r = copy(s, LOOM_DEV_DOWN, set->send, (const char *)a->sendbuf + p.off * es,
@@ -253,20 +261,26 @@ static loom_status_t ar_device(const staged_t *c, size_t pass, int st,
                 LOOM_SUCCESS)
             return r;
         if (P == 1)
-            r = copy(s, LOOM_DEV_UP, s->dev_scratch, own, p.mine * es);
+            r = res == own ? LOOM_SUCCESS : copy(s, LOOM_DEV_UP, res, own, p.mine * es);
         else
-            r = reduce_blocks(s, s->dev_scratch, own, p.mine, p.b * es, a->dtype, a->op);
+            r = reduce_blocks(s, res, own, p.mine, p.b * es, a->dtype, a->op);
         if (r != LOOM_SUCCESS ||
             (r = s->dev->mark(s->dev_arg, LOOM_DEV_UP, mark_slot(pass, 3), s->err)) !=
                 LOOM_SUCCESS ||
             (r = s->dev->order(s->dev_arg, LOOM_DEV_DOWN, mark_slot(pass, 3), s->err)) !=
                 LOOM_SUCCESS)
             return r;
-        return copy(s, LOOM_DEV_DOWN, set->send, s->dev_scratch, p.mine * es);
+        return copy(s, LOOM_DEV_DOWN, set->send, res, p.mine * es);
     default:
         if (c->root >= 0 && c->root != s->rank)
             return LOOM_SUCCESS;
-        return copy(s, LOOM_DEV_UP, (char *)a->recvbuf + p.off * es, set->recv, p.m * es);
+        if (!direct)
+            return copy(s, LOOM_DEV_UP, (char *)a->recvbuf + p.off * es, set->recv, p.m * es);
+        if ((r = copy(s, LOOM_DEV_UP, (char *)a->recvbuf + p.off * es, set->recv, before * es)) !=
+            LOOM_SUCCESS)
+            return r;
+        return copy(s, LOOM_DEV_UP, (char *)a->recvbuf + (p.off + after) * es,
+                    set->recv + after * es, (p.m - after) * es);
     }
 }
 
