@@ -92,6 +92,10 @@ static loom_status_t host(const loom_staging_t *s, const loom_coll_args_t *a)
 /* ---- passes ---------------------------------------------------------------- */
 
 typedef struct staged staged_t;
+typedef loom_status_t (*device_fn)(const staged_t *c, size_t pass, int stage,
+                                   const loom_staging_set_t *set);
+typedef loom_status_t (*host_fn)(const staged_t *c, size_t pass, int step,
+                                 const loom_staging_set_t *set);
 
 /* A collective as passes: device stage 0 fills a set's buffers, host step h
  * runs the h-th host collective of the pass, device stage h + 1 follows it. */
@@ -102,10 +106,8 @@ struct staged {
     int steps;                        /* host collectives per pass: 1 or 2 */
     int root;                         /* reductions: -1 allreduce, else reduce's root */
     size_t *arr;                      /* counts and displacements of a host step */
-    loom_status_t (*device)(const staged_t *c, size_t pass, int stage,
-                            const loom_staging_set_t *set);
-    loom_status_t (*host)(const staged_t *c, size_t pass, int step,
-                          const loom_staging_set_t *set);
+    device_fn device;
+    host_fn host;
 };
 
 static const loom_staging_set_t *set_of(const staged_t *c, size_t pass)
@@ -151,9 +153,14 @@ static loom_status_t stage(const staged_t *c, size_t pass, int st)
  * the copies down of the pass two ahead (one ahead without overlap), whose
  * set was last used by pass t - 1: its host steps are done, and its last
  * device stage is queued ahead of the refill. */
-static loom_status_t run_passes(const staged_t *c)
+static loom_status_t run_passes(staged_t *c, size_t count, size_t per_pass, device_fn dev,
+                                host_fn on_host)
 {
     const loom_staging_t *s = c->s;
+    c->per_pass = per_pass;
+    c->passes = (count + per_pass - 1) / per_pass;
+    c->device = dev;
+    c->host = on_host;
     const size_t n = c->passes, ahead = s->overlap ? 2 : 1;
     loom_status_t r = LOOM_SUCCESS;
     for (size_t k = 0; k < n && k < ahead && r == LOOM_SUCCESS; k++)
@@ -173,11 +180,6 @@ static loom_status_t run_passes(const staged_t *c)
     if (r == LOOM_SUCCESS)
         r = s->dev->sync(s->dev_arg, s->err);
     return r;
-}
-
-static size_t passes_for(size_t count, size_t per_pass)
-{
-    return (count + per_pass - 1) / per_pass;
 }
 
 /* ---- reductions ------------------------------------------------------------ */
@@ -321,14 +323,10 @@ static loom_status_t ar_host(const staged_t *c, size_t pass, int step,
 static loom_status_t run_allreduce(staged_t *c, int root)
 {
     const size_t es = c->a->esize, P = (size_t)c->s->size, V = vec_elems(es);
-    /* chunk_bytes >= 16 * size, so a rank's share of a pass holds at least V. */
-    c->per_pass = c->s->chunk_bytes / es / P / V * V * P;
-    c->passes = passes_for(c->a->count, c->per_pass);
     c->steps = 2;
     c->root = root;
-    c->device = ar_device;
-    c->host = ar_host;
-    return run_passes(c);
+    /* chunk_bytes >= 16 * size, so a rank's share of a pass holds at least V. */
+    return run_passes(c, c->a->count, c->s->chunk_bytes / es / P / V * V * P, ar_device, ar_host);
 }
 
 static loom_status_t rs_device(const staged_t *c, size_t pass, int st,
@@ -352,27 +350,6 @@ static loom_status_t rs_device(const staged_t *c, size_t pass, int st,
     return reduce_blocks(s, out, NULL, k, kp * es, a->dtype, a->op);
 }
 
-static loom_status_t rs_host(const staged_t *c, size_t pass, int step,
-                             const loom_staging_set_t *set)
-{
-    (void)step;
-    const size_t off = pass * c->per_pass, k = min_sz(c->a->count - off, c->per_pass);
-    loom_coll_args_t x = {.coll = LOOM_COLL_ALLTOALL, .sendbuf = set->send,
-                          .recvbuf = set->recv, .count = k, .esize = c->a->esize,
-                          .dtype = c->a->dtype};
-    return host(c->s, &x);
-}
-
-static loom_status_t run_reduce_scatter(staged_t *c)
-{
-    const size_t es = c->a->esize, V = vec_elems(es);
-    c->per_pass = c->s->chunk_bytes / es / (size_t)c->s->size / V * V;
-    c->passes = passes_for(c->a->count, c->per_pass);
-    c->device = rs_device;
-    c->host = rs_host;
-    return run_passes(c);
-}
-
 /* ---- data movement ---------------------------------------------------------- */
 
 /* The root copies its slice down before, the others copy theirs up after a
@@ -389,25 +366,6 @@ static loom_status_t bc_device(const staged_t *c, size_t pass, int st,
                    : copy(c->s, LOOM_DEV_UP, dbuf, set->send, k * es);
 }
 
-static loom_status_t bc_host(const staged_t *c, size_t pass, int step,
-                             const loom_staging_set_t *set)
-{
-    (void)step;
-    const size_t off = pass * c->per_pass, k = min_sz(c->a->count - off, c->per_pass);
-    loom_coll_args_t x = {.coll = LOOM_COLL_BROADCAST, .sendbuf = set->send,
-                          .recvbuf = set->send, .count = k, .esize = c->a->esize,
-                          .dtype = c->a->dtype, .root = c->a->root};
-    return host(c->s, &x);
-}
-
-static loom_status_t run_broadcast(staged_t *c)
-{
-    c->per_pass = c->s->chunk_bytes / c->a->esize;
-    c->passes = passes_for(c->a->count, c->per_pass);
-    c->device = bc_device;
-    c->host = bc_host;
-    return run_passes(c);
-}
 
 /* allgather, gather, scatter and alltoall: blocks of count elements per rank,
  * each pass covering the same slice [off, off + k) of every block. Which side
@@ -442,24 +400,29 @@ static loom_status_t blocked_device(const staged_t *c, size_t pass, int st,
                   k * es, a->coll != LOOM_COLL_SCATTER ? P : 1);
 }
 
-static loom_status_t blocked_host(const staged_t *c, size_t pass, int step,
-                                  const loom_staging_set_t *set)
+
+/* The host collective of a pass of reduce_scatter (an alltoall), broadcast
+ * (in place in the send buffer) and the blocked collectives. */
+static loom_status_t slice_host(const staged_t *c, size_t pass, int step,
+                                const loom_staging_set_t *set)
 {
     (void)step;
-    const size_t off = pass * c->per_pass, k = min_sz(c->a->count - off, c->per_pass);
-    loom_coll_args_t x = {.coll = c->a->coll, .sendbuf = blocked_sends(c) ? set->send : NULL,
-                          .recvbuf = blocked_receives(c) ? set->recv : NULL, .count = k,
-                          .esize = c->a->esize, .dtype = c->a->dtype, .root = c->a->root};
+    const loom_coll_args_t *a = c->a;
+    const size_t off = pass * c->per_pass;
+    loom_coll_args_t x = {.coll = a->coll, .sendbuf = set->send, .recvbuf = set->recv,
+                          .count = min_sz(a->count - off, c->per_pass), .esize = a->esize,
+                          .dtype = a->dtype, .root = a->root};
+    switch (a->coll) {
+    case LOOM_COLL_REDUCE_SCATTER: x.coll = LOOM_COLL_ALLTOALL; break;
+    case LOOM_COLL_BROADCAST: x.recvbuf = set->send; break;
+    default:
+        if (!blocked_sends(c))
+            x.sendbuf = NULL;
+        if (!blocked_receives(c))
+            x.recvbuf = NULL;
+        break;
+    }
     return host(c->s, &x);
-}
-
-static loom_status_t run_blocked(staged_t *c)
-{
-    c->per_pass = c->s->chunk_bytes / c->a->esize / (size_t)c->s->size;
-    c->passes = passes_for(c->a->count, c->per_pass);
-    c->device = blocked_device;
-    c->host = blocked_host;
-    return run_passes(c);
 }
 
 /* allgatherv and alltoallv: block i of each side is counts[i] elements at
@@ -528,11 +491,8 @@ static loom_status_t run_vector(staged_t *c)
         if ((st = host(c->s, &m)) != LOOM_SUCCESS)
             return st;
     }
-    c->per_pass = c->s->chunk_bytes / a->esize / P;
-    c->passes = passes_for((size_t)longest, c->per_pass);
-    c->device = vector_device;
-    c->host = vector_host;
-    return run_passes(c);
+    return run_passes(c, (size_t)longest, c->s->chunk_bytes / a->esize / P, vector_device,
+                      vector_host);
 }
 
 loom_status_t loom_staging_run(const loom_staging_t *s, const loom_coll_args_t *a)
@@ -550,15 +510,25 @@ loom_status_t loom_staging_run(const loom_staging_t *s, const loom_coll_args_t *
                   .arr = calloc(4 * (size_t)s->size, sizeof(size_t))};
     if (!c.arr)
         return loom_err_set(s->err, LOOM_ERR_NO_MEMORY, "out of memory");
+    /* Elements per pass: of each block where a pass takes a slice of size
+     * blocks (reduce_scatter's rounded for the kernels' vector path). */
+    const size_t es = a->esize, per_block = s->chunk_bytes / es / (size_t)s->size,
+                 V = vec_elems(es);
     loom_status_t st;
     switch (a->coll) {
     case LOOM_COLL_ALLREDUCE: st = run_allreduce(&c, -1); break;
     case LOOM_COLL_REDUCE: st = run_allreduce(&c, a->root); break;
-    case LOOM_COLL_REDUCE_SCATTER: st = run_reduce_scatter(&c); break;
-    case LOOM_COLL_BROADCAST: st = run_broadcast(&c); break;
+    case LOOM_COLL_REDUCE_SCATTER:
+        st = run_passes(&c, a->count, per_block / V * V, rs_device, slice_host);
+        break;
+    case LOOM_COLL_BROADCAST:
+        st = run_passes(&c, a->count, s->chunk_bytes / es, bc_device, slice_host);
+        break;
     case LOOM_COLL_ALLGATHERV:
     case LOOM_COLL_ALLTOALLV: st = run_vector(&c); break;
-    default: st = run_blocked(&c); break;   /* allgather, gather, scatter, alltoall */
+    default:   /* allgather, gather, scatter, alltoall */
+        st = run_passes(&c, a->count, per_block, blocked_device, slice_host);
+        break;
     }
     free(c.arr);
     return st;
