@@ -28,9 +28,9 @@
  * own copy, read where it is in the device buffer, with the kernels
  * ((x0 op x1) op x2 ...), divides for LOOM_AVG, and copies the block down; an
  * allgatherv then hands every block to every rank, which copies up the blocks
- * other than its own (reduced straight into the result where it can be). The traffic is that of a
- * ring reduce-scatter plus allgather; since one rank computes each element,
- * every rank ends with the same bits.
+ * other than its own (reduced straight into the result where it can be). The
+ * traffic is that of a ring reduce-scatter plus allgather; since one rank
+ * computes each element, every rank ends with the same bits.
  *
  * Pass sizes depend only on the arguments, size and chunk_bytes, which every
  * rank shares, and the order of the host collectives does not depend on
