@@ -103,6 +103,7 @@ typedef struct loom_settings {
     int ib_timeout, ib_retry_cnt, ib_rnr_retry;   /* QP attributes (LOOM_IB_TIMEOUT, ...) */
     int ib_tc, ib_sl;          /* LOOM_IB_TC (RoCE traffic class), LOOM_IB_SL (service level) */
     size_t cuda_chunk_bytes;   /* LOOM_CUDA_CHUNK_BYTES: bytes per staging pass */
+    int cuda_overlap;          /* LOOM_CUDA_OVERLAP: staging copies overlap host collectives */
     int elastic;               /* LOOM_ELASTIC=1: loom_init joins an elastic job */
     long long elastic_id;      /* LOOM_ELASTIC_ID, -1 when unset: the store numbers us */
     double elastic_timeout_s;  /* LOOM_ELASTIC_TIMEOUT, 0 when unset: timeout_s */

@@ -38,27 +38,52 @@ int loom_cuda_avg(void *buf, size_t count, loom_dtype_t dt, int nranks, void *st
 
 /* ---- staging.c ------------------------------------------------------------ */
 
-/* Device operations, queued in order on one queue; sync waits for all of them.
- * copy2d copies height rows of width bytes between any two memories. */
+/* Device operations, queued in order on two queues that run side by side, as
+ * a GPU's copy engines do: LOOM_DEV_DOWN for copies to the host, LOOM_DEV_UP
+ * for copies to the device and the kernels (reduce3, avg). copy2d copies
+ * height rows of width bytes between any two memories. mark puts a numbered
+ * marker (0 <= slot < LOOM_STAGING_MARKS) behind what is queued on q; order
+ * makes q run what comes next only after the work before the latest marker
+ * of slot; wait returns once that work is done, sync once all of it is. */
+enum { LOOM_DEV_DOWN, LOOM_DEV_UP };
+
 typedef struct loom_dev_ops {
     size_t size;
-    loom_status_t (*copy2d)(void *arg, void *dst, size_t dpitch, const void *src, size_t spitch,
-                            size_t width, size_t height, loom_err_t *err);
+    loom_status_t (*copy2d)(void *arg, int q, void *dst, size_t dpitch, const void *src,
+                            size_t spitch, size_t width, size_t height, loom_err_t *err);
     loom_status_t (*reduce3)(void *arg, void *out, const void *a, const void *b, size_t count,
                              loom_dtype_t dt, loom_op_t op, loom_err_t *err);
     loom_status_t (*avg)(void *arg, void *buf, size_t count, loom_dtype_t dt, int nranks,
                          loom_err_t *err);
     loom_status_t (*sync)(void *arg, loom_err_t *err);
+    loom_status_t (*mark)(void *arg, int q, int slot, loom_err_t *err);
+    loom_status_t (*order)(void *arg, int q, int slot, loom_err_t *err);
+    loom_status_t (*wait)(void *arg, int slot, loom_err_t *err);
 } loom_dev_ops_t;
 
+/* Passes in flight at once when they overlap: the copies down of the next
+ * pass, the host collective of this one, the copies up of the one before.
+ * Each has its own pair of host buffers and four markers: one per device
+ * stage (at most three: before, between and after the host collectives of a
+ * pass) and one inside the stage between. */
+#define LOOM_STAGING_SETS 3
+#define LOOM_STAGING_MARKS (4 * LOOM_STAGING_SETS)
+
+typedef struct loom_staging_set {
+    char *send, *recv;   /* host memory, chunk_bytes each */
+} loom_staging_set_t;
+
 /* One collective on device buffers: every buffer of args is device memory, moved
- * through host_send and host_recv (chunk_bytes each, pinned in the CUDA backend)
- * in passes of at most chunk_bytes; each pass runs ordinary host collectives
- * through run_host. Reductions run on the device, in dev_scratch (chunk_bytes):
+ * through the host buffers of sets (pinned in the CUDA backend) in passes of
+ * at most chunk_bytes; each pass runs ordinary host collectives through
+ * run_host. Reductions run on the device, in dev_scratch (chunk_bytes):
  * a reducing collective is a reduce-scatter (alltoall of blocks, then the
  * device reduces the size copies of its block in rank order) followed by an
  * allgatherv (allreduce), a copy at the root (reduce) or nothing (reduce_scatter).
- * Every rank must pass the same chunk_bytes, at least 16 * size. */
+ * overlap: the device copies of neighbouring passes run while a pass's host
+ * collective does (0: each device stage is waited for at once). Every rank
+ * must pass the same chunk_bytes, at least 16 * size; overlap may differ, the
+ * host collectives come in the same order either way. */
 typedef struct loom_staging {
     int rank, size;
     loom_err_t *err;
@@ -66,8 +91,10 @@ typedef struct loom_staging {
     void *host_arg;
     const loom_dev_ops_t *dev;
     void *dev_arg;
-    char *host_send, *host_recv, *dev_scratch;
+    loom_staging_set_t sets[LOOM_STAGING_SETS];
+    char *dev_scratch;
     size_t chunk_bytes;
+    int overlap;
 } loom_staging_t;
 
 loom_status_t loom_staging_run(const loom_staging_t *s, const loom_coll_args_t *a);

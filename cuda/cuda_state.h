@@ -13,14 +13,18 @@ typedef struct loom_cuda_state {
     struct loom_cuda_state *next;     /* in the registry */
     loom_comm_t comm;
     int device;
-    cudaStream_t stream;              /* staging copies and kernels; non-blocking */
+    cudaStream_t stream;              /* staging copies up and kernels; non-blocking */
+    cudaStream_t down;                /* staging copies down; non-blocking */
     cudaStream_t p2p_stream;          /* blocking send/recv copies, which may run
                                          beside a queued collective */
     cudaEvent_t done;                 /* blocking-sync: waiting on it sleeps */
     cudaEvent_t legacy_ready;         /* plain calls: after the legacy stream's work */
-    char *host_send, *host_recv;      /* pinned, chunk_bytes each */
+    cudaEvent_t marks[LOOM_STAGING_MARKS];   /* the staging markers; blocking-sync */
+    char *pinned;                     /* the host buffers of the staging sets */
+    loom_staging_set_t sets[LOOM_STAGING_SETS];   /* chunk_bytes each, in pinned */
     char *dev_scratch;                /* chunk_bytes */
     size_t chunk_bytes;
+    int overlap;                      /* LOOM_CUDA_OVERLAP */
 
     /* The stream-ordered worker (stream.c), under lock. */
     pthread_mutex_t lock;
@@ -47,8 +51,8 @@ extern __thread int loom_cuda_on_stream_worker;
 /* stream.c: stop the worker of st (pending jobs fail with LOOM_ERR_ABORTED). */
 void loom_cuda_stream_stop(loom_cuda_state_t *st);
 
-/* The device operations staging.c runs on (arg: a state; its stream and done
- * event). */
+/* The device operations staging.c runs on (arg: a state; its stream, done
+ * event and marks). */
 extern const loom_dev_ops_t loom_cuda_dev_ops;
 
 /* A CUDA error as a Loom status with a message naming the call. */

@@ -194,16 +194,19 @@ static void state_free(loom_cuda_state_t *st)
     cudaSetDevice(st->device);
     if (st->dev_scratch)
         cudaFree(st->dev_scratch);
-    if (st->host_recv)
-        cudaFreeHost(st->host_recv);
-    if (st->host_send)
-        cudaFreeHost(st->host_send);
+    if (st->pinned)
+        cudaFreeHost(st->pinned);
+    for (int i = 0; i < LOOM_STAGING_MARKS; i++)
+        if (st->marks[i])
+            cudaEventDestroy(st->marks[i]);
     if (st->legacy_ready)
         cudaEventDestroy(st->legacy_ready);
     if (st->done)
         cudaEventDestroy(st->done);
     if (st->p2p_stream)
         cudaStreamDestroy(st->p2p_stream);
+    if (st->down)
+        cudaStreamDestroy(st->down);
     if (st->stream)
         cudaStreamDestroy(st->stream);
     if (prev >= 0)
@@ -224,6 +227,7 @@ static loom_status_t state_create(loom_comm_t c, int device, loom_cuda_state_t *
     st->comm = c;
     st->device = device;
     st->chunk_bytes = chunk_bytes_for(loom_comm_settings(c), loom_comm_size(c));
+    st->overlap = loom_comm_settings(c)->cuda_overlap;
     int prev = -1;
     cudaError_t e = cudaGetDevice(&prev);
     const char *what = "cudaGetDevice";
@@ -236,6 +240,8 @@ static loom_status_t state_create(loom_comm_t c, int device, loom_cuda_state_t *
         e = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
     }
     if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&st->down, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
         e = cudaStreamCreateWithFlags(&st->p2p_stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) {
         what = "cudaEventCreateWithFlags";
@@ -243,12 +249,20 @@ static loom_status_t state_create(loom_comm_t c, int device, loom_cuda_state_t *
     }
     if (e == cudaSuccess)
         e = cudaEventCreateWithFlags(&st->legacy_ready, cudaEventDisableTiming);
+    /* The host waits on the markers while the network waits on it: sleeping,
+     * not spinning, leaves the cores to the host collective. */
+    for (int i = 0; i < LOOM_STAGING_MARKS && e == cudaSuccess; i++)
+        e = cudaEventCreateWithFlags(&st->marks[i],
+                                     cudaEventBlockingSync | cudaEventDisableTiming);
     if (e == cudaSuccess) {
         what = "cudaHostAlloc (staging buffers)";
-        e = cudaHostAlloc((void **)&st->host_send, st->chunk_bytes, cudaHostAllocPortable);
+        e = cudaHostAlloc((void **)&st->pinned, 2 * LOOM_STAGING_SETS * st->chunk_bytes,
+                          cudaHostAllocPortable);
     }
-    if (e == cudaSuccess)
-        e = cudaHostAlloc((void **)&st->host_recv, st->chunk_bytes, cudaHostAllocPortable);
+    for (int i = 0; e == cudaSuccess && i < LOOM_STAGING_SETS; i++) {
+        st->sets[i].send = st->pinned + (size_t)(2 * i) * st->chunk_bytes;
+        st->sets[i].recv = st->sets[i].send + st->chunk_bytes;
+    }
     if (e == cudaSuccess) {
         what = "cudaMalloc (reduction scratch)";
         e = cudaMalloc((void **)&st->dev_scratch, st->chunk_bytes);
@@ -312,14 +326,19 @@ static void cuda_comm_release(loom_comm_t c)
 
 /* ---- the device operations ---------------------------------------------- */
 
-static loom_status_t cuda_copy2d(void *arg, void *dst, size_t dpitch, const void *src,
+static cudaStream_t queue(const loom_cuda_state_t *st, int q)
+{
+    return q == LOOM_DEV_DOWN ? st->down : st->stream;
+}
+
+static loom_status_t cuda_copy2d(void *arg, int q, void *dst, size_t dpitch, const void *src,
                                  size_t spitch, size_t width, size_t height, loom_err_t *err)
 {
     loom_cuda_state_t *st = arg;
     cudaError_t e = height == 1
-                        ? cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, st->stream)
+                        ? cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, queue(st, q))
                         : cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height,
-                                            cudaMemcpyDefault, st->stream);
+                                            cudaMemcpyDefault, queue(st, q));
     return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "staging copy");
 }
 
@@ -342,9 +361,32 @@ static loom_status_t cuda_avg(void *arg, void *buf, size_t count, loom_dtype_t d
 static loom_status_t cuda_sync(void *arg, loom_err_t *err)
 {
     loom_cuda_state_t *st = arg;
-    cudaError_t e = cudaEventRecord(st->done, st->stream);
-    if (e == cudaSuccess)
-        e = cudaEventSynchronize(st->done);
+    cudaError_t e = cudaSuccess;
+    for (int q = LOOM_DEV_DOWN; q <= LOOM_DEV_UP && e == cudaSuccess; q++)
+        if ((e = cudaEventRecord(st->done, queue(st, q))) == cudaSuccess)
+            e = cudaEventSynchronize(st->done);
+    return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "waiting for the GPU");
+}
+
+static loom_status_t cuda_mark(void *arg, int q, int slot, loom_err_t *err)
+{
+    loom_cuda_state_t *st = arg;
+    cudaError_t e = cudaEventRecord(st->marks[slot], queue(st, q));
+    return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "cudaEventRecord (staging)");
+}
+
+static loom_status_t cuda_order(void *arg, int q, int slot, loom_err_t *err)
+{
+    loom_cuda_state_t *st = arg;
+    cudaError_t e = cudaStreamWaitEvent(queue(st, q), st->marks[slot], 0);
+    return e == cudaSuccess ? LOOM_SUCCESS
+                            : loom_cuda_fail(err, e, "cudaStreamWaitEvent (staging)");
+}
+
+static loom_status_t cuda_wait(void *arg, int slot, loom_err_t *err)
+{
+    loom_cuda_state_t *st = arg;
+    cudaError_t e = cudaEventSynchronize(st->marks[slot]);
     return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "waiting for the GPU");
 }
 
@@ -354,6 +396,9 @@ const loom_dev_ops_t loom_cuda_dev_ops = {
     .reduce3 = cuda_reduce3,
     .avg = cuda_avg,
     .sync = cuda_sync,
+    .mark = cuda_mark,
+    .order = cuda_order,
+    .wait = cuda_wait,
 };
 
 static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_args_t *a,
@@ -381,6 +426,8 @@ static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_ar
         e = cudaEventRecord(st->legacy_ready, cudaStreamLegacy);
         if (e == cudaSuccess)
             e = cudaStreamWaitEvent(st->stream, st->legacy_ready, 0);
+        if (e == cudaSuccess)
+            e = cudaStreamWaitEvent(st->down, st->legacy_ready, 0);
         if (e != cudaSuccess)
             status = loom_cuda_fail(err, e, "ordering after the default stream");
     }
@@ -388,8 +435,9 @@ static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_ar
         loom_staging_t s = {.rank = loom_comm_rank(c), .size = loom_comm_size(c), .err = err,
                             .run_host = run_host, .host_arg = host_arg,
                             .dev = &loom_cuda_dev_ops, .dev_arg = st,
-                            .host_send = st->host_send, .host_recv = st->host_recv,
-                            .dev_scratch = st->dev_scratch, .chunk_bytes = st->chunk_bytes};
+                            .dev_scratch = st->dev_scratch, .chunk_bytes = st->chunk_bytes,
+                            .overlap = st->overlap};
+        memcpy(s.sets, st->sets, sizeof(s.sets));
         status = loom_staging_run(&s, a);
     }
     if (status != LOOM_SUCCESS)

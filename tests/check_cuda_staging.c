@@ -33,24 +33,50 @@
     } while (0)
 
 
-/* What the CUDA backend's device operations take: a state with its stream and
- * the event they synchronize on (the rest is the communicator's, unused here). */
+/* What the CUDA backend's device operations take: a state with its streams and
+ * the events they synchronize on (the rest is the communicator's, unused here). */
 typedef struct {
     loom_cuda_state_t state;
 } device_stream_t;
 
 static int device_stream_open(device_stream_t *d)
 {
-    return cudaStreamCreateWithFlags(&d->state.stream, cudaStreamNonBlocking) == cudaSuccess &&
-           cudaEventCreateWithFlags(&d->state.done, cudaEventDisableTiming) == cudaSuccess;
+    int ok = cudaStreamCreateWithFlags(&d->state.stream, cudaStreamNonBlocking) == cudaSuccess &&
+             cudaStreamCreateWithFlags(&d->state.down, cudaStreamNonBlocking) == cudaSuccess &&
+             cudaEventCreateWithFlags(&d->state.done, cudaEventDisableTiming) == cudaSuccess;
+    for (int i = 0; i < LOOM_STAGING_MARKS && ok; i++)
+        ok = cudaEventCreateWithFlags(&d->state.marks[i], cudaEventDisableTiming) == cudaSuccess;
+    return ok;
 }
 
 static void device_stream_close(device_stream_t *d)
 {
+    for (int i = 0; i < LOOM_STAGING_MARKS; i++)
+        if (d->state.marks[i])
+            cudaEventDestroy(d->state.marks[i]);
     if (d->state.done)
         cudaEventDestroy(d->state.done);
+    if (d->state.down)
+        cudaStreamDestroy(d->state.down);
     if (d->state.stream)
         cudaStreamDestroy(d->state.stream);
+}
+
+/* The CUDA backend's device operations, but with a wait that does not wait:
+ * a host collective may then read a staging buffer before the copy down into
+ * it ran, or overwrite one before the copy up out of it ran. */
+static loom_status_t no_wait(void *arg, int slot, loom_err_t *err)
+{
+    (void)arg, (void)slot, (void)err;
+    return LOOM_SUCCESS;
+}
+
+static const loom_dev_ops_t *dev_ops_without_waits(void)
+{
+    static loom_dev_ops_t ops;
+    ops = loom_cuda_dev_ops;
+    ops.wait = no_wait;
+    return &ops;
 }
 
 /* ---- staging, rank by rank ------------------------------------------------- */
@@ -60,6 +86,12 @@ static size_t esize(loom_dtype_t dt)
     return loom_dtype_size(dt);
 }
 
+/* How the passes run: overlapped, overlapped over a lazy double (work runs
+ * only once the host waits: a missing wait always shows), or one at a time. */
+typedef enum { OVERLAP, OVERLAP_LAZY, SERIAL } stage_mode_t;
+
+static const char *const mode_names[] = {"overlapped", "overlapped, lazy double", "serial"};
+
 typedef struct {
     loom_coll_t coll;
     loom_dtype_t dt;
@@ -68,6 +100,9 @@ typedef struct {
     int in_place;
     size_t chunk;
     int nranks;
+    stage_mode_t mode;
+    const loom_dev_ops_t *dev;   /* NULL: the CUDA backend's */
+    int quiet;                   /* a wrong result is expected: report it, don't fail */
     _Atomic int failed;
     char msg[512];
 } stage_case_t;
@@ -117,9 +152,9 @@ static double reduced(const stage_case_t *t, size_t i)
 static void stage_fail(stage_case_t *t, loom_ctx_t *ctx, const char *fmt, size_t i, double got, double want)
 {
     if (atomic_exchange(&t->failed, 1) == 0)
-        snprintf(t->msg, sizeof(t->msg), "%s %s %s count %zu chunk %zu ranks %d%s rank %d: %s %zu: got %g, want %g",
+        snprintf(t->msg, sizeof(t->msg), "%s %s %s count %zu chunk %zu ranks %d%s, %s, rank %d: %s %zu: got %g, want %g",
                  loom_coll_name(t->coll), loom_dtype_name(t->dt), loom_op_name(t->op), t->count, t->chunk,
-                 t->nranks, t->in_place ? " in place" : "", ctx->rank, fmt, i, got, want);
+                 t->nranks, t->in_place ? " in place" : "", mode_names[t->mode], ctx->rank, fmt, i, got, want);
     ctx->tp_ops->abort(ctx->tp, LOOM_ERR_ABORTED);
 }
 
@@ -211,13 +246,13 @@ static void stage_rank(loom_ctx_t *ctx, void *arg)
     }
     /* The buffers on the device, and their host images the test writes and reads. */
     char *hsend = calloc(send_elems + 1, es), *hrecv = calloc(recv_elems + 1, es);
-    char *send = NULL, *recv = NULL, *scratch = NULL, *host_send = NULL, *host_recv = NULL;
+    char *send = NULL, *recv = NULL, *scratch = NULL, *pinned = NULL;
     device_stream_t dev = {0};
     if (!hsend || !hrecv || cudaMalloc((void **)&send, (send_elems + 1) * es) != cudaSuccess ||
         cudaMalloc((void **)&recv, (recv_elems + 1) * es) != cudaSuccess ||
         cudaMalloc((void **)&scratch, t->chunk) != cudaSuccess ||
-        cudaHostAlloc((void **)&host_send, t->chunk, 0) != cudaSuccess ||
-        cudaHostAlloc((void **)&host_recv, t->chunk, 0) != cudaSuccess || !device_stream_open(&dev)) {
+        cudaHostAlloc((void **)&pinned, 2 * LOOM_STAGING_SETS * t->chunk, 0) != cudaSuccess ||
+        !device_stream_open(&dev)) {
         stage_fail(t, ctx, "allocating on the device failed; element", 0, 0, 0);
         goto out;
     }
@@ -267,15 +302,19 @@ static void stage_rank(loom_ctx_t *ctx, void *arg)
         goto out;
     }
     loom_staging_t s = {.rank = me, .size = P, .err = ctx->err, .run_host = harness_host,
-                        .host_arg = ctx, .dev = &loom_cuda_dev_ops, .dev_arg = &dev.state,
-                        .host_send = host_send, .host_recv = host_recv, .dev_scratch = scratch,
-                        .chunk_bytes = t->chunk};
+                        .host_arg = ctx, .dev = t->dev ? t->dev : &loom_cuda_dev_ops,
+                        .dev_arg = &dev.state, .dev_scratch = scratch, .chunk_bytes = t->chunk,
+                        .overlap = t->mode != SERIAL};
+    for (int i = 0; i < LOOM_STAGING_SETS; i++) {
+        s.sets[i].send = pinned + (size_t)(2 * i) * t->chunk;
+        s.sets[i].recv = s.sets[i].send + t->chunk;
+    }
     loom_status_t st = loom_staging_run(&s, &a);
     if (st != LOOM_SUCCESS) {
         if (atomic_exchange(&t->failed, 1) == 0)
-            snprintf(t->msg, sizeof(t->msg), "%s %s ranks %d chunk %zu rank %d: status %d: %.300s",
-                     loom_coll_name(t->coll), loom_dtype_name(dt), P, t->chunk, me, (int)st,
-                     ctx->err->msg);
+            snprintf(t->msg, sizeof(t->msg), "%s %s ranks %d chunk %zu, %s, rank %d: status %d: %.300s",
+                     loom_coll_name(t->coll), loom_dtype_name(dt), P, t->chunk, mode_names[t->mode],
+                     me, (int)st, ctx->err->msg);
         ctx->tp_ops->abort(ctx->tp, LOOM_ERR_ABORTED);
         goto out;
     }
@@ -348,24 +387,40 @@ out:
     cudaFree(send);
     cudaFree(recv);
     cudaFree(scratch);
-    cudaFreeHost(host_send);
-    cudaFreeHost(host_recv);
+    cudaFreeHost(pinned);
     free(hsend);
     free(hrecv);
 }
 
-static void run_stage_case(loom_coll_t coll, loom_dtype_t dt, loom_op_t op, size_t count,
-                           int in_place, size_t chunk, int nranks)
+static void run_case(stage_case_t *t)
 {
-    stage_case_t t = {.coll = coll, .dt = dt, .op = op, .count = count, .in_place = in_place,
-                      .chunk = chunk, .nranks = nranks};
-    int left = loom_harness_run(nranks, stage_rank, &t);
-    REQUIRE(!t.failed, "%s", t.msg);
-    REQUIRE(left == 0, "%s %s ranks %d: %d messages left over", loom_coll_name(coll),
-            loom_dtype_name(dt), nranks, left);
+    cuda_double_set_lazy(t->mode == OVERLAP_LAZY);
+    int left = loom_harness_run(t->nranks, stage_rank, t);
+    cuda_double_set_lazy(0);
+    /* A rank that finds a wrong result aborts the others: messages may be left. */
+    if (t->quiet)
+        return;
+    REQUIRE(!t->failed, "%s", t->msg);
+    REQUIRE(left == 0, "%s %s ranks %d: %d messages left over", loom_coll_name(t->coll),
+            loom_dtype_name(t->dt), t->nranks, left);
 }
 
+/* The smallest chunk makes many passes, so it runs with the passes
+ * overlapped on an eager and on a lazy double; the middle one one pass at a
+ * time, the largest overlapped. */
 static const size_t chunks[] = {64, 200, 4096};
+
+static void run_stage_case(loom_coll_t coll, loom_dtype_t dt, loom_op_t op, size_t count,
+                           int in_place, size_t ch, int nranks)
+{
+    const size_t chunk = chunks[ch] < 16u * (size_t)nranks ? 16u * (size_t)nranks : chunks[ch];
+    const stage_mode_t modes[3][2] = {{OVERLAP, OVERLAP_LAZY}, {SERIAL, SERIAL}, {OVERLAP, OVERLAP}};
+    for (int m = 0; m < (modes[ch][0] == modes[ch][1] ? 1 : 2); m++) {
+        stage_case_t t = {.coll = coll, .dt = dt, .op = op, .count = count, .in_place = in_place,
+                          .chunk = chunk, .nranks = nranks, .mode = modes[ch][m]};
+        run_case(&t);
+    }
+}
 
 START_TEST(test_staging_reductions)
 {
@@ -380,9 +435,7 @@ START_TEST(test_staging_reductions)
         for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
             for (size_t ch = 0; ch < 3; ch++)
                 for (int in_place = 0; in_place < 2; in_place++)
-                    run_stage_case(colls[c], cases[k].dt, cases[k].op, 37, in_place,
-                                   chunks[ch] < 16u * (size_t)nranks ? 16u * (size_t)nranks : chunks[ch],
-                                   nranks);
+                    run_stage_case(colls[c], cases[k].dt, cases[k].op, 37, in_place, ch, nranks);
 }
 END_TEST
 
@@ -397,11 +450,33 @@ START_TEST(test_staging_data_movement)
             for (int dt = 0; dt < 2; dt++) {
                 loom_dtype_t type = dt ? LOOM_FLOAT32 : LOOM_UINT8;
                 int can_in_place = colls[c] == LOOM_COLL_ALLGATHER || colls[c] == LOOM_COLL_ALLTOALL;
-                size_t chunk = chunks[ch] < 16u * (size_t)nranks ? 16u * (size_t)nranks : chunks[ch];
-                run_stage_case(colls[c], type, LOOM_SUM, 29, 0, chunk, nranks);
+                run_stage_case(colls[c], type, LOOM_SUM, 29, 0, ch, nranks);
                 if (can_in_place)
-                    run_stage_case(colls[c], type, LOOM_SUM, 29, 1, chunk, nranks);
+                    run_stage_case(colls[c], type, LOOM_SUM, 29, 1, ch, nranks);
             }
+}
+END_TEST
+
+/* The lazy double catches a wait the overlapped passes leave out: with waits
+ * that do not wait, host collectives read staging buffers whose copies down
+ * have not run, and every collective gets wrong data. (Were the double to run
+ * copies the moment they are queued, this could pass by luck.) */
+START_TEST(test_staging_missing_wait_shows)
+{
+    const loom_coll_t colls[] = {LOOM_COLL_ALLREDUCE, LOOM_COLL_REDUCE_SCATTER,
+                                 LOOM_COLL_BROADCAST, LOOM_COLL_ALLGATHER, LOOM_COLL_ALLTOALLV};
+    for (size_t c = 0; c < sizeof colls / sizeof colls[0]; c++) {
+        stage_case_t t = {.coll = colls[c], .dt = LOOM_INT32, .op = LOOM_SUM, .count = 37,
+                          .chunk = 64, .nranks = 2, .mode = OVERLAP_LAZY,
+                          .dev = dev_ops_without_waits(), .quiet = 1};
+        run_case(&t);
+        REQUIRE(t.failed, "%s without waits on a lazy double gave the right result",
+                loom_coll_name(colls[c]));
+        /* The same case with the waits is right. */
+        stage_case_t ok = {.coll = colls[c], .dt = LOOM_INT32, .op = LOOM_SUM, .count = 37,
+                           .chunk = 64, .nranks = 2, .mode = OVERLAP_LAZY};
+        run_case(&ok);
+    }
 }
 END_TEST
 
@@ -438,7 +513,10 @@ START_TEST(test_core_dispatch)
     loom_status_t st = loom_allreduce(dsend, drecv, n, LOOM_FLOAT32, LOOM_SUM, c);
     ck_assert_msg(st == LOOM_SUCCESS, "allreduce: %s: %s", loom_strerror(st), loom_comm_last_error(c));
     cuda_double_counts(&after);
-    ck_assert_msg(after.d2h > before.d2h && after.h2d > before.h2d, "GPU buffers were not staged");
+    /* One rank reduces its own block where it is: a device copy, and one down
+     * for the (one-rank) allgatherv. */
+    ck_assert_msg(after.d2d + after.d2h + after.h2d > before.d2d + before.d2h + before.h2d,
+                  "GPU buffers did not reach the CUDA backend");
     ck_assert_int_eq(cudaMemcpy(got, drecv, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     for (size_t i = 0; i < n; i++)
         REQUIRE(got[i] == (float)i, "allreduce element %zu: %g", i, got[i]);
@@ -530,6 +608,7 @@ int main(void)
     tcase_set_timeout(staging, 300);
     tcase_add_loop_test(staging, test_staging_reductions, 0, 4);
     tcase_add_loop_test(staging, test_staging_data_movement, 0, 4);
+    tcase_add_test(staging, test_staging_missing_wait_shows);
     suite_add_tcase(s, staging);
     TCase *core = tcase_create("core");
     tcase_set_timeout(core, 120);

@@ -316,12 +316,14 @@ START_TEST(test_settings_elastic_cuda)
     ck_assert(s.elastic_timeout_s == 0);   /* LOOM_TIMEOUT's, in elastic.c */
     ck_assert_int_eq(s.elastic_min_np, 1);
     ck_assert_uint_eq(s.cuda_chunk_bytes, 4u << 20);
+    ck_assert_int_eq(s.cuda_overlap, 1);
     ck_assert_int_eq(s.ib_gid_index, -1);
     ck_assert_int_eq(s.net_gdr, -1);
 
     fake_env_t set = {{"LOOM_ELASTIC", "1", "LOOM_ELASTIC_ID", "1099511627776",
                        "LOOM_ELASTIC_TIMEOUT", "7.5", "LOOM_ELASTIC_MIN_NP", "3",
-                       "LOOM_CUDA_CHUNK_BYTES", "65536", "LOOM_IB_GID_INDEX", "3",
+                       "LOOM_CUDA_CHUNK_BYTES", "65536", "LOOM_CUDA_OVERLAP", "0",
+                       "LOOM_IB_GID_INDEX", "3",
                        "LOOM_NET_GDR", "0", "LOOM_AUTH_MAC", "HEADERS", NULL}};
     ck_assert_int_eq(loom_settings_load(&s, fake_get, &set, &err), LOOM_SUCCESS);
     ck_assert_int_eq(s.elastic, 1);
@@ -329,6 +331,7 @@ START_TEST(test_settings_elastic_cuda)
     ck_assert(s.elastic_timeout_s == 7.5);
     ck_assert_int_eq(s.elastic_min_np, 3);
     ck_assert_uint_eq(s.cuda_chunk_bytes, 65536);
+    ck_assert_int_eq(s.cuda_overlap, 0);
     ck_assert_int_eq(s.ib_gid_index, 3);
     ck_assert_int_eq(s.net_gdr, 0);
     ck_assert_int_eq(s.auth_mac_headers_only, 1);

@@ -42,6 +42,13 @@ static __thread cudaError_t last_error;
 static __thread int in_host_fn;          /* host functions may not call CUDA */
 static cuda_double_counts_t counts;
 
+/* Lazy mode (cuda_double_set_lazy): queued work waits until the host waits.
+ * Every op has a number in the order it was queued; a worker runs only ops
+ * up to released, which each host-side wait or query raises to the last one
+ * queued. */
+static int lazy;
+static unsigned long long issued, released;
+
 static int device_count(void)
 {
     const char *s = getenv("LOOM_CUDA_DOUBLE_DEVICES");
@@ -235,8 +242,9 @@ typedef struct op {
     struct op *next;
     op_kind_t kind;
     unsigned long long ticket;
+    unsigned long long issued;         /* its place among all ops (lazy mode) */
     union {
-        struct { char *dst; const char *src; size_t dpitch, spitch, width, height; } copy;
+        struct { char *dst; const char *src; size_t dpitch, spitch, width, height; int bus; } copy;
         struct { char *dst; int value; size_t bytes; } set;
         struct { void (*fn)(void *); void *arg; int kernel; } fn;
         struct { struct CUstream_st *stream; unsigned long long ticket; } wait;
@@ -303,6 +311,7 @@ static cudaError_t stream_of(cudaStream_t handle, struct CUstream_st **out)
 static void push(struct CUstream_st *s, op_t *op)
 {
     op->ticket = ++s->queued;
+    op->issued = ++issued;
     op->next = NULL;
     if (s->tail)
         s->tail->next = op;
@@ -345,14 +354,49 @@ static unsigned long long enqueue(struct CUstream_st *s, op_t *op)
     return op->ticket;
 }
 
+/* LOOM_CUDA_DOUBLE_GBPS: bytes per nanosecond a copy between host and device
+ * memory moves at most (0, the default: as fast as memmove), so a benchmark
+ * sees copies that take time in proportion to their size, as over PCIe. */
+static double bus_gbps(void)
+{
+    static double gbps = -1;
+    if (gbps < 0) {
+        const char *v = getenv("LOOM_CUDA_DOUBLE_GBPS");
+        gbps = v && *v ? atof(v) : 0;
+    }
+    return gbps;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Sleep out what is left of the time bytes take over the bus since start. */
+static void bus_time(double start, size_t bytes)
+{
+    double left = start + (double)bytes / (bus_gbps() * 1e9) - now_s();
+    if (left <= 0)
+        return;
+    struct timespec t = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+    while (nanosleep(&t, &t) != 0)
+        ;
+}
+
 static void run_op(op_t *op)
 {
     switch (op->kind) {
-    case OP_COPY:
+    case OP_COPY: {
+        double start = op->u.copy.bus && bus_gbps() > 0 ? now_s() : 0;
         for (size_t r = 0; r < op->u.copy.height; r++)
             memmove(op->u.copy.dst + r * op->u.copy.dpitch, op->u.copy.src + r * op->u.copy.spitch,
                     op->u.copy.width);
+        if (start > 0)
+            bus_time(start, op->u.copy.width * op->u.copy.height);
         break;
+    }
     case OP_MEMSET:
         memset(op->u.set.dst, op->u.set.value, op->u.set.bytes);
         break;
@@ -372,12 +416,37 @@ static void event_unref(struct CUevent_st *ev)
         free(ev);
 }
 
+/* Lazy mode holds op until the host waits for something. Under lock. */
+static int held(const op_t *op)
+{
+    return lazy && op->issued > released;
+}
+
+/* The host waits or asks: everything queued so far may run. Under lock. */
+static void release(void)
+{
+    if (released == issued)
+        return;
+    released = issued;
+    for (struct CUstream_st *s = streams; s; s = s->next_all)
+        pthread_cond_broadcast(&s->moved);
+}
+
+void cuda_double_set_lazy(int on)
+{
+    pthread_mutex_lock(&lock);
+    release();
+    lazy = on;
+    pthread_mutex_unlock(&lock);
+}
+
 static void *stream_worker(void *arg)
 {
     struct CUstream_st *s = arg;
     pthread_mutex_lock(&lock);
     for (;;) {
-        while (!s->head && !s->destroyed)
+        /* A destroyed stream drains: nobody may be left to release its work. */
+        while (s->head ? held(s->head) && !s->destroyed : !s->destroyed)
             pthread_cond_wait(&s->moved, &lock);
         op_t *op = s->head;
         if (!op)
@@ -409,9 +478,11 @@ static void *stream_worker(void *arg)
     return NULL;
 }
 
-/* Wait until s has finished ticket. Under lock. */
+/* The host waits until s has finished ticket. Under lock. */
 static void wait_ticket(struct CUstream_st *s, unsigned long long ticket)
 {
+    if (s->done < ticket)
+        release();
     while (s->done < ticket)
         pthread_cond_wait(&s->moved, &lock);
 }
@@ -501,8 +572,10 @@ cudaError_t CUDARTAPI cudaStreamQuery(cudaStream_t handle)
     pthread_mutex_lock(&lock);
     struct CUstream_st *s;
     cudaError_t e = stream_of(handle, &s);
-    if (e == cudaSuccess && s->done < s->queued)
+    if (e == cudaSuccess && s->done < s->queued) {
+        release();   /* a host polling a lazy stream would wait forever */
         e = cudaErrorNotReady;
+    }
     pthread_mutex_unlock(&lock);
     return e == cudaErrorNotReady ? e : ret(e);
 }
@@ -583,6 +656,8 @@ cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t ev)
         return ret(cudaErrorInvalidResourceHandle);
     pthread_mutex_lock(&lock);
     int done = event_done(ev);
+    if (!done)
+        release();
     pthread_mutex_unlock(&lock);
     return done ? cudaSuccess : cudaErrorNotReady;
 }
@@ -773,6 +848,7 @@ static cudaError_t copy(void *dst, size_t dpitch, const void *src, size_t spitch
     op->u.copy.spitch = height > 1 ? spitch : width;
     op->u.copy.width = width;
     op->u.copy.height = height;
+    op->u.copy.bus = s.device != d.device;
     /* Pageable memory is copied before the call returns, as CUDA stages it. */
     return ret(submit(stream, op, blocking || d.pageable || s.pageable));
 }

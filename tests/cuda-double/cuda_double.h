@@ -31,4 +31,13 @@ typedef struct cuda_double_counts {
 } cuda_double_counts_t;
 void cuda_double_counts(cuda_double_counts_t *out);
 
+/* on: queued work runs only once the host waits for something (a synchronize,
+ * a blocking copy, a query, cudaFree), and then everything queued before the
+ * wait may run, so work that the host uses without waiting for it has
+ * certainly not happened (a read sees the old bytes, a write races ahead of
+ * the copy that should have read first). Only for code that waits through
+ * CUDA alone: a host function that some thread waits for by other means never
+ * runs. off (the default): work runs as soon as its stream gets to it. */
+void cuda_double_set_lazy(int on);
+
 #endif
