@@ -587,6 +587,14 @@ class LoomBackend : public c10d::Backend {
                                             const c10::intrusive_ptr<Options> &opts) override
     {
         (void)store;   // no rendezvous: the parent's connections carry the split
+        // ProcessGroup::splitGroup asks the backend of each device the group
+        // has (this one serves cpu and cuda), and a rank in no split asks
+        // again where a member reuses its first answer: the asks of one split
+        // (one group name) get one loom_comm_split, every rank making one.
+        std::string name = opts ? opts->group_name : std::string();
+        if (!name.empty() && name == last_split_name_) {
+            return last_split_.lock();
+        }
         auto me = std::find(ranks.begin(), ranks.end(), getRank());
         int color = LOOM_UNDEFINED, key = 0;
         if (me != ranks.end()) {
@@ -603,12 +611,20 @@ class LoomBackend : public c10d::Backend {
         if (st != LOOM_SUCCESS) {
             throw_backend_error(std::string("loom: split_group: ") + loom_comm_last_error(comm_));
         }
+        last_split_name_ = name;
+        last_split_.reset();
         if (!sub) {
             return nullptr;
         }
         auto timeout = opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
-        return c10::make_intrusive<LoomBackend>(sub, store, timeout, profile_name_, cuda_device_);
+        c10::intrusive_ptr<c10d::Backend> child =
+            c10::make_intrusive<LoomBackend>(sub, store, timeout, profile_name_, cuda_device_);
+        last_split_ = c10::weak_intrusive_ptr<c10d::Backend>(child);
+        return child;
     }
+
+    std::string last_split_name_;   // the last split() and its result, for its repeats
+    c10::weak_intrusive_ptr<c10d::Backend> last_split_{c10::intrusive_ptr<c10d::Backend>()};
 #endif
 
     // ---- Collectives. ----
