@@ -127,7 +127,7 @@ def c10d_cuda(torch, cpp_extension):
         try:
             inc = cpp_extension.include_paths(device_type="cuda")
             lib = cpp_extension.library_paths(device_type="cuda")
-        except TypeError:   # torch before 2.4: include_paths(cuda=True)
+        except TypeError:   # an older torch: include_paths(cuda=True)
             inc = cpp_extension.include_paths(cuda=True)
             lib = cpp_extension.library_paths(cuda=True)
         if not any(os.path.exists(os.path.join(d, "cuda_runtime_api.h")) for d in inc):

@@ -443,7 +443,7 @@ class LoomBackend : public c10d::Backend {
                                 std::to_string(size) + ": creating the communicator failed: " +
                                 loom_comm_last_error(nullptr));
         }
-        bind_device(device);
+        bind_or_destroy(device);
         start_threads();
     }
 
@@ -453,7 +453,7 @@ class LoomBackend : public c10d::Backend {
         : c10d::Backend(loom_comm_rank(comm), loom_comm_size(comm)), comm_(comm), store_(store),
           timeout_(timeout), profile_name_(std::move(profile_name))
     {
-        bind_device(device);
+        bind_or_destroy(device);
         start_threads();
     }
 
@@ -1737,6 +1737,19 @@ class LoomBackend : public c10d::Backend {
         throw_backend_error("loom: this build of the backend has no CUDA support (cuda:" +
                             std::to_string(device) + ")");
 #endif
+    }
+
+    // In a constructor: no destructor runs when it throws, so the
+    // communicator goes here.
+    void bind_or_destroy(int device)
+    {
+        try {
+            bind_device(device);
+        } catch (...) {
+            loom_comm_destroy(comm_);
+            comm_ = nullptr;
+            throw;
+        }
     }
 
     // Loom orders a call without a stream after the stream-ordered ones only
