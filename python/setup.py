@@ -11,6 +11,8 @@ libloom is found, in this order:
 The library directory is recorded as the extension's rpath, so no
 LD_LIBRARY_PATH is needed afterwards.
 """
+import ctypes
+import ctypes.util
 import os
 import shlex
 import subprocess
@@ -73,15 +75,69 @@ def torch_c10d_extension():
         return None
     if (major, minor) < (2, 1) or not torch.distributed.is_available():
         return None
+    cuda = c10d_cuda(torch, cpp_extension)
     return cpp_extension.CppExtension(
         "loom.torch._c10d",
         sources=["loom/torch/_c10d.cpp"],
-        include_dirs=include_dirs,
-        library_dirs=library_dirs,
+        include_dirs=include_dirs + cuda.get("include_dirs", []),
+        library_dirs=library_dirs + cuda.get("library_dirs", []),
         runtime_library_dirs=library_dirs,
-        libraries=["loom"],
+        libraries=["loom"] + cuda.get("libraries", []),
+        define_macros=cuda.get("define_macros", []),
         extra_compile_args=["-O2", "-Wall", "-Wno-unused-parameter"] + extra_compile,
     ), cpp_extension.BuildExtension.with_options(use_ninja=False)   # ninja would compile _loom.c as C++
+
+
+def libloom_has_cuda():
+    """Whether the libloom the extension links was built with CUDA: its
+    header loom_cuda.h is found and the library exports the stream-ordered
+    calls (a libloom without CUDA has neither)."""
+    dirs = include_dirs + ["/usr/local/include", "/usr/include"]
+    if not any(os.path.exists(os.path.join(d, "loom_cuda.h")) for d in dirs):
+        return False
+    candidates = [os.path.join(d, "libloom.so") for d in library_dirs]
+    candidates.append(ctypes.util.find_library("loom"))
+    for path in candidates:
+        if path and (os.path.exists(path) or not os.path.isabs(path)):
+            try:
+                return hasattr(ctypes.CDLL(path), "loom_comm_set_device")
+            except OSError:
+                continue
+    return False
+
+
+def c10d_cuda(torch, cpp_extension):
+    """What the extension needs to take CUDA tensors (compiled with
+    LOOM_C10D_CUDA), where torch is a CUDA build, a CUDA toolkit's headers
+    are found and libloom has CUDA; else nothing, and the extension is the
+    CPU-only one. g++ compiles it (no .cu files): torch's c10_cuda and
+    torch_cuda give streams, events and the caching allocator.
+    LOOM_TORCH_CUDA=0 leaves CUDA out, =1 makes its absence an error."""
+    want = os.environ.get("LOOM_TORCH_CUDA", "auto")
+    if want == "0":
+        return {}
+    why = None
+    if not torch.backends.cuda.is_built():
+        why = "torch is not a CUDA build"
+    elif cpp_extension.CUDA_HOME is None:
+        why = "no CUDA toolkit (CUDA_HOME) for the headers"
+    elif not libloom_has_cuda():
+        why = "libloom was built without CUDA"
+    if why is None:
+        try:
+            inc = cpp_extension.include_paths(device_type="cuda")
+            lib = cpp_extension.library_paths(device_type="cuda")
+        except TypeError:   # an older torch: include_paths(cuda=True)
+            inc = cpp_extension.include_paths(cuda=True)
+            lib = cpp_extension.library_paths(cuda=True)
+        if not any(os.path.exists(os.path.join(d, "cuda_runtime_api.h")) for d in inc):
+            why = "cuda_runtime_api.h is not in " + ", ".join(inc)
+    if why is not None:
+        if want == "1":
+            raise SystemExit("loom.torch._c10d: LOOM_TORCH_CUDA=1, but " + why)
+        return {}
+    return {"include_dirs": inc, "library_dirs": lib, "libraries": ["c10_cuda", "torch_cuda"],
+            "define_macros": [("LOOM_C10D_CUDA", "1")]}
 
 
 if os.environ.get("LOOM_TORCH_C10D", "auto") != "0":

@@ -51,6 +51,8 @@ for np in 1 2 3; do
     with_torchrun $np tests/python/test_c10d.py
     with_loomrun $np tests/python/test_c10d.py
 done
+# The devices "loom" is registered for (cpu, and cuda where built with CUDA).
+with_torchrun 2 tests/python/test_c10d_devices.py
 with_torchrun 2 tests/python/test_c10d_errors.py mismatch
 with_loomrun 3 tests/python/test_c10d_errors.py mismatch
 with_torchrun 3 tests/python/test_c10d_errors.py dead

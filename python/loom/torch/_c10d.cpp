@@ -15,6 +15,13 @@
 // Rendezvous goes through the store torch hands the backend (TCPStore,
 // FileStore, HashStore, PrefixStore) by loom_comm_create_with_store; the
 // process group's timeout becomes the communicator's.
+//
+// CUDA tensors (built with LOOM_C10D_CUDA: setup.py defines it where torch and
+// libloom both have CUDA) go to Loom's stream-ordered calls (loom_cuda.h) on a
+// stream the backend owns, as ProcessGroupNCCL does: that stream first waits
+// for the caller's current stream (the tensors' producer), wait() makes the
+// current stream wait for the collective without blocking the host, and the
+// completion thread completes the Future once the GPU work is done.
 #include <torch/extension.h>
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -35,11 +42,21 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "loom.h"
+
+#ifdef LOOM_C10D_CUDA
+#include <c10/core/Event.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "loom_cuda.h"
+#endif
 
 namespace loom_c10d {
 
@@ -248,6 +265,12 @@ void premul(const ReduceOp &op, at::Tensor &t)
 void check_cpu(const at::Tensor &t, const char *what, bool sparse_ok = false)
 {
     if (!t.device().is_cpu()) {
+#ifdef LOOM_C10D_CUDA
+        if (t.device().is_cuda()) {
+            throw_backend_error(std::string("loom: ") + what + ": CUDA tensors are not "
+                                "supported by this operation (got " + t.device().str() + ")");
+        }
+#endif
         throw_backend_error(std::string("loom: ") + what +
                             ": only CPU tensors are supported (got " + t.device().str() + ")");
     }
@@ -258,25 +281,81 @@ void check_cpu(const at::Tensor &t, const char *what, bool sparse_ok = false)
     }
 }
 
+// The tensors an operation takes: on the CPU, or (in a CUDA build) on CUDA
+// devices, sorted out by the operation's device (call_device).
+void check_device(const at::Tensor &t, const char *what)
+{
+#ifdef LOOM_C10D_CUDA
+    if (t.device().is_cuda() && !t.is_sparse()) {
+        return;
+    }
+#endif
+    check_cpu(t, what);
+}
+
 // ---- Work. -----------------------------------------------------------------
 
 // A call into Loom: given a request pointer it starts a non-blocking
 // operation, given nullptr it runs the blocking one.
 using LoomCall = std::function<loom_status_t(loom_request_t *)>;
 
+// The same call on CUDA buffers, stream-ordered on the given stream;
+// ON_STREAM(loom_x_stream, args...) makes one (the stream goes last). Builds
+// without CUDA carry an empty placeholder, so the operations read the same.
+#ifdef LOOM_C10D_CUDA
+using StreamCall = std::function<loom_status_t(cudaStream_t)>;
+#define ON_STREAM(fn, ...) \
+    StreamCall([=, this](cudaStream_t on_stream_) { return fn(__VA_ARGS__, on_stream_); })
+#else
+struct StreamCall {};
+#define ON_STREAM(fn, ...) StreamCall()
+#endif
+
+struct Call {
+    LoomCall host;
+    StreamCall stream;
+};
+
 class LoomWork : public c10d::Work {
   public:
     // title ("loom:all_reduce", as Gloo's "gloo:all_reduce") names the event
     // torch's profiler records from here to finish(), with the inputs' shapes.
+    // devices: the CUDA device of a GPU operation (its future then records
+    // events on it, as ProcessGroupNCCL's), else none.
     LoomWork(int rank, OpType type, const std::string &title,
              const std::vector<at::Tensor> &inputs, std::vector<at::Tensor> outputs,
-             std::string what)
+             std::string what, std::vector<c10::Device> devices = {})
         : c10d::Work(rank, type, title.c_str(), inputs), outputs_(std::move(outputs)),
           what_(std::move(what)),
           future_(c10::make_intrusive<at::ivalue::Future>(
-              c10::ListType::create(c10::TensorType::get())))
+              c10::ListType::create(c10::TensorType::get()), std::move(devices)))
     {
     }
+
+#ifdef LOOM_C10D_CUDA
+    // A GPU operation's wait() orders the caller's current stream after the
+    // collective and returns at once, as ProcessGroupNCCL's: the host does
+    // not block. Failures known by then are raised.
+    bool wait(std::chrono::milliseconds timeout) override
+    {
+        if (!end_) {
+            return c10d::Work::wait(timeout);
+        }
+        if (future_->completed() && future_->hasError()) {
+            std::rethrow_exception(future_->exception_ptr());
+        }
+        synchronize();
+        return true;
+    }
+
+    void synchronize() override
+    {
+        if (end_) {
+            c10::cuda::CUDAGuard g(*device_);
+            end_->block(c10::cuda::getCurrentCUDAStream(device_->index()));
+        }
+    }
+#endif
 
     std::vector<at::Tensor> result() override { return outputs_; }
     int sourceRank() const override { return src_rank_; }
@@ -301,6 +380,13 @@ class LoomWork : public c10d::Work {
         if (eptr) {
             future_->setError(eptr);
         } else {
+#ifdef LOOM_C10D_CUDA
+            // The future's events go on the stream the collective ran on.
+            std::optional<c10::cuda::CUDAStreamGuard> sg;
+            if (stream_) {
+                sg.emplace(*stream_);
+            }
+#endif
             future_->markCompleted(c10::IValue(outputs_));
         }
         finish(eptr);
@@ -315,6 +401,11 @@ class LoomWork : public c10d::Work {
     std::shared_ptr<void> keep_alive_;   // count arrays an alltoallv reads
     int src_rank_ = -1;
     std::exception_ptr eptr_;            // how the Loom calls ended, for complete()
+    std::optional<c10::Device> device_;  // the CUDA device of a GPU operation
+#ifdef LOOM_C10D_CUDA
+    std::optional<c10::cuda::CUDAStream> stream_;   // the backend's stream it ran on
+    std::shared_ptr<c10::Event> end_;    // recorded on stream_ after the collective
+#endif
 
   private:
     c10::intrusive_ptr<at::ivalue::Future> future_;
@@ -324,8 +415,11 @@ class LoomWork : public c10d::Work {
 
 class LoomBackend : public c10d::Backend {
   public:
+    // device: the CUDA device init_process_group's device_id names (-1: none;
+    // otherwise the first CUDA tensors' device).
     LoomBackend(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
-                std::chrono::milliseconds timeout, std::string profile_name = "loom")
+                std::chrono::milliseconds timeout, std::string profile_name = "loom",
+                int device = -1)
         : c10d::Backend(rank, size), store_(store), timeout_(timeout),
           profile_name_(std::move(profile_name))
     {
@@ -349,15 +443,17 @@ class LoomBackend : public c10d::Backend {
                                 std::to_string(size) + ": creating the communicator failed: " +
                                 loom_comm_last_error(nullptr));
         }
+        bind_or_destroy(device);
         start_threads();
     }
 
     // A group split from another (split()): it owns comm.
     LoomBackend(loom_comm_t comm, const c10::intrusive_ptr<c10d::Store> &store,
-                std::chrono::milliseconds timeout, std::string profile_name)
+                std::chrono::milliseconds timeout, std::string profile_name, int device = -1)
         : c10d::Backend(loom_comm_rank(comm), loom_comm_size(comm)), comm_(comm), store_(store),
           timeout_(timeout), profile_name_(std::move(profile_name))
     {
+        bind_or_destroy(device);
         start_threads();
     }
 
@@ -491,6 +587,14 @@ class LoomBackend : public c10d::Backend {
                                             const c10::intrusive_ptr<Options> &opts) override
     {
         (void)store;   // no rendezvous: the parent's connections carry the split
+        // ProcessGroup::splitGroup asks the backend of each device the group
+        // has (this one serves cpu and cuda), and a rank in no split asks
+        // again where a member reuses its first answer: the asks of one split
+        // (one group name) get one loom_comm_split, every rank making one.
+        std::string name = opts ? opts->group_name : std::string();
+        if (!name.empty() && name == last_split_name_) {
+            return last_split_.lock();
+        }
         auto me = std::find(ranks.begin(), ranks.end(), getRank());
         int color = LOOM_UNDEFINED, key = 0;
         if (me != ranks.end()) {
@@ -499,6 +603,7 @@ class LoomBackend : public c10d::Backend {
         }
         loom_comm_t sub = nullptr;
         loom_status_t st;
+        drain_stream();   // a call without a stream: the stream's calls first
         {
             std::lock_guard<std::mutex> g(submit_mu_);
             st = loom_comm_split(comm_, color, key, &sub);
@@ -506,12 +611,20 @@ class LoomBackend : public c10d::Backend {
         if (st != LOOM_SUCCESS) {
             throw_backend_error(std::string("loom: split_group: ") + loom_comm_last_error(comm_));
         }
+        last_split_name_ = name;
+        last_split_.reset();
         if (!sub) {
             return nullptr;
         }
         auto timeout = opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
-        return c10::make_intrusive<LoomBackend>(sub, store, timeout, profile_name_);
+        c10::intrusive_ptr<c10d::Backend> child =
+            c10::make_intrusive<LoomBackend>(sub, store, timeout, profile_name_, cuda_device_);
+        last_split_ = c10::weak_intrusive_ptr<c10d::Backend>(child);
+        return child;
     }
+
+    std::string last_split_name_;   // the last split() and its result, for its repeats
+    c10::weak_intrusive_ptr<c10d::Backend> last_split_{c10::intrusive_ptr<c10d::Backend>()};
 #endif
 
     // ---- Collectives. ----
@@ -526,10 +639,11 @@ class LoomBackend : public c10d::Backend {
         loom_dtype_t dt = to_loom_dtype(buf);
         size_t n = (size_t)buf.numel();
         void *p = buf.data_ptr();
-        return run(w, {[=, this](loom_request_t *r) {
-                       return r ? loom_ibroadcast(p, n, dt, root, comm_, r)
-                                : loom_broadcast(p, n, dt, root, comm_);
-                   }},
+        return run(w, {{[=, this](loom_request_t *r) {
+                            return r ? loom_ibroadcast(p, n, dt, root, comm_, r)
+                                     : loom_broadcast(p, n, dt, root, comm_);
+                        },
+                        ON_STREAM(loom_broadcast_stream, p, n, dt, root, comm_)}},
                    opts.asyncOp);
     }
 
@@ -547,10 +661,11 @@ class LoomBackend : public c10d::Backend {
         loom_dtype_t dt = to_loom_dtype(buf);
         size_t n = (size_t)buf.numel();
         void *p = buf.data_ptr();
-        return run(w, {[=, this](loom_request_t *r) {
-                       return r ? loom_iallreduce(LOOM_IN_PLACE, p, n, dt, op, comm_, r)
-                                : loom_allreduce(LOOM_IN_PLACE, p, n, dt, op, comm_);
-                   }},
+        return run(w, {{[=, this](loom_request_t *r) {
+                            return r ? loom_iallreduce(LOOM_IN_PLACE, p, n, dt, op, comm_, r)
+                                     : loom_allreduce(LOOM_IN_PLACE, p, n, dt, op, comm_);
+                        },
+                        ON_STREAM(loom_allreduce_stream, LOOM_IN_PLACE, p, n, dt, op, comm_)}},
                    opts.asyncOp);
     }
 
@@ -576,6 +691,7 @@ class LoomBackend : public c10d::Backend {
                                 "supported");
         }
         auto w = make_work(OpType::ALLREDUCE, {t}, "allreduce (sparse)");
+        drain_stream();   // blocking calls without a stream: the stream's calls first
         int size = getSize();
         at::Tensor in = t.coalesce();
         at::Tensor idx = in._indices().contiguous();   // sparse_dim x nnz, int64
@@ -659,7 +775,7 @@ class LoomBackend : public c10d::Backend {
     {
         TORCH_CHECK(!tensors.empty(), "loom: allreduce_coalesced of no tensors");
         for (auto &t : tensors) {
-            check_cpu(t, "allreduce_coalesced");
+            check_device(t, "allreduce_coalesced");
             TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(),
                         "loom: allreduce_coalesced: tensors must have one type");
         }
@@ -684,10 +800,11 @@ class LoomBackend : public c10d::Backend {
         loom_dtype_t dt = to_loom_dtype(flat);
         size_t n = (size_t)flat.numel();
         void *p = flat.data_ptr();
-        return run(w, {[=, this](loom_request_t *r) {
-                       return r ? loom_iallreduce(LOOM_IN_PLACE, p, n, dt, op, comm_, r)
-                                : loom_allreduce(LOOM_IN_PLACE, p, n, dt, op, comm_);
-                   }},
+        return run(w, {{[=, this](loom_request_t *r) {
+                            return r ? loom_iallreduce(LOOM_IN_PLACE, p, n, dt, op, comm_, r)
+                                     : loom_allreduce(LOOM_IN_PLACE, p, n, dt, op, comm_);
+                        },
+                        ON_STREAM(loom_allreduce_stream, LOOM_IN_PLACE, p, n, dt, op, comm_)}},
                    opts.asyncOp);
     }
 
@@ -708,10 +825,11 @@ class LoomBackend : public c10d::Backend {
         size_t n = (size_t)buf.numel();
         void *p = buf.data_ptr();
         int root = (int)opts.rootRank;
-        return run(w, {[=, this](loom_request_t *r) {
-                       return r ? loom_ireduce(LOOM_IN_PLACE, p, n, dt, op, root, comm_, r)
-                                : loom_reduce(LOOM_IN_PLACE, p, n, dt, op, root, comm_);
-                   }},
+        return run(w, {{[=, this](loom_request_t *r) {
+                            return r ? loom_ireduce(LOOM_IN_PLACE, p, n, dt, op, root, comm_, r)
+                                     : loom_reduce(LOOM_IN_PLACE, p, n, dt, op, root, comm_);
+                        },
+                        ON_STREAM(loom_reduce_stream, LOOM_IN_PLACE, p, n, dt, op, root, comm_)}},
                    opts.asyncOp);
     }
 
@@ -726,7 +844,7 @@ class LoomBackend : public c10d::Backend {
         auto w = make_work(OpType::ALLGATHER, outs, "allgather", &inputs);
         at::Tensor src = in.contiguous();
         at::Tensor flat = at::empty({(int64_t)getSize() * in.numel()}, in.options());
-        w->keep_ = {src, flat};
+        w->keep_.insert(w->keep_.end(), {src, flat});
         w->post_ = [flat, outs]() mutable { unflatten(flat, outs); };
         return run(w, {gather_call(src, flat, /*root=*/-1)}, opts.asyncOp);
     }
@@ -734,8 +852,8 @@ class LoomBackend : public c10d::Backend {
     c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor &output, at::Tensor &input,
                                                    const c10d::AllgatherOptions &opts) override
     {
-        check_cpu(input, "allgather_into_tensor");
-        check_cpu(output, "allgather_into_tensor");
+        check_device(input, "allgather_into_tensor");
+        check_device(output, "allgather_into_tensor");
         TORCH_CHECK(output.numel() == input.numel() * getSize(),
                     "loom: allgather_into_tensor: the output must hold world size times the "
                     "input's elements");
@@ -756,11 +874,11 @@ class LoomBackend : public c10d::Backend {
         TORCH_CHECK(outputs.size() == inputs.size(),
                     "loom: allgather_into_tensor_coalesced: as many outputs as inputs");
         auto w = make_work(OpType::ALLGATHER_INTO_TENSOR_COALESCED, outputs,
-                           "allgather_into_tensor_coalesced");
-        std::vector<LoomCall> calls;
+                           "allgather_into_tensor_coalesced", nullptr, &inputs);
+        std::vector<Call> calls;
         std::vector<std::function<void()>> posts;
         for (size_t i = 0; i < inputs.size(); i++) {
-            check_cpu(inputs[i], "allgather_into_tensor_coalesced");
+            check_device(inputs[i], "allgather_into_tensor_coalesced");
             TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * getSize() &&
                             outputs[i].scalar_type() == inputs[i].scalar_type(),
                         "loom: allgather_into_tensor_coalesced: output ", i,
@@ -794,7 +912,7 @@ class LoomBackend : public c10d::Backend {
         // Each rank's inputs laid end to end; one allgather of those.
         std::vector<at::Tensor> flat_in;
         for (auto &t : inputs) {
-            check_cpu(t, "allgather_coalesced");
+            check_device(t, "allgather_coalesced");
             TORCH_CHECK(t.scalar_type() == inputs[0].scalar_type(),
                         "loom: allgather_coalesced: tensors must have one type");
             flat_in.push_back(t.reshape({-1}));
@@ -811,7 +929,7 @@ class LoomBackend : public c10d::Backend {
             }
         }
         auto w = make_work(OpType::ALLGATHER_COALESCED, all_outs, "allgather_coalesced", &inputs);
-        w->keep_ = {src, flat};
+        w->keep_.insert(w->keep_.end(), {src, flat});
         w->post_ = [flat, all_outs]() mutable { unflatten(flat, all_outs); };
         return run(w, {gather_call(src, flat, -1)}, opts.asyncOp);
     }
@@ -836,7 +954,7 @@ class LoomBackend : public c10d::Backend {
         at::Tensor src = in.contiguous();
         at::Tensor flat = at_root ? at::empty({(int64_t)getSize() * in.numel()}, in.options())
                                   : at::empty({0}, in.options());
-        w->keep_ = {src, flat};
+        w->keep_.insert(w->keep_.end(), {src, flat});
         if (at_root) {
             w->post_ = [flat, outs]() mutable { unflatten(flat, outs); };
         }
@@ -860,17 +978,19 @@ class LoomBackend : public c10d::Backend {
                         "loom: scatter: inputs are given at the root only");
             flat = at::empty({0}, out.options());
         }
-        auto w = make_work(OpType::SCATTER, {out}, "scatter");
+        auto w = make_work(OpType::SCATTER, {out}, "scatter", nullptr,
+                           at_root ? &inputs[0] : nullptr);
         at::Tensor dst = staged(w, out, false);
         w->keep_.push_back(flat);
         loom_dtype_t dt = to_loom_dtype(dst);
         size_t n = (size_t)dst.numel();
         const void *s = flat.data_ptr();
         void *d = dst.data_ptr();
-        return run(w, {[=, this](loom_request_t *r) {
-                       return r ? loom_iscatter(s, d, n, dt, root, comm_, r)
-                                : loom_scatter(s, d, n, dt, root, comm_);
-                   }},
+        return run(w, {{[=, this](loom_request_t *r) {
+                            return r ? loom_iscatter(s, d, n, dt, root, comm_, r)
+                                     : loom_scatter(s, d, n, dt, root, comm_);
+                        },
+                        ON_STREAM(loom_scatter_stream, s, d, n, dt, root, comm_)}},
                    opts.asyncOp);
     }
 
@@ -885,14 +1005,14 @@ class LoomBackend : public c10d::Backend {
                     "loom: reduce_scatter: one input per rank");
         bool even = true;
         for (auto &t : ins) {
-            check_cpu(t, "reduce_scatter");
+            check_device(t, "reduce_scatter");
             TORCH_CHECK(t.scalar_type() == out.scalar_type(),
                         "loom: reduce_scatter: input and output types differ");
             even = even && t.numel() == ins[0].numel();
         }
         TORCH_CHECK(ins[getRank()].numel() == out.numel(),
                     "loom: reduce_scatter: the output must match this rank's input");
-        auto w = make_work(OpType::REDUCE_SCATTER, {out}, "reduce_scatter");
+        auto w = make_work(OpType::REDUCE_SCATTER, {out}, "reduce_scatter", nullptr, &ins);
         loom_op_t op = to_loom_op(opts.reduceOp, out);
         at::Tensor flat = flatten(ins);
         premul(opts.reduceOp, flat);
@@ -903,10 +1023,11 @@ class LoomBackend : public c10d::Backend {
             at::Tensor dst = staged(w, out, false);
             size_t n = (size_t)dst.numel();
             void *d = dst.data_ptr();
-            return run(w, {[=, this](loom_request_t *r) {
-                           return r ? loom_ireduce_scatter(p, d, n, dt, op, comm_, r)
-                                    : loom_reduce_scatter(p, d, n, dt, op, comm_);
-                       }},
+            return run(w, {{[=, this](loom_request_t *r) {
+                                return r ? loom_ireduce_scatter(p, d, n, dt, op, comm_, r)
+                                         : loom_reduce_scatter(p, d, n, dt, op, comm_);
+                            },
+                            ON_STREAM(loom_reduce_scatter_stream, p, d, n, dt, op, comm_)}},
                        opts.asyncOp);
         }
         // Blocks of different sizes: reduce them all, keep this rank's.
@@ -918,10 +1039,11 @@ class LoomBackend : public c10d::Backend {
         w->post_ = [flat, out, off]() mutable {
             out.copy_(flat.narrow(0, off, out.numel()).view(out.sizes()));
         };
-        return run(w, {[=, this](loom_request_t *r) {
-                       return r ? loom_iallreduce(LOOM_IN_PLACE, p, n, dt, op, comm_, r)
-                                : loom_allreduce(LOOM_IN_PLACE, p, n, dt, op, comm_);
-                   }},
+        return run(w, {{[=, this](loom_request_t *r) {
+                            return r ? loom_iallreduce(LOOM_IN_PLACE, p, n, dt, op, comm_, r)
+                                     : loom_allreduce(LOOM_IN_PLACE, p, n, dt, op, comm_);
+                        },
+                        ON_STREAM(loom_allreduce_stream, LOOM_IN_PLACE, p, n, dt, op, comm_)}},
                    opts.asyncOp);
     }
 
@@ -940,12 +1062,12 @@ class LoomBackend : public c10d::Backend {
                     "loom: reduce_scatter_tensor: as many outputs as inputs");
         auto w = make_work(outputs.size() == 1 ? OpType::_REDUCE_SCATTER_BASE
                                                : OpType::REDUCE_SCATTER_TENSOR_COALESCED,
-                           outputs, "reduce_scatter_tensor");
-        std::vector<LoomCall> calls;
+                           outputs, "reduce_scatter_tensor", nullptr, &inputs);
+        std::vector<Call> calls;
         std::vector<std::function<void()>> posts;
         for (size_t i = 0; i < inputs.size(); i++) {
-            check_cpu(inputs[i], "reduce_scatter_tensor");
-            check_cpu(outputs[i], "reduce_scatter_tensor");
+            check_device(inputs[i], "reduce_scatter_tensor");
+            check_device(outputs[i], "reduce_scatter_tensor");
             TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * getSize() &&
                             inputs[i].scalar_type() == outputs[i].scalar_type(),
                         "loom: reduce_scatter_tensor: input ", i,
@@ -969,10 +1091,11 @@ class LoomBackend : public c10d::Backend {
             size_t n = (size_t)dst.numel();
             const void *s = src.data_ptr();
             void *d = dst.data_ptr();
-            calls.push_back([=, this](loom_request_t *r) {
-                return r ? loom_ireduce_scatter(s, d, n, dt, op, comm_, r)
-                         : loom_reduce_scatter(s, d, n, dt, op, comm_);
-            });
+            calls.push_back({[=, this](loom_request_t *r) {
+                                 return r ? loom_ireduce_scatter(s, d, n, dt, op, comm_, r)
+                                          : loom_reduce_scatter(s, d, n, dt, op, comm_);
+                             },
+                             ON_STREAM(loom_reduce_scatter_stream, s, d, n, dt, op, comm_)});
         }
         w->post_ = [posts]() {
             for (auto &p : posts) {
@@ -987,8 +1110,8 @@ class LoomBackend : public c10d::Backend {
                                                  std::vector<int64_t> &inSplits,
                                                  const c10d::AllToAllOptions &opts) override
     {
-        check_cpu(input, "all_to_all_single");
-        check_cpu(output, "all_to_all_single");
+        check_device(input, "all_to_all_single");
+        check_device(output, "all_to_all_single");
         TORCH_CHECK(input.scalar_type() == output.scalar_type(),
                     "loom: all_to_all_single: input and output types differ");
         int size = getSize();
@@ -1005,21 +1128,24 @@ class LoomBackend : public c10d::Backend {
                         "loom: all_to_all_single: input and output must have the same size, "
                         "a multiple of the world size");
             size_t n = (size_t)(input.numel() / size);
-            return run(w, {[=, this](loom_request_t *r) {
-                           return r ? loom_ialltoall(s, d, n, dt, comm_, r)
-                                    : loom_alltoall(s, d, n, dt, comm_);
-                       }},
+            return run(w, {{[=, this](loom_request_t *r) {
+                                return r ? loom_ialltoall(s, d, n, dt, comm_, r)
+                                         : loom_alltoall(s, d, n, dt, comm_);
+                            },
+                            ON_STREAM(loom_alltoall_stream, s, d, n, dt, comm_)}},
                        opts.asyncOp);
         }
         auto counts = std::make_shared<std::vector<size_t>>(4 * (size_t)size);
         size_t *sc = counts->data(), *sd = sc + size, *rc = sd + size, *rd = rc + size;
         split_counts(input, inSplits, sc, sd, "input");
         split_counts(output, outSplits, rc, rd, "output");
-        return run(w, {[=, this](loom_request_t *r) {
-                       (void)counts;   // keeps the arrays alive as long as the call
-                       return r ? loom_ialltoallv(s, sc, sd, d, rc, rd, dt, comm_, r)
-                                : loom_alltoallv(s, sc, sd, d, rc, rd, dt, comm_);
-                   }},
+        // (The stream form copies the arrays.)
+        return run(w, {{[=, this](loom_request_t *r) {
+                            (void)counts;   // keeps the arrays alive as long as the call
+                            return r ? loom_ialltoallv(s, sc, sd, d, rc, rd, dt, comm_, r)
+                                     : loom_alltoallv(s, sc, sd, d, rc, rd, dt, comm_);
+                        },
+                        ON_STREAM(loom_alltoallv_stream, s, sc, sd, d, rc, rd, dt, comm_)}},
                    opts.asyncOp, counts);
     }
 
@@ -1031,8 +1157,8 @@ class LoomBackend : public c10d::Backend {
         TORCH_CHECK(outputs.size() == (size_t)size && inputs.size() == (size_t)size,
                     "loom: all_to_all: one input and one output tensor per rank");
         for (int i = 0; i < size; i++) {
-            check_cpu(inputs[i], "all_to_all");
-            check_cpu(outputs[i], "all_to_all");
+            check_device(inputs[i], "all_to_all");
+            check_device(outputs[i], "all_to_all");
             TORCH_CHECK(inputs[i].scalar_type() == inputs[0].scalar_type() &&
                             outputs[i].scalar_type() == inputs[0].scalar_type(),
                         "loom: all_to_all: tensors must have one type");
@@ -1044,7 +1170,7 @@ class LoomBackend : public c10d::Backend {
             total += o.numel();
         }
         at::Tensor flat = at::empty({total}, inputs[0].options());
-        w->keep_ = {src, flat};
+        w->keep_.insert(w->keep_.end(), {src, flat});
         auto counts = std::make_shared<std::vector<size_t>>(4 * (size_t)size);
         size_t *sc = counts->data(), *sd = sc + size, *rc = sd + size, *rd = rc + size;
         size_t so = 0, ro = 0;
@@ -1061,20 +1187,24 @@ class LoomBackend : public c10d::Backend {
         loom_dtype_t dt = to_loom_dtype(src);
         const void *s = src.data_ptr();
         void *d = flat.data_ptr();
-        return run(w, {[=, this](loom_request_t *r) {
-                       (void)counts;
-                       return r ? loom_ialltoallv(s, sc, sd, d, rc, rd, dt, comm_, r)
-                                : loom_alltoallv(s, sc, sd, d, rc, rd, dt, comm_);
-                   }},
+        return run(w, {{[=, this](loom_request_t *r) {
+                            (void)counts;
+                            return r ? loom_ialltoallv(s, sc, sd, d, rc, rd, dt, comm_, r)
+                                     : loom_alltoallv(s, sc, sd, d, rc, rd, dt, comm_);
+                        },
+                        ON_STREAM(loom_alltoallv_stream, s, sc, sd, d, rc, rd, dt, comm_)}},
                    opts.asyncOp, counts);
     }
 
     c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override
     {
         auto w = make_work(OpType::BARRIER, {}, "barrier");
-        return run(w, {[this](loom_request_t *r) {
-                       return r ? loom_ibarrier(comm_, r) : loom_barrier(comm_);
-                   }},
+        // Host-side on every device (opts.device may name a GPU): it has no
+        // tensors, and run() first lets the stream's calls finish.
+        return run(w, {{[this](loom_request_t *r) {
+                           return r ? loom_ibarrier(comm_, r) : loom_barrier(comm_);
+                       },
+                       StreamCall()}},
                    opts.asyncOp);
     }
 
@@ -1092,9 +1222,10 @@ class LoomBackend : public c10d::Backend {
         size_t n = (size_t)src.numel();
         const void *p = src.data_ptr();
         int tg = tag < 0 ? 0 : tag;
-        return run(w, {[=, this](loom_request_t *r) {
-                       return loom_isend(p, n, dt, dst, tg, comm_, r);
-                   }},
+        return run(w, {{[=, this](loom_request_t *r) {
+                            return loom_isend(p, n, dt, dst, tg, comm_, r);
+                        },
+                        ON_STREAM(loom_send_stream, p, n, dt, dst, tg, comm_)}},
                    true, nullptr, /*p2p=*/true);
     }
 
@@ -1134,10 +1265,17 @@ class LoomBackend : public c10d::Backend {
         int tg = tag < 0 ? 0 : tag;
         w->src_rank_ = src;
         int *source = &w->src_rank_;
-        return run(w, {[=, this](loom_request_t *r) {
-                       return src >= 0 ? loom_irecv(p, n, dt, src, tg, comm_, r)
-                                       : loom_irecv_any(p, n, dt, tg, source, comm_, r);
-                   }},
+        if (src < 0 && w->device_) {
+            // Loom has no stream-ordered receive from any source.
+            throw_backend_error("loom: recv without a source rank (from any source) is not "
+                                "supported on CUDA tensors (got " + w->device_->str() +
+                                "): name the source rank");
+        }
+        return run(w, {{[=, this](loom_request_t *r) {
+                            return src >= 0 ? loom_irecv(p, n, dt, src, tg, comm_, r)
+                                            : loom_irecv_any(p, n, dt, tg, source, comm_, r);
+                        },
+                        ON_STREAM(loom_recv_stream, p, n, dt, src, tg, comm_)}},
                    true, nullptr, /*p2p=*/true);
     }
 
@@ -1145,7 +1283,7 @@ class LoomBackend : public c10d::Backend {
     {
         TORCH_CHECK(tensors.size() == 1, "loom: ", what,
                     " takes one tensor per process (got ", tensors.size(), ")");
-        check_cpu(tensors[0], what);
+        check_device(tensors[0], what);
         return tensors[0];
     }
 
@@ -1162,7 +1300,7 @@ class LoomBackend : public c10d::Backend {
                     ": the list must hold one tensor per rank (", getSize(), "), got ",
                     list.size());
         for (auto &t : list) {
-            check_cpu(t, what);
+            check_device(t, what);
             TORCH_CHECK(t.numel() == like.numel() && t.scalar_type() == like.scalar_type(),
                         "loom: ", what, ": every tensor of the list must match the input's "
                         "size and type");
@@ -1236,22 +1374,24 @@ class LoomBackend : public c10d::Backend {
     }
 
     // Allgather (root -1) or gather of src's elements into dst.
-    LoomCall gather_call(const at::Tensor &src, const at::Tensor &dst, int root)
+    Call gather_call(const at::Tensor &src, const at::Tensor &dst, int root)
     {
         loom_dtype_t dt = to_loom_dtype(src);
         size_t n = (size_t)src.numel();
         const void *s = src.data_ptr();
         void *d = dst.numel() ? dst.data_ptr() : nullptr;
         if (root < 0) {
-            return [=, this](loom_request_t *r) {
-                return r ? loom_iallgather(s, d, n, dt, comm_, r)
-                         : loom_allgather(s, d, n, dt, comm_);
-            };
+            return {[=, this](loom_request_t *r) {
+                        return r ? loom_iallgather(s, d, n, dt, comm_, r)
+                                 : loom_allgather(s, d, n, dt, comm_);
+                    },
+                    ON_STREAM(loom_allgather_stream, s, d, n, dt, comm_)};
         }
-        return [=, this](loom_request_t *r) {
-            return r ? loom_igather(s, d, n, dt, root, comm_, r)
-                     : loom_gather(s, d, n, dt, root, comm_);
-        };
+        return {[=, this](loom_request_t *r) {
+                    return r ? loom_igather(s, d, n, dt, root, comm_, r)
+                             : loom_gather(s, d, n, dt, root, comm_);
+                },
+                ON_STREAM(loom_gather_stream, s, d, n, dt, root, comm_)};
     }
 
     // The operation's name in profiler events, Gloo's for each.
@@ -1283,19 +1423,69 @@ class LoomBackend : public c10d::Backend {
 
     // inputs: what the profiler records (the outputs where the operation
     // works in place).
+    // more: the operation's other tensors (not recorded by the profiler),
+    // for the device the operation runs on.
     c10::intrusive_ptr<LoomWork> make_work(OpType type, std::vector<at::Tensor> outputs,
                                            const char *what,
-                                           const std::vector<at::Tensor> *inputs = nullptr)
+                                           const std::vector<at::Tensor> *inputs = nullptr,
+                                           const std::vector<at::Tensor> *more = nullptr)
     {
         if (!comm_) {
             throw_backend_error(std::string("loom: rank ") + std::to_string(getRank()) + ": " +
                                 what + " on a process group that was shut down");
         }
+        std::optional<c10::Device> dev = call_device(what, outputs, inputs, more);
         seq_++;
         std::string title = profile_name_ + ":" + profile_op(type);
         std::vector<at::Tensor> ins = inputs ? *inputs : outputs;
-        return c10::make_intrusive<LoomWork>(getRank(), type, title, ins, std::move(outputs),
-                                             what);
+        std::vector<c10::Device> devices;
+        if (dev) {
+            devices.push_back(*dev);
+        }
+        auto w = c10::make_intrusive<LoomWork>(getRank(), type, title, ins, std::move(outputs),
+                                               what, std::move(devices));
+        w->device_ = dev;
+        if (dev) {
+            // The caller may drop its tensors before the GPU is done with them.
+            w->keep_ = ins;
+            if (more) {
+                w->keep_.insert(w->keep_.end(), more->begin(), more->end());
+            }
+        }
+        return w;
+    }
+
+    // The CUDA device an operation's tensors are on, or none where they are
+    // on the CPU. Tensors on the CPU and on a GPU, or on two GPUs, in one
+    // call are an error naming both devices.
+    static std::optional<c10::Device> call_device(const char *what,
+                                                  const std::vector<at::Tensor> &a,
+                                                  const std::vector<at::Tensor> *b,
+                                                  const std::vector<at::Tensor> *c)
+    {
+        std::optional<c10::Device> first;
+        for (const std::vector<at::Tensor> *l : {&a, b, c}) {
+            if (!l) {
+                continue;
+            }
+            for (const at::Tensor &t : *l) {
+                if (!t.defined()) {
+                    continue;
+                }
+                if (!first) {
+                    first = t.device();
+                } else if (t.device() != *first) {
+                    throw_backend_error(std::string("loom: ") + what + ": tensors on " +
+                                        first->str() + " and on " + t.device().str() +
+                                        " in one call (all must be on the CPU, or all on one "
+                                        "GPU)");
+                }
+            }
+        }
+        if (first && first->is_cuda()) {
+            return first;
+        }
+        return std::nullopt;
     }
 
     // A failed operation, in torch's words where torch has some: a timeout
@@ -1322,13 +1512,19 @@ class LoomBackend : public c10d::Backend {
     // Start (or, when !async, run) w's calls. Their requests go to the
     // completion thread in the order Loom got them.
     c10::intrusive_ptr<c10d::Work> run(const c10::intrusive_ptr<LoomWork> &w,
-                                       std::vector<LoomCall> calls, bool async,
+                                       std::vector<Call> calls, bool async,
                                        std::shared_ptr<void> keep = nullptr, bool p2p = false)
     {
         (void)keep;
+#ifdef LOOM_C10D_CUDA
+        if (w->device_) {
+            return run_on_stream(w, calls, p2p);
+        }
+#endif
+        drain_stream();
         if (!async) {
             for (auto &call : calls) {
-                loom_status_t st = call(nullptr);
+                loom_status_t st = call.host(nullptr);
                 if (st != LOOM_SUCCESS) {
                     w->complete(backend_error(failure(w->what_, st, loom_comm_last_error(comm_))));
                     std::rethrow_exception(w->exception());
@@ -1341,7 +1537,7 @@ class LoomBackend : public c10d::Backend {
         std::lock_guard<std::mutex> g(submit_mu_);
         for (auto &call : calls) {
             loom_request_t r = nullptr;
-            loom_status_t st = call(&r);
+            loom_status_t st = call.host(&r);
             if (st != LOOM_SUCCESS) {
                 std::string m = failure(w->what_, st, loom_comm_last_error(comm_));
                 // Those already started still complete (their buffers are kept by w).
@@ -1384,6 +1580,22 @@ class LoomBackend : public c10d::Backend {
                 }
             }
             w->reqs_.clear();
+#ifdef LOOM_C10D_CUDA
+            if (w->end_) {
+                // Done when the stream is past the collective; a failure while
+                // it ran is the communicator's stream status.
+                try {
+                    w->end_->synchronize();
+                    loom_status_t st = loom_comm_stream_status(comm_);
+                    if (st != LOOM_SUCCESS) {
+                        err = failure(w->what_, st, loom_comm_last_error(comm_));
+                    }
+                } catch (const std::exception &e) {
+                    err = "loom: rank " + std::to_string(getRank()) + ": " + w->what_ +
+                          ": waiting for the GPU failed: " + e.what();
+                }
+            }
+#endif
             if (err.empty()) {
                 err = w->start_error_;
             }
@@ -1430,6 +1642,136 @@ class LoomBackend : public c10d::Backend {
         }
     }
 
+#ifdef LOOM_C10D_CUDA
+    // A GPU operation: the backend's stream waits for the current stream (the
+    // tensors' producer, and the staging copies the operation made there),
+    // takes the Loom calls, then the copies out of staging buffers; an event
+    // after those is what wait() orders the current stream after and what
+    // the completion thread waits for. Nothing here blocks the host.
+    c10::intrusive_ptr<c10d::Work> run_on_stream(const c10::intrusive_ptr<LoomWork> &w,
+                                                 std::vector<Call> &calls, bool p2p)
+    {
+        c10::Device dev = *w->device_;
+        c10::cuda::CUDAGuard guard(dev);
+        c10::cuda::CUDAStream ours = stream_for(dev, w->what_);
+        c10::Event ready(c10::DeviceType::CUDA);
+        ready.record(c10::cuda::getCurrentCUDAStream(dev.index()));
+        ready.block(ours);
+        {
+            std::lock_guard<std::mutex> g(submit_mu_);
+            for (size_t i = 0; i < calls.size(); i++) {
+                loom_status_t st = calls[i].stream(ours.stream());
+                if (st != LOOM_SUCCESS) {
+                    std::string m = failure(w->what_, st, loom_comm_last_error(comm_));
+                    if (i == 0) {
+                        w->complete(backend_error(m));
+                        std::rethrow_exception(w->exception());
+                    }
+                    // Those already queued still run (their buffers are kept by w).
+                    w->start_error_ = m;
+                    break;
+                }
+            }
+            stream_pending_ = true;
+        }
+        if (w->post_) {
+            c10::cuda::CUDAStreamGuard sg(ours);
+            w->post_();
+            w->post_ = nullptr;
+        }
+        // Memory the caching allocator hands out again only after our stream
+        // is done with it (the Work also holds the tensors until then).
+        std::vector<at::Tensor> used = w->keep_;
+        used.insert(used.end(), w->outputs_.begin(), w->outputs_.end());
+        for (const at::Tensor &t : used) {
+            if (t.defined() && t.is_cuda() && t.has_storage()) {
+                c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), ours);
+            }
+        }
+        w->stream_ = ours;
+        w->end_ = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
+        w->end_->record(ours);
+        Queue &q = p2p ? p2p_q_ : coll_q_;
+        {
+            std::lock_guard<std::mutex> qg(q.mu);
+            q.q.push_back(w);
+        }
+        q.cv.notify_one();
+        return w;
+    }
+
+    // The backend's stream on dev (a communicator works on one device: the
+    // first one given becomes the communicator's).
+    c10::cuda::CUDAStream stream_for(c10::Device dev, const std::string &what)
+    {
+        std::lock_guard<std::mutex> g(stream_mu_);
+        if (cuda_device_ < 0) {
+            bind_device(dev.index());
+        } else if (dev.index() != cuda_device_) {
+            throw_backend_error("loom: rank " + std::to_string(getRank()) + ": " + what +
+                                ": this process group works on cuda:" +
+                                std::to_string(cuda_device_) + ", not on " + dev.str() +
+                                " (one GPU per process group)");
+        }
+        if (!stream_) {
+            stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, dev.index());
+        }
+        return *stream_;
+    }
+#endif
+
+    // Make the communicator work on CUDA device (none where < 0).
+    void bind_device(int device)
+    {
+        if (device < 0) {
+            return;
+        }
+#ifdef LOOM_C10D_CUDA
+        loom_status_t st = loom_comm_set_device(comm_, device);
+        if (st != LOOM_SUCCESS) {
+            throw_backend_error(failure("choosing cuda:" + std::to_string(device), st,
+                                        loom_comm_last_error(comm_)));
+        }
+        cuda_device_ = device;
+#else
+        throw_backend_error("loom: this build of the backend has no CUDA support (cuda:" +
+                            std::to_string(device) + ")");
+#endif
+    }
+
+    // In a constructor: no destructor runs when it throws, so the
+    // communicator goes here.
+    void bind_or_destroy(int device)
+    {
+        try {
+            bind_device(device);
+        } catch (...) {
+            loom_comm_destroy(comm_);
+            comm_ = nullptr;
+            throw;
+        }
+    }
+
+    // Loom orders a call without a stream after the stream-ordered ones only
+    // once the stream has reached them: wait for that first (nothing to do
+    // unless a GPU operation was made).
+    void drain_stream()
+    {
+#ifdef LOOM_C10D_CUDA
+        if (!stream_pending_.exchange(false)) {
+            return;
+        }
+        std::optional<c10::cuda::CUDAStream> s;
+        {
+            std::lock_guard<std::mutex> g(stream_mu_);
+            s = stream_;
+        }
+        if (s) {
+            c10::Stream(*s).synchronize();
+        }
+#endif
+    }
+
     void stop_queue(Queue &q, std::thread &th)
     {
         {
@@ -1467,6 +1809,7 @@ class LoomBackend : public c10d::Backend {
         for (auto &t : threads) {
             t.join();
         }
+        drain_stream();   // calls the stream has not reached would fail
         loom_comm_destroy(comm_);
         comm_ = nullptr;
     }
@@ -1488,14 +1831,20 @@ class LoomBackend : public c10d::Backend {
         bool stop = false;
     } pool_;
     std::thread coll_thread_, p2p_thread_;
+    int cuda_device_ = -1;                   // the communicator's GPU, once chosen
+    std::atomic<bool> stream_pending_{false};   // stream calls drain_stream() has not seen end
+#ifdef LOOM_C10D_CUDA
+    std::mutex stream_mu_;
+    std::optional<c10::cuda::CUDAStream> stream_;   // where the GPU operations run
+#endif
 };
 
 c10::intrusive_ptr<c10d::Backend> create(const c10::intrusive_ptr<c10d::Store> &store, int rank,
                                          int size, double timeout_s,
-                                         const std::string &profile_name)
+                                         const std::string &profile_name, int device)
 {
     auto ms = std::chrono::milliseconds((int64_t)(timeout_s * 1000.0));
-    return c10::make_intrusive<LoomBackend>(store, rank, size, ms, profile_name);
+    return c10::make_intrusive<LoomBackend>(store, rank, size, ms, profile_name, device);
 }
 
 } // namespace loom_c10d
@@ -1505,8 +1854,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.doc() = "Loom's torch.distributed backend (c10d::Backend over libloom)";
     m.def("create_backend", &loom_c10d::create, py::arg("store"), py::arg("rank"),
           py::arg("size"), py::arg("timeout_s"), py::arg("profile_name") = "loom",
-          py::call_guard<py::gil_scoped_release>(),
+          py::arg("device") = -1, py::call_guard<py::gil_scoped_release>(),
           "A Loom backend for a process group of size ranks (this one rank) that "
           "rendezvouses through store; profile_name names its profiler events "
-          "(profile_name:all_reduce, ...)");
+          "(profile_name:all_reduce, ...); device, where >= 0, the CUDA device "
+          "its GPU operations run on (else the first CUDA tensors')");
+#ifdef LOOM_C10D_CUDA
+    m.attr("cuda_built") = true;   // CUDA tensors go to Loom's stream-ordered calls
+#else
+    m.attr("cuda_built") = false;
+#endif
 }

@@ -12,6 +12,11 @@ the store torch hands it (torchrun's TCPStore, FileStore, a PrefixStore per
 group): no LOOM_STORE is needed, and the process group's timeout becomes the
 communicator's.
 
+Where both libloom and torch have CUDA (the extension was then compiled to
+take CUDA tensors: ``_c10d.cuda_built``), the backend is registered for the
+devices "cpu" and "cuda", and operations on CUDA tensors are Loom's
+stream-ordered calls (docs/torch-distributed.md); else for "cpu" alone.
+
 Per group, ``pg_options=loom.torch.distributed.Options(timeout=...)`` (torch's
 Backend.Options for "loom") sets the timeout instead of ``timeout=``. The
 group is a ProcessGroup whose backend name (what DDP's logging reports) is
@@ -63,10 +68,29 @@ def _group_timeout(timeout, backend_options):
     return t
 
 
+def devices():
+    """The device types the backend takes tensors of: ["cpu", "cuda"] where
+    the extension was built with CUDA (libloom with loom_cuda.h, torch a CUDA
+    build), else ["cpu"]."""
+    if getattr(_c10d, "cuda_built", False) and torch.backends.cuda.is_built():
+        return ["cpu", "cuda"]
+    return ["cpu"]
+
+
+def _bound_cuda_index(opts):
+    """The CUDA device init_process_group's device_id binds the group to, or
+    -1 (none, or a build without CUDA)."""
+    bound = getattr(getattr(opts, "process_group", None), "bound_device_id", None)
+    if bound is None or bound.type != "cuda" or "cuda" not in devices():
+        return -1
+    return bound.index if bound.index is not None else torch.cuda.current_device()
+
+
 def _backend(opts, backend_options, profile_name=BACKEND):
     timeout = _group_timeout(opts.timeout, backend_options)
     return _c10d.create_backend(opts.store, opts.group_rank, opts.group_size,
-                                timeout.total_seconds(), profile_name), timeout
+                                timeout.total_seconds(), profile_name,
+                                _bound_cuda_index(opts)), timeout
 
 
 def _create_backend(store, rank, size, timeout):
@@ -102,7 +126,8 @@ def _create(opts, backend_options, btype=None, profile_name=BACKEND):
         pg = _LoomProcessGroup(opts.store, opts.group_rank, opts.group_size)
         btype = btype if btype is not None else _dist.ProcessGroup.BackendType.CUSTOM
         pg._set_default_backend(btype)
-        pg._register_backend(torch.device("cpu"), btype, backend)
+        for device in devices():   # one backend (one communicator) for each
+            pg._register_backend(torch.device(device), btype, backend)
         bound = getattr(opts.process_group, "bound_device_id", None)
         if bound is not None:
             pg.bound_device_id = bound
@@ -124,7 +149,7 @@ def register():
     if BACKEND.upper() in getattr(_dist.Backend, "_plugins", {}):
         return
     try:
-        _dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+        _dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=devices())
     except TypeError:   # torch before 2.2 has no devices argument
         _dist.Backend.register_backend(BACKEND, _create, extended_api=True)
 

@@ -1,0 +1,28 @@
+#!/bin/sh
+# tests/gpu/torch_c10d_cuda.sh [BUILD_DIR] - the torch.distributed backend
+# "loom" on CUDA tensors: builds loom.torch._c10d with CUDA (LOOM_TORCH_CUDA=1:
+# an extension without it is a failure here) against BUILD_DIR's libloom
+# (default: the tree's own build) and runs tests/python/test_c10d_cuda.py on
+# 2 ranks sharing one GPU under torchrun. Skips (77) without PyPI's torch in
+# /opt/loom-torch (python/torch_env.sh; $LOOM_TORCH_VENV) or without a GPU.
+name=torch_c10d_cuda
+top_srcdir=$(cd "$(dirname "$0")/../.." && pwd)
+top_builddir=${1:-$top_srcdir}
+venv=${LOOM_TORCH_VENV:-/opt/loom-torch}
+if [ -x "$venv/bin/python" ] && ! "$venv/bin/python" -c \
+        'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+    echo "$name: SKIP: no GPU for $venv's torch (torch.cuda.is_available() is false)"
+    exit 77
+fi
+export LOOM_TORCH_CUDA=1
+. "$top_srcdir/tests/torch_build.sh"
+export PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
+timeout 600 "$venv/bin/torchrun" --standalone --nproc-per-node 2 \
+    "$srcdir/tests/python/test_c10d_cuda.py" > "$tmp/out" 2>&1
+rc=$?
+cat "$tmp/out"
+if grep -q "SKIP" "$tmp/out" && ! grep -q "passed" "$tmp/out"; then
+    exit 77
+fi
+[ $rc = 0 ] && echo "$name: PASS" || echo "$name: FAIL (exit $rc)"
+exit $rc
