@@ -3,12 +3,22 @@
 # "loom" on CUDA tensors: builds loom.torch._c10d with CUDA (LOOM_TORCH_CUDA=1:
 # an extension without it is a failure here) against BUILD_DIR's libloom
 # (default: the tree's own build) and runs tests/python/test_c10d_cuda.py on
-# 2 ranks sharing one GPU under torchrun. Skips (77) without PyPI's torch in
-# /opt/loom-torch (python/torch_env.sh; $LOOM_TORCH_VENV) or without a GPU.
+# 2 ranks sharing one GPU under torchrun. Takes PyPI's torch in /opt/loom-torch
+# (python/torch_env.sh; $LOOM_TORCH_VENV), else python3's own torch; skips (77)
+# without either or without a GPU.
 name=torch_c10d_cuda
 top_srcdir=$(cd "$(dirname "$0")/../.." && pwd)
 top_builddir=${1:-$top_srcdir}
 venv=${LOOM_TORCH_VENV:-/opt/loom-torch}
+# A GPU machine has torch installed for its own python3 and no network to make
+# the venv: stand that interpreter (and its torchrun) in for one.
+if [ ! -x "$venv/bin/python" ] && command -v python3 >/dev/null &&
+        python3 -c 'import torch' >/dev/null 2>&1 && command -v torchrun >/dev/null; then
+    venv=$(mktemp -d "${TMPDIR:-/tmp}/$name-venv.XXXXXX") || exit 1
+    mkdir "$venv/bin" && ln -s "$(command -v python3)" "$venv/bin/python" &&
+        ln -s "$(command -v torchrun)" "$venv/bin/torchrun" || exit 1
+fi
+export LOOM_TORCH_VENV=$venv
 if [ -x "$venv/bin/python" ] && ! "$venv/bin/python" -c \
         'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
     echo "$name: SKIP: no GPU for $venv's torch (torch.cuda.is_available() is false)"
