@@ -59,7 +59,7 @@ step bench_reduce 60 ./tests/gpu/bench_reduce 256 float32 bfloat16 float16 float
 # busbw with device buffers, 2 ranks sharing the GPU (as nccl-tests' all_reduce_perf -g 1 x 2).
 step perf_allreduce_gpu_2ranks 120 ./tools/loomrun -np 2 ./tools/loom-perf allreduce -g -b 8 -e 256M -f 4 -n 5 -w 2
 step perf_allgather_gpu_2ranks 60 ./tools/loomrun -np 2 ./tools/loom-perf allgather -g -b 1K -e 64M -f 8 -n 5 -w 2
-# torch.distributed's "loom" on CUDA tensors (skips without /opt/loom-torch's torch).
+# torch.distributed's "loom" on CUDA tensors (/opt/loom-torch's torch, else python3's).
 step torch_c10d_cuda 300 "$src/tests/gpu/torch_c10d_cuda.sh" "$build"
 
 echo
