@@ -292,6 +292,9 @@ static int rank_main(loom_comm_t c, void *arg)
 int main(void)
 {
     static const char *const chunks[] = {NULL, "256"};
+    /* The staging path: forked ranks share a node, where GPU buffers would
+     * otherwise go GPU to GPU (check_cuda_ipc tests that). */
+    setenv("LOOM_CUDA_IPC", "0", 1);
     for (int ch = 0; ch < 2; ch++) {
         if (chunks[ch])
             setenv("LOOM_CUDA_CHUNK_BYTES", chunks[ch], 1);
