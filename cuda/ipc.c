@@ -58,7 +58,7 @@ static opened_t *opened;
 /* What a communicator holds of them. */
 struct loom_cuda_peer {
     opened_t *o;
-    unsigned long last_use;   /* st->calls when last used */
+    unsigned long last_use; /* st->calls when last used */
 };
 
 /* Held no longer, not yet let go: closing a handle waits for the device, as
@@ -99,7 +99,7 @@ typedef struct {
     cudaIpcMemHandle_t handle[2];
     uint64_t off[2];
     int32_t has[2];
-    int32_t ok;   /* 0: a buffer could not be shared */
+    int32_t ok; /* 0: a buffer could not be shared */
     int32_t pad;
 } ipc_rec_t;
 
@@ -110,7 +110,7 @@ typedef struct {
     void *host_arg;
     loom_err_t *err;
     int rank, size;
-    char **send, **recv;   /* [size]: every rank's buffers as this process sees them */
+    char **send, **recv; /* [size]: every rank's buffers as this process sees them */
 } ipc_t;
 
 int loom_cuda_ipc_covers(const loom_cuda_state_t *st, const loom_coll_args_t *a)
@@ -155,7 +155,7 @@ static void needed(const loom_coll_args_t *a, int rank, int need[2])
     case LOOM_COLL_ALLREDUCE: need[SEND] = need[RECV] = 1; break;
     case LOOM_COLL_REDUCE: need[SEND] = 1, need[RECV] = rank == a->root; break;
     case LOOM_COLL_BROADCAST: need[RECV] = rank == a->root; break;
-    default: need[SEND] = 1; break;   /* allgather, reduce_scatter */
+    default: need[SEND] = 1; break; /* allgather, reduce_scatter */
     }
 }
 
@@ -176,7 +176,7 @@ static int export_buf(const void *p, cudaIpcMemHandle_t *h, uint64_t *off)
 {
     char *base = loom_cuda_alloc_base(p);
     if (!base || cudaIpcGetMemHandle(h, base) != cudaSuccess) {
-        cudaGetLastError();   /* not an error of the collective: it stages */
+        cudaGetLastError(); /* not an error of the collective: it stages */
         return 0;
     }
     *off = (uint64_t)((const char *)p - base);
@@ -257,8 +257,12 @@ static loom_status_t share(ipc_t *x, int *agreed)
             mine.has[b] = 1;
             mine.ok &= export_buf(bufs[b], &mine.handle[b], &mine.off[b]);
         }
-    loom_coll_args_t g = {.coll = LOOM_COLL_ALLGATHER, .sendbuf = &mine, .recvbuf = all,
-                          .count = sizeof(mine), .esize = 1, .dtype = LOOM_UINT8};
+    loom_coll_args_t g = {.coll = LOOM_COLL_ALLGATHER,
+                          .sendbuf = &mine,
+                          .recvbuf = all,
+                          .count = sizeof(mine),
+                          .esize = 1,
+                          .dtype = LOOM_UINT8};
     if ((status = host_coll(x, &g)) != LOOM_SUCCESS)
         goto out;
     int32_t ok = 1;
@@ -280,8 +284,12 @@ static loom_status_t share(ipc_t *x, int *agreed)
         }
     /* Agree: the least of every rank's ok. */
     int32_t any = ok;
-    loom_coll_args_t m = {.coll = LOOM_COLL_ALLREDUCE, .sendbuf = &ok, .recvbuf = &any,
-                          .count = 1, .esize = sizeof(int32_t), .dtype = LOOM_INT32,
+    loom_coll_args_t m = {.coll = LOOM_COLL_ALLREDUCE,
+                          .sendbuf = &ok,
+                          .recvbuf = &any,
+                          .count = 1,
+                          .esize = sizeof(int32_t),
+                          .dtype = LOOM_INT32,
                           .op = LOOM_MIN};
     if ((status = host_coll(x, &m)) == LOOM_SUCCESS)
         *agreed = any;
@@ -302,8 +310,8 @@ static loom_status_t copy(const ipc_t *x, void *dst, const void *src, size_t byt
  * element off goes). through_scratch: out is an input the chain would
  * overwrite before reading it, so each chunk is reduced in dev_scratch and
  * copied out once read. */
-static loom_status_t reduce_block(const ipc_t *x, char *const *in, size_t off, size_t n,
-                                  char *out, char *const *also, int nalso, int through_scratch)
+static loom_status_t reduce_block(const ipc_t *x, char *const *in, size_t off, size_t n, char *out,
+                                  char *const *also, int nalso, int through_scratch)
 {
     const loom_coll_args_t *a = x->a;
     const size_t es = a->esize;
@@ -313,8 +321,8 @@ static loom_status_t reduce_block(const ipc_t *x, char *const *in, size_t off, s
         const size_t len = n - done < step ? n - done : step, at = (off + done) * es;
         char *acc = through_scratch ? x->st->dev_scratch : out + done * es;
         for (int r = 1; r < x->size && st == LOOM_SUCCESS; r++)
-            st = loom_cuda_dev_ops.reduce3(x->st, acc, r == 1 ? in[0] + at : acc, in[r] + at,
-                                           len, a->dtype, a->op, x->err);
+            st = loom_cuda_dev_ops.reduce3(x->st, acc, r == 1 ? in[0] + at : acc, in[r] + at, len,
+                                           a->dtype, a->op, x->err);
         if (st == LOOM_SUCCESS && a->op == LOOM_AVG)
             st = loom_cuda_dev_ops.avg(x->st, acc, len, a->dtype, x->size, x->err);
         if (st == LOOM_SUCCESS && through_scratch)
@@ -341,7 +349,7 @@ static loom_status_t run_reduce(const ipc_t *x, int root)
     b = (b + V - 1) / V * V;
     const size_t off = b * (size_t)x->rank;
     const size_t n = a->count > off ? (a->count - off < b ? a->count - off : b) : 0;
-    const int owner = root < 0 ? x->rank : root;   /* whose output the chain writes */
+    const int owner = root < 0 ? x->rank : root; /* whose output the chain writes */
     char *out = x->recv[owner] + off * es;
     /* In place, the output is the owner's input, read at step max(owner, 1). */
     const int hazard = x->recv[owner] == x->send[owner] && owner >= 2;
@@ -355,8 +363,8 @@ static loom_status_t run_reduce(const ipc_t *x, int root)
             if (k != x->rank)
                 also[nalso++] = x->recv[k] + off * es;
     }
-    loom_status_t st = n ? reduce_block(x, x->send, off, n, out, also, nalso, hazard)
-                         : LOOM_SUCCESS;
+    loom_status_t st =
+        n ? reduce_block(x, x->send, off, n, out, also, nalso, hazard) : LOOM_SUCCESS;
     free(also);
     return st == LOOM_SUCCESS ? finish(x) : st;
 }
@@ -393,7 +401,7 @@ static loom_status_t run_copies(const ipc_t *x)
     if (a->coll == LOOM_COLL_BROADCAST) {
         if (x->rank != a->root)
             st = copy(x, x->recv[x->rank], x->recv[a->root], bytes);
-    } else {   /* allgather; in place the own block is where it goes already */
+    } else { /* allgather; in place the own block is where it goes already */
         for (int k = 0; k < x->size && st == LOOM_SUCCESS; k++)
             st = copy(x, x->recv[x->rank] + (size_t)k * bytes, x->send[k], bytes);
     }
@@ -407,9 +415,14 @@ loom_status_t loom_cuda_ipc_run(loom_cuda_state_t *st, const loom_coll_args_t *a
     *done = 0;
     if (may_wait)
         let_go(st);
-    ipc_t x = {.st = st, .a = a, .run_host = run_host, .host_arg = host_arg, .err = err,
-               .rank = loom_comm_rank(st->comm), .size = loom_comm_size(st->comm)};
-    if (a->count == 0) {   /* the same on every rank: nothing to move */
+    ipc_t x = {.st = st,
+               .a = a,
+               .run_host = run_host,
+               .host_arg = host_arg,
+               .err = err,
+               .rank = loom_comm_rank(st->comm),
+               .size = loom_comm_size(st->comm)};
+    if (a->count == 0) { /* the same on every rank: nothing to move */
         *done = 1;
         return LOOM_SUCCESS;
     }

@@ -19,7 +19,6 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,20 +29,6 @@
 #include "mp_util.h"
 
 typedef enum { MODE_IPC, MODE_IPC_LAZY, MODE_STAGED, MODE_TWO_NODES } mode_t_;
-
-static int failures;
-
-__attribute__((format(printf, 2, 3))) static void bad(loom_comm_t c, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    if (failures < 20)
-        fprintf(stderr, "FAIL rank %d/%d: %s\n", loom_comm_rank(c), loom_comm_size(c), msg);
-    failures++;
-}
 
 /* ---- values ------------------------------------------------------------- */
 
@@ -95,16 +80,16 @@ static void put(void *buf, size_t i, loom_dtype_t dt, int r)
 #define SEND_OFF 256
 
 typedef struct {
-    char *sbase, *r;       /* device */
-    char *hs, *hr, *ref;   /* host: inputs, results, the host collective's results */
-    char *up;              /* pinned: the inputs to upload, send then recv */
+    char *sbase, *r;     /* device */
+    char *hs, *hr, *ref; /* host: inputs, results, the host collective's results */
+    char *up;            /* pinned: the inputs to upload, send then recv */
     size_t bytes;
 } bufs_t;
 
 static int cuda_ok(loom_comm_t c, cudaError_t e, const char *what)
 {
     if (e != cudaSuccess)
-        bad(c, "%s: %s", what, cudaGetErrorString(e));
+        mp_bad(c, "%s: %s", what, cudaGetErrorString(e));
     return e == cudaSuccess;
 }
 
@@ -161,15 +146,16 @@ static void one_case(loom_comm_t c, const case_t *k, bufs_t *b, mode_t_ mode,
     size_t out_bytes = fill(c, k, b->hs, b->ref);
     loom_status_t st = run(c, k, b->hs, b->ref);
     if (st != LOOM_SUCCESS) {
-        bad(c, "%s host: %s", coll_names[k->coll], loom_comm_last_error(c));
+        mp_bad(c, "%s host: %s", coll_names[k->coll], loom_comm_last_error(c));
         return;
     }
     /* The same on the device. */
     fill(c, k, b->up, b->up + b->bytes);
     /* Uploads left queued on the default stream: the call must wait for them
      * (the lazy double runs them only when someone waits). */
-    if (!cuda_ok(c, cudaMemcpyAsync(b->sbase + SEND_OFF, b->up, b->bytes, cudaMemcpyHostToDevice,
-                                    0), "upload") ||
+    if (!cuda_ok(c,
+                 cudaMemcpyAsync(b->sbase + SEND_OFF, b->up, b->bytes, cudaMemcpyHostToDevice, 0),
+                 "upload") ||
         !cuda_ok(c, cudaMemcpyAsync(b->r, b->up + b->bytes, b->bytes, cudaMemcpyHostToDevice, 0),
                  "upload"))
         return;
@@ -178,7 +164,7 @@ static void one_case(loom_comm_t c, const case_t *k, bufs_t *b, mode_t_ mode,
     st = run(c, k, b->sbase + SEND_OFF, b->r);
     cuda_double_counts(&after);
     if (st != LOOM_SUCCESS) {
-        bad(c, "%s GPU: %s", coll_names[k->coll], loom_comm_last_error(c));
+        mp_bad(c, "%s GPU: %s", coll_names[k->coll], loom_comm_last_error(c));
         return;
     }
     moved->h2d += after.h2d - before.h2d;
@@ -187,18 +173,19 @@ static void one_case(loom_comm_t c, const case_t *k, bufs_t *b, mode_t_ mode,
     moved->kernels += after.kernels - before.kernels;
     if ((mode == MODE_IPC || mode == MODE_IPC_LAZY) &&
         (after.h2d != before.h2d || after.d2h != before.d2h))
-        bad(c, "%s %s count %zu: %ld copies to and %ld from the host over IPC", coll_names[k->coll],
-            dtypes[k->dti].name, k->count, after.h2d - before.h2d, after.d2h - before.d2h);
+        mp_bad(c, "%s %s count %zu: %ld copies to and %ld from the host over IPC",
+               coll_names[k->coll], dtypes[k->dti].name, k->count, after.h2d - before.h2d,
+               after.d2h - before.d2h);
     if (!cuda_ok(c, cudaMemcpy(b->hr, b->r, b->bytes, cudaMemcpyDeviceToHost), "download"))
         return;
     if (k->coll == REDUCE && me != k->root)
         return;
     for (size_t i = 0; i < out_bytes; i++)
         if (b->hr[i] != b->ref[i]) {
-            bad(c, "%s %s op %d root %d count %zu %s: byte %zu is 0x%02x, host gives 0x%02x",
-                coll_names[k->coll], dtypes[k->dti].name, (int)k->op, k->root, k->count,
-                k->in_place ? "in place" : "out of place", i, (unsigned char)b->hr[i],
-                (unsigned char)b->ref[i]);
+            mp_bad(c, "%s %s op %d root %d count %zu %s: byte %zu is 0x%02x, host gives 0x%02x",
+                   coll_names[k->coll], dtypes[k->dti].name, (int)k->op, k->root, k->count,
+                   k->in_place ? "in place" : "out of place", i, (unsigned char)b->hr[i],
+                   (unsigned char)b->ref[i]);
             return;
         }
 }
@@ -216,9 +203,9 @@ static void rank_order(loom_comm_t c, bufs_t *b)
                      "upload") ||
             !cuda_ok(c, cudaMemcpy(b->r, hr, n * 4, cudaMemcpyHostToDevice), "upload"))
             return;
-        if (loom_allreduce(in_place ? LOOM_IN_PLACE : b->sbase + SEND_OFF, b->r, n,
-                           LOOM_FLOAT32, LOOM_SUM, c) != LOOM_SUCCESS) {
-            bad(c, "allreduce: %s", loom_comm_last_error(c));
+        if (loom_allreduce(in_place ? LOOM_IN_PLACE : b->sbase + SEND_OFF, b->r, n, LOOM_FLOAT32,
+                           LOOM_SUM, c) != LOOM_SUCCESS) {
+            mp_bad(c, "allreduce: %s", loom_comm_last_error(c));
             return;
         }
         if (!cuda_ok(c, cudaMemcpy(hr, b->r, n * 4, cudaMemcpyDeviceToHost), "download"))
@@ -228,8 +215,8 @@ static void rank_order(loom_comm_t c, bufs_t *b)
             for (int r = 1; r < P; r++)
                 want = want + 1.0f / (float)(3 + r * 7 + (int)(i % 13));
             if (memcmp(&want, &hr[i], 4) != 0) {
-                bad(c, "rank-order float32 sum %s: element %zu is %.9g, want %.9g",
-                    in_place ? "in place" : "out of place", i, hr[i], want);
+                mp_bad(c, "rank-order float32 sum %s: element %zu is %.9g, want %.9g",
+                       in_place ? "in place" : "out of place", i, hr[i], want);
                 break;
             }
         }
@@ -244,22 +231,22 @@ static void fresh_buffers(loom_comm_t c, mode_t_ mode)
     const long calls = 60;
     cuda_double_counts_t k0, k1;
     cuda_double_counts(&k0);
-    for (long i = 0; i < calls && !failures; i++) {
+    for (long i = 0; i < calls && !mp_bad_count; i++) {
         float *s = NULL, *r = NULL;
         if (!cuda_ok(c, cudaMalloc((void **)&s, 4096), "cudaMalloc") ||
             !cuda_ok(c, cudaMalloc((void **)&r, 4096), "cudaMalloc"))
             return;
         cuda_ok(c, cudaMemset(s, 0, 4096), "cudaMemset");
         if (loom_allreduce(s, r, 1024, LOOM_FLOAT32, LOOM_SUM, c) != LOOM_SUCCESS)
-            bad(c, "allreduce on fresh buffers: %s", loom_comm_last_error(c));
+            mp_bad(c, "allreduce on fresh buffers: %s", loom_comm_last_error(c));
         cudaFree(s);
         cudaFree(r);
     }
     cuda_double_counts(&k1);
     long opens = k1.ipc_opens - k0.ipc_opens, closes = k1.ipc_closes - k0.ipc_closes;
     if (opens != calls * 2 * (P - 1) || closes == 0 || opens - closes > 64 + 4 * P)
-        bad(c, "%s: fresh buffers for %ld calls: %ld peer allocations opened, %ld closed",
-            mode == MODE_IPC_LAZY ? "lazy" : "eager", calls, opens, closes);
+        mp_bad(c, "%s: fresh buffers for %ld calls: %ld peer allocations opened, %ld closed",
+               mode == MODE_IPC_LAZY ? "lazy" : "eager", calls, opens, closes);
 }
 
 static int rank_main(loom_comm_t c, void *arg)
@@ -278,8 +265,7 @@ static int rank_main(loom_comm_t c, void *arg)
     if (!b.hs || !b.hr || !b.ref ||
         !cuda_ok(c, cudaMalloc((void **)&b.sbase, most + SEND_OFF), "cudaMalloc") ||
         !cuda_ok(c, cudaMalloc((void **)&b.r, most), "cudaMalloc") ||
-        !cuda_ok(c, cudaHostAlloc((void **)&b.up, 2 * most, cudaHostAllocDefault),
-                 "cudaHostAlloc"))
+        !cuda_ok(c, cudaHostAlloc((void **)&b.up, 2 * most, cudaHostAllocDefault), "cudaHostAlloc"))
         return 1;
 
     /* A communicator of its own first: it opens the peers' buffers, and closes
@@ -288,7 +274,7 @@ static int rank_main(loom_comm_t c, void *arg)
     cuda_double_counts(&k0);
     loom_comm_t sub = NULL;
     if (loom_comm_split(c, 0, me, &sub) != LOOM_SUCCESS) {
-        bad(c, "split: %s", loom_comm_last_error(c));
+        mp_bad(c, "split: %s", loom_comm_last_error(c));
         return 1;
     }
     case_t first = {.coll = ALLREDUCE, .op = LOOM_SUM, .dti = 0, .count = 1001};
@@ -296,8 +282,8 @@ static int rank_main(loom_comm_t c, void *arg)
     loom_comm_destroy(sub);
     cuda_double_counts(&k1);
     if (ipc && (k1.ipc_opens - k0.ipc_opens != 2 * (P - 1) || k1.ipc_closes != k1.ipc_opens))
-        bad(c, "a communicator of its own opened %ld peer allocations (want %d) and closed %ld",
-            k1.ipc_opens - k0.ipc_opens, 2 * (P - 1), k1.ipc_closes - k0.ipc_closes);
+        mp_bad(c, "a communicator of its own opened %ld peer allocations (want %d) and closed %ld",
+               k1.ipc_opens - k0.ipc_opens, 2 * (P - 1), k1.ipc_closes - k0.ipc_closes);
 
     cuda_double_counts_t moved = {0};
     for (int x = 0; x < NCOLLS; x++)
@@ -306,18 +292,21 @@ static int rank_main(loom_comm_t c, void *arg)
                 for (int in_place = 0; in_place < 2; in_place++) {
                     int reduces = x != BROADCAST && x != ALLGATHER;
                     if (x == BROADCAST && in_place)
-                        continue;   /* broadcast has one buffer */
+                        continue; /* broadcast has one buffer */
                     /* Every op on the large count of float32, sum elsewhere. */
                     static const loom_op_t ops[] = {LOOM_SUM, LOOM_AVG, LOOM_MAX, LOOM_PROD};
                     int nops = reduces && d == 0 && ni == 4 ? 4 : 1;
                     for (int o = 0; o < nops; o++) {
-                        case_t k = {.coll = x, .in_place = in_place, .op = ops[o], .dti = d,
+                        case_t k = {.coll = x,
+                                    .in_place = in_place,
+                                    .op = ops[o],
+                                    .dti = d,
                                     .count = counts[ni],
                                     /* roots: the last rank (it reduces through the scratch
                                      * in place when P > 2) and rank 1 */
                                     .root = (ni % 2) ? P - 1 : 1};
                         if (k.op == LOOM_PROD)
-                            k.count = 1001;   /* 4^P stays exact */
+                            k.count = 1001; /* 4^P stays exact */
                         one_case(c, &k, &b, mode, &moved);
                     }
                 }
@@ -329,16 +318,16 @@ static int rank_main(loom_comm_t c, void *arg)
     if (ipc) {
         /* The matrix reused the same two buffers per rank: opened once each. */
         if (end.ipc_opens - k1.ipc_opens != 2 * (P - 1))
-            bad(c, "%ld peer allocations opened for the matrix, want %d",
-                end.ipc_opens - k1.ipc_opens, 2 * (P - 1));
+            mp_bad(c, "%ld peer allocations opened for the matrix, want %d",
+                   end.ipc_opens - k1.ipc_opens, 2 * (P - 1));
         if (moved.d2d == 0 || moved.kernels == 0)
-            bad(c, "no device copies or kernels over IPC");
+            mp_bad(c, "no device copies or kernels over IPC");
     } else {
         if (end.ipc_opens != 0)
-            bad(c, "%ld IPC handles opened on the staged path", end.ipc_opens);
+            mp_bad(c, "%ld IPC handles opened on the staged path", end.ipc_opens);
         if (moved.h2d == 0 || moved.d2h == 0)
-            bad(c, "nothing staged through host memory with %s",
-                mode == MODE_STAGED ? "LOOM_CUDA_IPC=0" : "ranks on two nodes");
+            mp_bad(c, "nothing staged through host memory with %s",
+                   mode == MODE_STAGED ? "LOOM_CUDA_IPC=0" : "ranks on two nodes");
     }
     cudaFree(b.sbase);
     cudaFree(b.r);
@@ -346,7 +335,7 @@ static int rank_main(loom_comm_t c, void *arg)
     free(b.hs);
     free(b.hr);
     free(b.ref);
-    return failures ? 1 : 0;
+    return mp_bad_count ? 1 : 0;
 }
 
 int main(void)
