@@ -104,6 +104,7 @@ typedef struct loom_settings {
     int ib_tc, ib_sl;          /* LOOM_IB_TC (RoCE traffic class), LOOM_IB_SL (service level) */
     size_t cuda_chunk_bytes;   /* LOOM_CUDA_CHUNK_BYTES: bytes per staging pass */
     int cuda_overlap;          /* LOOM_CUDA_OVERLAP: staging copies overlap host collectives */
+    int cuda_ipc;              /* LOOM_CUDA_IPC: GPU to GPU inside a node through IPC handles */
     int elastic;               /* LOOM_ELASTIC=1: loom_init joins an elastic job */
     long long elastic_id;      /* LOOM_ELASTIC_ID, -1 when unset: the store numbers us */
     double elastic_timeout_s;  /* LOOM_ELASTIC_TIMEOUT, 0 when unset: timeout_s */

@@ -25,6 +25,12 @@ typedef struct loom_cuda_state {
     char *dev_scratch;                /* chunk_bytes */
     size_t chunk_bytes;
     int overlap;                      /* LOOM_CUDA_OVERLAP */
+    int ipc;                          /* LOOM_CUDA_IPC, and the ranks share a node */
+    struct loom_cuda_peer *peers;     /* IPC: peers' allocations this one holds (ipc.c) */
+    int npeers;
+    struct loom_cuda_retired *retired;   /* IPC: held no longer, to close */
+    unsigned long calls;              /* IPC: collectives run, to age the peers */
+    unsigned char logged[LOOM_COLL_COUNT];   /* paths named in the log: 1 IPC, 2 staged */
 
     /* The stream-ordered worker (stream.c), under lock. */
     pthread_mutex_t lock;
@@ -54,6 +60,23 @@ void loom_cuda_stream_stop(loom_cuda_state_t *st);
 /* The device operations staging.c runs on (arg: a state; its stream, done
  * event and marks). */
 extern const loom_dev_ops_t loom_cuda_dev_ops;
+
+/* ipc.c: collectives GPU to GPU inside one node. Whether a collective goes
+ * that way depends only on what every rank shares (the setting, the node
+ * count, the collective); loom_cuda_ipc_run then agrees with the other ranks
+ * whether every buffer could be shared and returns *done = 0, with nothing
+ * touched, when some could not (the caller stages instead). may_wait: a plain
+ * call, which may wait for the whole device (to close handles it let go). */
+int loom_cuda_ipc_covers(const loom_cuda_state_t *st, const loom_coll_args_t *a);
+loom_status_t loom_cuda_ipc_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                loom_accel_host_coll_fn run_host, void *host_arg, int may_wait,
+                                int *done, loom_err_t *err);
+/* Closes the peers' allocations st opened (at destroy, nothing queued). */
+void loom_cuda_ipc_release(loom_cuda_state_t *st);
+
+/* device.c: the start of the allocation holding device pointer p (driver
+ * attributes), or NULL. */
+void *loom_cuda_alloc_base(const void *p);
 
 /* A CUDA error as a Loom status with a message naming the call. */
 loom_status_t loom_cuda_fail(loom_err_t *err, cudaError_t e, const char *what);

@@ -27,6 +27,7 @@
 #include <cuda.h>
 
 #include "cuda_state.h"
+#include "base/log.h"
 #include "base/settings.h"
 
 __thread int loom_cuda_on_stream_worker;
@@ -100,6 +101,17 @@ int loom_cuda_ptr_on_device(const void *p, int *device)
         return 0;
     *device = ordinal;
     return 1;
+}
+
+void *loom_cuda_alloc_base(const void *p)
+{
+    cu_attrs_fn attrs = p ? driver_pointer_attrs() : NULL;
+    void *base = NULL;
+    CUpointer_attribute which = CU_POINTER_ATTRIBUTE_RANGE_START_ADDR;
+    void *values[1] = {&base};
+    if (!attrs || attrs(1, &which, values, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
+        return NULL;
+    return base;
 }
 
 /* Note one buffer; the first one decides what the others must be. */
@@ -192,6 +204,7 @@ static void state_free(loom_cuda_state_t *st)
     int prev = -1;
     cudaGetDevice(&prev);
     cudaSetDevice(st->device);
+    loom_cuda_ipc_release(st);
     if (st->dev_scratch)
         cudaFree(st->dev_scratch);
     if (st->pinned)
@@ -228,6 +241,9 @@ static loom_status_t state_create(loom_comm_t c, int device, loom_cuda_state_t *
     st->device = device;
     st->chunk_bytes = chunk_bytes_for(loom_comm_settings(c), loom_comm_size(c));
     st->overlap = loom_comm_settings(c)->cuda_overlap;
+    /* Every rank on one node: each can map the others' allocations. */
+    st->ipc = loom_comm_settings(c)->cuda_ipc && loom_comm_node_count(c) == 1 &&
+              loom_comm_size(c) > 1;
     int prev = -1;
     cudaError_t e = cudaGetDevice(&prev);
     const char *what = "cudaGetDevice";
@@ -431,7 +447,22 @@ static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_ar
         if (e != cudaSuccess)
             status = loom_cuda_fail(err, e, "ordering after the default stream");
     }
-    if (status == LOOM_SUCCESS) {
+    int done = 0;
+    const int ipc = status == LOOM_SUCCESS && loom_cuda_ipc_covers(st, a);
+    if (ipc)
+        status = loom_cuda_ipc_run(st, a, run_host, host_arg,
+                                   !loom_cuda_on_stream_worker && !on_comm_worker, &done, err);
+    if (status == LOOM_SUCCESS && !(st->logged[a->coll] & (done ? 1 : 2))) {
+        /* Once per communicator and path: which way a collective went. */
+        st->logged[a->coll] |= done ? 1 : 2;
+        LOOM_INFO("cuda", "rank %d: %s on GPU buffers: %s", loom_comm_rank(c),
+                  loom_coll_name(a->coll),
+                  done ? "GPU to GPU through CUDA IPC (one node)"
+                  : ipc ? "staged through host memory (a buffer could not be shared by IPC)"
+                  : st->ipc ? "staged through host memory (not covered by the IPC path)"
+                  : "staged through host memory");
+    }
+    if (status == LOOM_SUCCESS && !done) {
         loom_staging_t s = {.rank = loom_comm_rank(c), .size = loom_comm_size(c), .err = err,
                             .run_host = run_host, .host_arg = host_arg,
                             .dev = &loom_cuda_dev_ops, .dev_arg = st,

@@ -10,7 +10,6 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,19 +18,6 @@
 #include "cuda-double/cuda_double.h"
 #include "loom.h"
 #include "mp_util.h"
-
-static int failures;
-
-__attribute__((format(printf, 2, 3))) static void bad(loom_comm_t c, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "FAIL rank %d/%d: %s\n", loom_comm_rank(c), loom_comm_size(c), msg);
-    failures++;
-}
 
 static int32_t val(int rank, size_t i)
 {
@@ -64,21 +50,21 @@ static void upload(loom_comm_t c, const buffer_t *b)
 {
     cudaError_t e = cudaMemcpy(b->dev, b->host, b->bytes, cudaMemcpyHostToDevice);
     if (e != cudaSuccess)
-        bad(c, "upload: %s", cudaGetErrorString(e));
+        mp_bad(c, "upload: %s", cudaGetErrorString(e));
 }
 
 static void download(loom_comm_t c, const buffer_t *b)
 {
     cudaError_t e = cudaMemcpy(b->host, b->dev, b->bytes, cudaMemcpyDeviceToHost);
     if (e != cudaSuccess)
-        bad(c, "download: %s", cudaGetErrorString(e));
+        mp_bad(c, "download: %s", cudaGetErrorString(e));
 }
 
 #define EXPECT_DONE(call, what)                                                         \
     do {                                                                                \
         loom_status_t st_ = (call);                                                     \
         if (st_ != LOOM_SUCCESS)                                                        \
-            bad(c, "%s: %s: %s", what, loom_strerror(st_), loom_comm_last_error(c));     \
+            mp_bad(c, "%s: %s: %s", what, loom_strerror(st_), loom_comm_last_error(c));  \
     } while (0)
 
 /* A blocking call on the device buffers, between the upload and the download
@@ -105,7 +91,7 @@ static long staged_since(long *seen)
 static void check_eq(loom_comm_t c, const char *what, const int32_t *got, size_t i, int32_t want)
 {
     if (got[i] != want)
-        bad(c, "%s: element %zu is %d, want %d", what, i, got[i], want);
+        mp_bad(c, "%s: element %zu is %d, want %d", what, i, got[i], want);
 }
 
 static int rank_main(loom_comm_t c, void *arg)
@@ -116,7 +102,7 @@ static int rank_main(loom_comm_t c, void *arg)
     const size_t cap = n * (size_t)(P > 3 ? P : 3);
     buffer_t sb, rb;
     if (!buffer_alloc(&sb, cap) || !buffer_alloc(&rb, cap)) {
-        bad(c, "cudaMalloc failed");
+        mp_bad(c, "cudaMalloc failed");
         return 1;
     }
     int32_t *s = sb.dev, *r = rb.dev, *hs = sb.host, *hr = rb.host;
@@ -134,10 +120,10 @@ static int rank_main(loom_comm_t c, void *arg)
         EXPECT_DONE(loom_allreduce(in_place ? LOOM_IN_PLACE : s, r, n, LOOM_INT32, LOOM_SUM, c),
                     "allreduce");
         if (staged_since(&copies) == 0)
-            bad(c, "allreduce on GPU buffers was not staged");
+            mp_bad(c, "allreduce on GPU buffers was not staged");
         download(c, &rb);
         snprintf(what, sizeof(what), "allreduce %s", mode);
-        for (size_t i = 0; i < n && !failures; i++) {
+        for (size_t i = 0; i < n && !mp_bad_count; i++) {
             int32_t want = 0;
             for (int k = 0; k < P; k++)
                 want += val(k, i);
@@ -149,7 +135,7 @@ static int rank_main(loom_comm_t c, void *arg)
         EXPECT_OK(loom_reduce_scatter(in_place ? LOOM_IN_PLACE : s, r, n, LOOM_INT32, LOOM_MAX, c),
                   "reduce_scatter");
         snprintf(what, sizeof(what), "reduce_scatter %s", mode);
-        for (size_t i = 0; i < n && !failures; i++) {
+        for (size_t i = 0; i < n && !mp_bad_count; i++) {
             int32_t want = INT32_MIN;
             for (int k = 0; k < P; k++)
                 want = val(k, (size_t)me * n + i) > want ? val(k, (size_t)me * n + i) : want;
@@ -161,7 +147,7 @@ static int rank_main(loom_comm_t c, void *arg)
         EXPECT_OK(loom_reduce(in_place ? LOOM_IN_PLACE : s, r, n, LOOM_INT32, LOOM_SUM, root, c),
                   "reduce");
         snprintf(what, sizeof(what), "reduce %s", mode);
-        for (size_t i = 0; me == root && i < n && !failures; i++) {
+        for (size_t i = 0; me == root && i < n && !mp_bad_count; i++) {
             int32_t want = 0;
             for (int k = 0; k < P; k++)
                 want += val(k, i);
@@ -172,7 +158,7 @@ static int rank_main(loom_comm_t c, void *arg)
             (in_place ? hr + (size_t)me * n : hs)[i] = val(me, i);
         EXPECT_OK(loom_allgather(in_place ? LOOM_IN_PLACE : s, r, n, LOOM_INT32, c), "allgather");
         snprintf(what, sizeof(what), "allgather %s", mode);
-        for (int k = 0; k < P && !failures; k++)
+        for (int k = 0; k < P && !mp_bad_count; k++)
             for (size_t i = 0; i < n; i++)
                 check_eq(c, what, hr, (size_t)k * n + i, val(k, i));
         /* alltoall: block b for rank b is val(me, b * n + i) */
@@ -180,7 +166,7 @@ static int rank_main(loom_comm_t c, void *arg)
             (in_place ? hr : hs)[i] = val(me, i);
         EXPECT_OK(loom_alltoall(in_place ? LOOM_IN_PLACE : s, r, n, LOOM_INT32, c), "alltoall");
         snprintf(what, sizeof(what), "alltoall %s", mode);
-        for (int k = 0; k < P && !failures; k++)
+        for (int k = 0; k < P && !mp_bad_count; k++)
             for (size_t i = 0; i < n; i++)
                 check_eq(c, what, hr, (size_t)k * n + i, val(k, (size_t)me * n + i));
         /* gather and scatter at the last rank; in place at the root only */
@@ -189,7 +175,7 @@ static int rank_main(loom_comm_t c, void *arg)
         EXPECT_OK(loom_gather(in_place && me == root ? LOOM_IN_PLACE : s, r, n, LOOM_INT32, root, c),
                   "gather");
         snprintf(what, sizeof(what), "gather %s", mode);
-        for (int k = 0; me == root && k < P && !failures; k++)
+        for (int k = 0; me == root && k < P && !mp_bad_count; k++)
             for (size_t i = 0; i < n; i++)
                 check_eq(c, what, hr, (size_t)k * n + i, val(k, i));
         if (me == root)
@@ -199,7 +185,7 @@ static int rank_main(loom_comm_t c, void *arg)
                                root, c),
                   "scatter");
         snprintf(what, sizeof(what), "scatter %s", mode);
-        for (size_t i = 0; !(in_place && me == root) && i < n && !failures; i++)
+        for (size_t i = 0; !(in_place && me == root) && i < n && !mp_bad_count; i++)
             check_eq(c, what, hr, i, val(root, (size_t)me * n + i));
     }
 
@@ -217,7 +203,7 @@ static int rank_main(loom_comm_t c, void *arg)
     EXPECT_DONE(loom_wait(req2), "wait iallreduce");
     download(c, &rb);
     download(c, &sb);
-    for (size_t i = 0; i < n && !failures; i++) {
+    for (size_t i = 0; i < n && !mp_bad_count; i++) {
         check_eq(c, "ibroadcast", hr, i, val(0, i));
         int32_t want = val(0, i);
         for (int k = 1; k < P; k++)
@@ -235,7 +221,7 @@ static int rank_main(loom_comm_t c, void *arg)
     for (size_t i = 0; i < counts[me]; i++)
         hs[i] = val(me, i);
     EXPECT_OK(loom_allgatherv(s, counts[me], r, counts, displs, LOOM_INT32, c), "allgatherv");
-    for (int k = 0; k < P && !failures; k++)
+    for (int k = 0; k < P && !mp_bad_count; k++)
         for (size_t i = 0; i < counts[k]; i++)
             check_eq(c, "allgatherv", hr, displs[k] + i, val(k, i));
     total = 0;
@@ -250,7 +236,7 @@ static int rank_main(loom_comm_t c, void *arg)
     for (size_t i = 0; i < stotal; i++)
         hs[i] = val(me, i);
     EXPECT_OK(loom_alltoallv(s, sc, sd, r, counts, displs, LOOM_INT32, c), "alltoallv");
-    for (int k = 0; k < P && !failures; k++) {
+    for (int k = 0; k < P && !mp_bad_count; k++) {
         size_t from = 0; /* rank k's block for me starts after its blocks for ranks < me */
         for (int j = 0; j < me; j++)
             from += (size_t)((k + 2 * j) % 3) * 150;
@@ -269,29 +255,32 @@ static int rank_main(loom_comm_t c, void *arg)
         loom_status_t b = me % 2 == 0 ? loom_recv(r, n, LOOM_INT32, prev, 9, c)
                                       : loom_send(s, n, LOOM_INT32, next, 9, c);
         if (a != LOOM_SUCCESS || b != LOOM_SUCCESS)
-            bad(c, "send/recv: %s", loom_comm_last_error(c));
+            mp_bad(c, "send/recv: %s", loom_comm_last_error(c));
         download(c, &rb);
-        for (size_t i = 0; i < n && !failures; i++)
+        for (size_t i = 0; i < n && !mp_bad_count; i++)
             check_eq(c, "send/recv", hr, i, val(prev, i));
         if (loom_isend(s, n, LOOM_INT32, next, 9, c, &req1) != LOOM_ERR_UNSUPPORTED)
-            bad(c, "loom_isend on a GPU buffer was not refused");
+            mp_bad(c, "loom_isend on a GPU buffer was not refused");
     }
 
     /* mixing host and GPU buffers */
     int32_t *host = calloc(n, sizeof(int32_t));
     if (loom_allreduce(s, host, n, LOOM_INT32, LOOM_SUM, c) != LOOM_ERR_INVALID_ARG ||
         !strstr(loom_comm_last_error(c), "GPU memory"))
-        bad(c, "a host/GPU mix was not refused clearly: %s", loom_comm_last_error(c));
+        mp_bad(c, "a host/GPU mix was not refused clearly: %s", loom_comm_last_error(c));
     EXPECT_DONE(loom_barrier(c), "barrier after the refused call");
     free(host);
     buffer_free(&sb);
     buffer_free(&rb);
-    return failures ? 1 : 0;
+    return mp_bad_count ? 1 : 0;
 }
 
 int main(void)
 {
     static const char *const chunks[] = {NULL, "256"};
+    /* The staging path: forked ranks share a node, where GPU buffers would
+     * otherwise go GPU to GPU (check_cuda_ipc tests that). */
+    setenv("LOOM_CUDA_IPC", "0", 1);
     for (int ch = 0; ch < 2; ch++) {
         if (chunks[ch])
             setenv("LOOM_CUDA_CHUNK_BYTES", chunks[ch], 1);

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #endif
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,6 +169,19 @@ int mp_run(int nranks, mp_rank_fn fn, void *arg, double limit_s)
 int mp_run_raw(int nranks, mp_rank_fn fn, void *arg, double limit_s)
 {
     return run(nranks, fn, arg, limit_s, 1);
+}
+
+int mp_bad_count;
+
+void mp_bad(loom_comm_t c, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (mp_bad_count++ < 20)
+        fprintf(stderr, "FAIL rank %d/%d: %s\n", loom_comm_rank(c), loom_comm_size(c), msg);
 }
 
 void mp_result(const char *name, int ok)

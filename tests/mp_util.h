@@ -25,6 +25,12 @@ const char *mp_store_uri(void);
 
 double mp_now(void);
 
+/* A failed check inside a rank: prints "FAIL rank r/n: message" to stderr
+ * (the first 20) and counts it in mp_bad_count, which is per process, so per
+ * rank. */
+extern int mp_bad_count;
+void mp_bad(loom_comm_t c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Test bookkeeping: prints "PASS name" / "FAIL name" and counts. */
 void mp_result(const char *name, int ok);
 /* Prints "N passed, N failed" and returns the exit code for automake. */

@@ -14,6 +14,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -96,6 +97,8 @@ typedef struct region {
     char *shadow;  /* the double's writable view (device memory only) */
     size_t len, mapped;
     int device, pinned, fd;
+    int opened;           /* mapped from another process by cudaIpcOpenMemHandle */
+    unsigned long long nonce;   /* in the memfd's name: a handle names this one */
 } region_t;
 
 static region_t *regions;
@@ -148,7 +151,17 @@ static cudaError_t device_alloc(void **out, size_t size)
     r->len = size;
     r->mapped = page_round(size);
     r->device = current_device;
-    r->fd = memfd_create("loom-cuda-double", MFD_CLOEXEC);
+    /* The nonce goes into the memfd's name, so a process opening an IPC handle
+     * through /proc/<pid>/fd/<fd> can tell the allocation from a later one
+     * that reused the descriptor number. */
+    static unsigned long long serial;
+    pthread_mutex_lock(&lock);
+    r->nonce = ((unsigned long long)getpid() << 32) ^ ++serial ^
+               ((unsigned long long)(uintptr_t)r << 7);
+    pthread_mutex_unlock(&lock);
+    char name[64];
+    snprintf(name, sizeof(name), "loom-cuda-double-%016llx", r->nonce);
+    r->fd = memfd_create(name, MFD_CLOEXEC);
     if (r->fd < 0 || ftruncate(r->fd, (off_t)r->mapped) != 0)
         goto fail_fd;
     r->addr = mmap(NULL, r->mapped, PROT_NONE, MAP_SHARED, r->fd, 0);
@@ -209,7 +222,7 @@ static cudaError_t region_free(void *p, int pinned)
     wait_device_idle(pinned ? -1 : current_device);
     pthread_mutex_lock(&lock);
     region_t **pp = &regions;
-    while (*pp && ((*pp)->addr != p || (*pp)->pinned != pinned))
+    while (*pp && ((*pp)->addr != p || (*pp)->pinned != pinned || (*pp)->opened))
         pp = &(*pp)->next;
     region_t *r = *pp;
     if (r)
@@ -943,6 +956,146 @@ cudaError_t CUDARTAPI cudaFreeHost(void *p)
     return ret(region_free(p, 1));
 }
 
+/* ---- IPC handles ----------------------------------------------------------------- */
+
+/* What a handle carries: enough for another process of the machine to find the
+ * allocation's memfd (/proc/<pid>/fd/<fd>, as transports/shm does) and to tell
+ * it from a later allocation behind the same descriptor number (the nonce in
+ * the memfd's name). */
+typedef struct {
+    char magic[8];
+    int32_t pid, fd, device, pad;
+    unsigned long long nonce;
+    uint64_t len, mapped;
+} ipc_handle_t;
+
+_Static_assert(sizeof(ipc_handle_t) <= sizeof(cudaIpcMemHandle_t), "IPC handle too big");
+
+static const char ipc_magic[8] = "loomIPC";
+
+/* Like the driver, for the base of an allocation only: a pointer inside one is
+ * refused, so a caller that forgets the offset finds out here. */
+cudaError_t CUDARTAPI cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *p)
+{
+    ENTER();
+    if (!handle || !p)
+        return ret(cudaErrorInvalidValue);
+    ipc_handle_t h;
+    memset(&h, 0, sizeof(h));
+    pthread_mutex_lock(&lock);
+    region_t *r = region_of(p, 1, NULL);
+    int ok = r && !r->pinned && !r->opened && r->addr == (char *)p;
+    if (ok) {
+        memcpy(h.magic, ipc_magic, sizeof(h.magic));
+        h.pid = (int32_t)getpid();
+        h.fd = r->fd;
+        h.device = r->device;
+        h.nonce = r->nonce;
+        h.len = r->len;
+        h.mapped = r->mapped;
+    }
+    pthread_mutex_unlock(&lock);
+    if (!ok)
+        return ret(cudaErrorInvalidValue);
+    memset(handle, 0, sizeof(*handle));
+    memcpy(handle->reserved, &h, sizeof(h));
+    return cudaSuccess;
+}
+
+/* Maps the owner's memfd as this process's device memory: a PROT_NONE mapping
+ * the program sees and a writable shadow, as cudaMalloc does. Stricter than
+ * the driver: a handle of this very process, or one this process already has
+ * open, is refused, so a caller that reopens instead of keeping what it
+ * opened fails here. */
+cudaError_t CUDARTAPI cudaIpcOpenMemHandle(void **out, cudaIpcMemHandle_t handle,
+                                           unsigned int flags)
+{
+    (void)flags;
+    ENTER();
+    if (!out)
+        return ret(cudaErrorInvalidValue);
+    ipc_handle_t h;
+    memcpy(&h, handle.reserved, sizeof(h));
+    if (memcmp(h.magic, ipc_magic, sizeof(h.magic)) != 0 || h.pid == (int32_t)getpid() ||
+        h.mapped == 0)
+        return ret(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&lock);
+    int again = 0;
+    for (region_t *q = regions; q; q = q->next)
+        again |= q->opened && q->nonce == h.nonce;
+    pthread_mutex_unlock(&lock);
+    if (again)
+        return ret(cudaErrorAlreadyMapped);
+    char path[64], link[256], want[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)h.pid, (int)h.fd);
+    snprintf(want, sizeof(want), "loom-cuda-double-%016llx", h.nonce);
+    ssize_t n = readlink(path, link, sizeof(link) - 1);
+    if (n <= 0)
+        return ret(cudaErrorMapBufferObjectFailed);
+    link[n] = '\0';
+    if (!strstr(link, want))   /* freed, and the number reused */
+        return ret(cudaErrorInvalidResourceHandle);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return ret(cudaErrorMapBufferObjectFailed);
+    region_t *r = calloc(1, sizeof(*r));
+    if (!r) {
+        close(fd);
+        return ret(cudaErrorMemoryAllocation);
+    }
+    r->len = (size_t)h.len;
+    r->mapped = (size_t)h.mapped;
+    r->device = current_device;
+    r->opened = 1;
+    r->nonce = h.nonce;
+    r->fd = -1;   /* the mappings keep the memory; the descriptor is not needed */
+    r->addr = mmap(NULL, r->mapped, PROT_NONE, MAP_SHARED, fd, 0);
+    r->shadow = r->addr == MAP_FAILED ? MAP_FAILED
+                                      : mmap(NULL, r->mapped, PROT_READ | PROT_WRITE,
+                                             MAP_SHARED, fd, 0);
+    close(fd);
+    if (r->addr == MAP_FAILED || r->shadow == MAP_FAILED) {
+        if (r->addr != MAP_FAILED)
+            munmap(r->addr, r->mapped);
+        free(r);
+        return ret(cudaErrorMapBufferObjectFailed);
+    }
+    pthread_mutex_lock(&lock);
+    r->next = regions;
+    regions = r;
+    counts.ipc_opens++;
+    pthread_mutex_unlock(&lock);
+    *out = r->addr;
+    return cudaSuccess;
+}
+
+/* Waits for the device, as cudaFree does: queued work may still use the range. */
+cudaError_t CUDARTAPI cudaIpcCloseMemHandle(void *p)
+{
+    ENTER();
+    pthread_mutex_lock(&lock);
+    region_t *r = regions;
+    while (r && !(r->opened && r->addr == (char *)p))
+        r = r->next;
+    int device = r ? r->device : -1;
+    pthread_mutex_unlock(&lock);
+    if (!r)
+        return ret(cudaErrorInvalidValue);
+    wait_device_idle(device);
+    pthread_mutex_lock(&lock);
+    region_t **pp = &regions;
+    while (*pp && *pp != r)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = r->next;
+    counts.ipc_closes++;
+    pthread_mutex_unlock(&lock);
+    munmap(r->addr, r->mapped);
+    munmap(r->shadow, r->mapped);
+    free(r);
+    return cudaSuccess;
+}
+
 /* ---- devices ----------------------------------------------------------------- */
 
 cudaError_t CUDARTAPI cudaGetDeviceCount(int *n)
@@ -1021,6 +1174,9 @@ static const struct { cudaError_t e; const char *name, *text; } errors[] = {
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
     {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
     {cudaErrorNotPermitted, "cudaErrorNotPermitted", "operation not permitted"},
+    {cudaErrorMapBufferObjectFailed, "cudaErrorMapBufferObjectFailed",
+     "mapping of buffer object failed"},
+    {cudaErrorAlreadyMapped, "cudaErrorAlreadyMapped", "resource already mapped"},
     {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
      "an illegal memory access was encountered"},
 };

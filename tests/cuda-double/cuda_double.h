@@ -23,11 +23,13 @@ cudaError_t cuda_double_launch(cudaStream_t stream, void (*fn)(void *arg), const
 void cuda_double_fault(cudaError_t e, const char *why);
 
 /* What the double has done in this process: copies by direction (bytes and
- * calls), kernels run. */
+ * calls; device memory opened from an IPC handle counts as device), kernels
+ * run, IPC handles opened and closed. */
 typedef struct cuda_double_counts {
     long h2d, d2h, d2d, h2h;                 /* copies */
     long long h2d_bytes, d2h_bytes, d2d_bytes;
     long kernels;
+    long ipc_opens, ipc_closes;
 } cuda_double_counts_t;
 void cuda_double_counts(cuda_double_counts_t *out);
 

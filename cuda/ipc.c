@@ -1,0 +1,447 @@
+/* ipc.c - collectives on GPU buffers GPU to GPU, when every rank of the
+ * communicator is on one node: each rank maps the others' buffers through CUDA
+ * IPC handles and reads (or writes) them with device copies and Loom's
+ * reduction kernels, instead of staging everything through host memory and
+ * the shm transport (two bus crossings each way).
+ *
+ * Each call:
+ *  1. waits for its own device work (the user's, before the call), so its
+ *     inputs are final and its outputs free;
+ *  2. swaps, in one small host allgather, an IPC handle and offset for each
+ *     buffer a peer needs; the allgather is also the barrier after step 1;
+ *  3. opens the peers' allocations the process has not opened yet (a process
+ *     may open a handle only once, so they are the process's, keyed by handle;
+ *     each communicator holds at most PEERS_KEPT beyond one call's needs, and
+ *     the last to let one go closes it) and agrees with the others (a host
+ *     allreduce) that every rank could: if one could not, all stage;
+ *  4. runs its part on its stream, waits for it, and meets the others at a host
+ *     barrier, so that no rank returns (and lets its caller overwrite or free a
+ *     buffer) while a peer still reads or writes it.
+ *
+ * Reductions: the count is cut into size blocks (of a multiple of 16 bytes, the
+ * kernels' vector width); rank r reduces block r of every rank's input, in rank
+ * order ((x0 op x1) op x2 ...), as staging.c and the CPU path do, so every rank
+ * gets the same bits; then writes it where it goes: allreduce, into every rank's
+ * output; reduce, into the root's. Only rank r reads block r of any input, so
+ * writing a block in place cannot race another rank; only the chain itself can
+ * overwrite its own input before reading it (in place, when the output is the
+ * input of rank 2 or later): then it reduces through dev_scratch a chunk at a
+ * time and copies each result out after its inputs were read. reduce_scatter
+ * in place writes its result over block 0, which rank 0 reads: it reduces into
+ * its own block first and moves it after a barrier.
+ *
+ * Not covered (staged as before): allgatherv, alltoall(v), gather, scatter,
+ * communicators spanning nodes (a node-level step inside a hierarchical
+ * collective is not built), and a buffer cudaIpcGetMemHandle refuses (memory
+ * from a stream-ordered pool, say).
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_state.h"
+
+/* An allocation of a peer, opened in this process. The driver maps a handle
+ * once per process, so the opened allocations are the process's, shared by
+ * its communicators: users counts those that hold one. */
+typedef struct opened {
+    struct opened *next;
+    cudaIpcMemHandle_t handle;
+    char *base;
+    int users;
+} opened_t;
+
+static pthread_mutex_t opened_lock = PTHREAD_MUTEX_INITIALIZER;
+static opened_t *opened;
+
+/* What a communicator holds of them. */
+struct loom_cuda_peer {
+    opened_t *o;
+    unsigned long last_use; /* st->calls when last used */
+};
+
+/* Held no longer, not yet let go: closing a handle waits for the device, as
+ * cudaFree does, which a stream-ordered call must not (its own stream may be
+ * held until it finishes), so only a plain call or destroy lets them go. */
+struct loom_cuda_retired {
+    struct loom_cuda_retired *next;
+    opened_t *o;
+};
+
+/* Allocations held per communicator beyond the two per peer one call needs:
+ * a program that allocates fresh buffers for each call would otherwise keep
+ * every one it ever used mapped. */
+#define PEERS_KEPT 64
+
+static void drop(opened_t *o)
+{
+    pthread_mutex_lock(&opened_lock);
+    int last = --o->users == 0;
+    if (last) {
+        opened_t **pp = &opened;
+        while (*pp != o)
+            pp = &(*pp)->next;
+        *pp = o->next;
+    }
+    pthread_mutex_unlock(&opened_lock);
+    if (last) {
+        cudaIpcCloseMemHandle(o->base);
+        free(o);
+    }
+}
+
+enum { SEND, RECV };
+
+/* What a rank tells the others: for its send and receive buffers, whether a
+ * peer needs it, its allocation's handle and its offset in it. */
+typedef struct {
+    cudaIpcMemHandle_t handle[2];
+    uint64_t off[2];
+    int32_t has[2];
+    int32_t ok; /* 0: a buffer could not be shared */
+    int32_t pad;
+} ipc_rec_t;
+
+typedef struct {
+    loom_cuda_state_t *st;
+    const loom_coll_args_t *a;
+    loom_accel_host_coll_fn run_host;
+    void *host_arg;
+    loom_err_t *err;
+    int rank, size;
+    char **send, **recv; /* [size]: every rank's buffers as this process sees them */
+} ipc_t;
+
+int loom_cuda_ipc_covers(const loom_cuda_state_t *st, const loom_coll_args_t *a)
+{
+    if (!st->ipc)
+        return 0;
+    switch (a->coll) {
+    case LOOM_COLL_ALLREDUCE:
+    case LOOM_COLL_BROADCAST:
+    case LOOM_COLL_REDUCE:
+    case LOOM_COLL_ALLGATHER:
+    case LOOM_COLL_REDUCE_SCATTER: return 1;
+    default: return 0;
+    }
+}
+
+static void let_go(loom_cuda_state_t *st)
+{
+    while (st->retired) {
+        struct loom_cuda_retired *r = st->retired;
+        st->retired = r->next;
+        drop(r->o);
+        free(r);
+    }
+}
+
+void loom_cuda_ipc_release(loom_cuda_state_t *st)
+{
+    let_go(st);
+    for (int i = 0; i < st->npeers; i++)
+        drop(st->peers[i].o);
+    free(st->peers);
+    st->peers = NULL;
+    st->npeers = 0;
+}
+
+/* Which of its buffers a rank's peers read or write. */
+static void needed(const loom_coll_args_t *a, int rank, int need[2])
+{
+    need[SEND] = need[RECV] = 0;
+    switch (a->coll) {
+    case LOOM_COLL_ALLREDUCE: need[SEND] = need[RECV] = 1; break;
+    case LOOM_COLL_REDUCE: need[SEND] = 1, need[RECV] = rank == a->root; break;
+    case LOOM_COLL_BROADCAST: need[RECV] = rank == a->root; break;
+    default: need[SEND] = 1; break; /* allgather, reduce_scatter */
+    }
+}
+
+static loom_status_t host_coll(const ipc_t *x, const loom_coll_args_t *h)
+{
+    return x->run_host(x->host_arg, h);
+}
+
+static loom_status_t barrier(const ipc_t *x)
+{
+    loom_coll_args_t b = {.coll = LOOM_COLL_BARRIER, .esize = 1, .dtype = LOOM_UINT8};
+    return host_coll(x, &b);
+}
+
+/* The handle and offset of device pointer p, or 0 when the driver will not
+ * share it. */
+static int export_buf(const void *p, cudaIpcMemHandle_t *h, uint64_t *off)
+{
+    char *base = loom_cuda_alloc_base(p);
+    if (!base || cudaIpcGetMemHandle(h, base) != cudaSuccess) {
+        cudaGetLastError(); /* not an error of the collective: it stages */
+        return 0;
+    }
+    *off = (uint64_t)((const char *)p - base);
+    return 1;
+}
+
+/* The peer allocation behind h, opened now if this process has not yet; NULL
+ * on failure (the driver's error is left for the caller to clear). */
+static char *open_peer(loom_cuda_state_t *st, const cudaIpcMemHandle_t *h)
+{
+    for (int i = 0; i < st->npeers; i++)
+        if (memcmp(&st->peers[i].o->handle, h, sizeof(*h)) == 0) {
+            st->peers[i].last_use = st->calls;
+            return st->peers[i].o->base;
+        }
+    const int cap = PEERS_KEPT + 2 * loom_comm_size(st->comm);
+    if (!st->peers && !(st->peers = calloc((size_t)cap, sizeof(*st->peers))))
+        return NULL;
+    if (st->npeers == cap) {
+        /* Retire the one unused longest (this call uses at most 2 * size). */
+        int old = -1;
+        for (int i = 0; i < st->npeers; i++)
+            if (st->peers[i].last_use != st->calls &&
+                (old < 0 || st->peers[i].last_use < st->peers[old].last_use))
+                old = i;
+        struct loom_cuda_retired *r = old < 0 ? NULL : malloc(sizeof(*r));
+        if (!r)
+            return NULL;
+        r->o = st->peers[old].o;
+        r->next = st->retired;
+        st->retired = r;
+        st->peers[old] = st->peers[--st->npeers];
+    }
+    pthread_mutex_lock(&opened_lock);
+    opened_t *o = opened;
+    while (o && memcmp(&o->handle, h, sizeof(*h)) != 0)
+        o = o->next;
+    void *base = NULL;
+    if (!o && (o = calloc(1, sizeof(*o))) != NULL) {
+        if (cudaIpcOpenMemHandle(&base, *h, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess) {
+            o->handle = *h;
+            o->base = base;
+            o->next = opened;
+            opened = o;
+        } else {
+            free(o);
+            o = NULL;
+        }
+    }
+    if (o)
+        o->users++;
+    pthread_mutex_unlock(&opened_lock);
+    if (!o)
+        return NULL;
+    st->peers[st->npeers++] = (struct loom_cuda_peer){.o = o, .last_use = st->calls};
+    return o->base;
+}
+
+/* Steps 1-3 of the file comment: every rank's buffers in x->send / x->recv;
+ * *agreed 0 when some rank could not share or open one (then all stage). */
+static loom_status_t share(ipc_t *x, int *agreed)
+{
+    loom_cuda_state_t *st = x->st;
+    const loom_coll_args_t *a = x->a;
+    loom_status_t status = loom_cuda_dev_ops.sync(st, x->err);
+    if (status != LOOM_SUCCESS)
+        return status;
+    ipc_rec_t mine, *all = calloc((size_t)x->size, sizeof(ipc_rec_t));
+    if (!all)
+        return loom_err_set(x->err, LOOM_ERR_NO_MEMORY, "out of memory");
+    memset(&mine, 0, sizeof(mine));
+    const void *bufs[2] = {a->sendbuf, a->recvbuf};
+    int need[2];
+    needed(a, x->rank, need);
+    mine.ok = 1;
+    for (int b = SEND; b <= RECV; b++)
+        if (need[b]) {
+            mine.has[b] = 1;
+            mine.ok &= export_buf(bufs[b], &mine.handle[b], &mine.off[b]);
+        }
+    loom_coll_args_t g = {.coll = LOOM_COLL_ALLGATHER,
+                          .sendbuf = &mine,
+                          .recvbuf = all,
+                          .count = sizeof(mine),
+                          .esize = 1,
+                          .dtype = LOOM_UINT8};
+    if ((status = host_coll(x, &g)) != LOOM_SUCCESS)
+        goto out;
+    int32_t ok = 1;
+    for (int r = 0; r < x->size; r++)
+        ok &= all[r].ok;
+    for (int r = 0; r < x->size && ok; r++)
+        for (int b = SEND; b <= RECV && ok; b++) {
+            char **to = b == SEND ? x->send : x->recv;
+            if (r == x->rank)
+                to[r] = (char *)bufs[b];
+            else if (all[r].has[b]) {
+                char *base = open_peer(st, &all[r].handle[b]);
+                if (!base) {
+                    cudaGetLastError();
+                    ok = 0;
+                }
+                to[r] = base ? base + all[r].off[b] : NULL;
+            }
+        }
+    /* Agree: the least of every rank's ok. */
+    int32_t any = ok;
+    loom_coll_args_t m = {.coll = LOOM_COLL_ALLREDUCE,
+                          .sendbuf = &ok,
+                          .recvbuf = &any,
+                          .count = 1,
+                          .esize = sizeof(int32_t),
+                          .dtype = LOOM_INT32,
+                          .op = LOOM_MIN};
+    if ((status = host_coll(x, &m)) == LOOM_SUCCESS)
+        *agreed = any;
+out:
+    free(all);
+    return status;
+}
+
+static loom_status_t copy(const ipc_t *x, void *dst, const void *src, size_t bytes)
+{
+    if (bytes == 0 || dst == src)
+        return LOOM_SUCCESS;
+    return loom_cuda_dev_ops.copy2d(x->st, LOOM_DEV_UP, dst, bytes, src, bytes, bytes, 1, x->err);
+}
+
+/* The reduction chain over every rank's n elements at element off of in[],
+ * into out, then copied to each of also[0..nalso) (out and also point where
+ * element off goes). through_scratch: out is an input the chain would
+ * overwrite before reading it, so each chunk is reduced in dev_scratch and
+ * copied out once read. */
+static loom_status_t reduce_block(const ipc_t *x, char *const *in, size_t off, size_t n, char *out,
+                                  char *const *also, int nalso, int through_scratch)
+{
+    const loom_coll_args_t *a = x->a;
+    const size_t es = a->esize;
+    const size_t step = through_scratch ? x->st->chunk_bytes / es : n;
+    loom_status_t st = LOOM_SUCCESS;
+    for (size_t done = 0; done < n && st == LOOM_SUCCESS; done += step) {
+        const size_t len = n - done < step ? n - done : step, at = (off + done) * es;
+        char *acc = through_scratch ? x->st->dev_scratch : out + done * es;
+        for (int r = 1; r < x->size && st == LOOM_SUCCESS; r++)
+            st = loom_cuda_dev_ops.reduce3(x->st, acc, r == 1 ? in[0] + at : acc, in[r] + at, len,
+                                           a->dtype, a->op, x->err);
+        if (st == LOOM_SUCCESS && a->op == LOOM_AVG)
+            st = loom_cuda_dev_ops.avg(x->st, acc, len, a->dtype, x->size, x->err);
+        if (st == LOOM_SUCCESS && through_scratch)
+            st = copy(x, out + done * es, acc, len * es);
+        for (int k = 0; k < nalso && st == LOOM_SUCCESS; k++)
+            st = copy(x, also[k] + done * es, acc, len * es);
+    }
+    return st;
+}
+
+/* Wait for this rank's part, then for everybody's. */
+static loom_status_t finish(const ipc_t *x)
+{
+    loom_status_t st = loom_cuda_dev_ops.sync(x->st, x->err);
+    return st == LOOM_SUCCESS ? barrier(x) : st;
+}
+
+/* allreduce (root < 0) and reduce: rank r reduces block r. */
+static loom_status_t run_reduce(const ipc_t *x, int root)
+{
+    const loom_coll_args_t *a = x->a;
+    const size_t es = a->esize, V = es < 16 ? 16 / es : 1, P = (size_t)x->size;
+    size_t b = (a->count + P - 1) / P;
+    b = (b + V - 1) / V * V;
+    const size_t off = b * (size_t)x->rank;
+    const size_t n = a->count > off ? (a->count - off < b ? a->count - off : b) : 0;
+    const int owner = root < 0 ? x->rank : root; /* whose output the chain writes */
+    char *out = x->recv[owner] + off * es;
+    /* In place, the output is the owner's input, read at step max(owner, 1). */
+    const int hazard = x->recv[owner] == x->send[owner] && owner >= 2;
+    char **also = NULL;
+    int nalso = 0;
+    if (root < 0) {
+        also = malloc(P * sizeof(char *));
+        if (!also)
+            return loom_err_set(x->err, LOOM_ERR_NO_MEMORY, "out of memory");
+        for (int k = 0; k < x->size; k++)
+            if (k != x->rank)
+                also[nalso++] = x->recv[k] + off * es;
+    }
+    loom_status_t st =
+        n ? reduce_block(x, x->send, off, n, out, also, nalso, hazard) : LOOM_SUCCESS;
+    free(also);
+    return st == LOOM_SUCCESS ? finish(x) : st;
+}
+
+/* reduce_scatter: rank r reduces block r of every input into its output. */
+static loom_status_t run_reduce_scatter(const ipc_t *x)
+{
+    const loom_coll_args_t *a = x->a;
+    const int r = x->rank;
+    const size_t es = a->esize, n = a->count, off = n * (size_t)r;
+    char *const out = x->recv[r];
+    if (out != x->send[r]) {
+        loom_status_t st = reduce_block(x, x->send, off, n, out, NULL, 0, 0);
+        return st == LOOM_SUCCESS ? finish(x) : st;
+    }
+    /* In place: block r first (only this rank reads it), block 0's place once
+     * rank 0 has read it. */
+    loom_status_t st = reduce_block(x, x->send, off, n, out + off * es, NULL, 0, r >= 2);
+    if (st == LOOM_SUCCESS)
+        st = finish(x);
+    if (st == LOOM_SUCCESS && r > 0) {
+        st = copy(x, out, out + off * es, n * es);
+        if (st == LOOM_SUCCESS)
+            st = loom_cuda_dev_ops.sync(x->st, x->err);
+    }
+    return st;
+}
+
+static loom_status_t run_copies(const ipc_t *x)
+{
+    const loom_coll_args_t *a = x->a;
+    const size_t bytes = a->count * a->esize;
+    loom_status_t st = LOOM_SUCCESS;
+    if (a->coll == LOOM_COLL_BROADCAST) {
+        if (x->rank != a->root)
+            st = copy(x, x->recv[x->rank], x->recv[a->root], bytes);
+    } else { /* allgather; in place the own block is where it goes already */
+        for (int k = 0; k < x->size && st == LOOM_SUCCESS; k++)
+            st = copy(x, x->recv[x->rank] + (size_t)k * bytes, x->send[k], bytes);
+    }
+    return st == LOOM_SUCCESS ? finish(x) : st;
+}
+
+loom_status_t loom_cuda_ipc_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                loom_accel_host_coll_fn run_host, void *host_arg, int may_wait,
+                                int *done, loom_err_t *err)
+{
+    *done = 0;
+    if (may_wait)
+        let_go(st);
+    ipc_t x = {.st = st,
+               .a = a,
+               .run_host = run_host,
+               .host_arg = host_arg,
+               .err = err,
+               .rank = loom_comm_rank(st->comm),
+               .size = loom_comm_size(st->comm)};
+    if (a->count == 0) { /* the same on every rank: nothing to move */
+        *done = 1;
+        return LOOM_SUCCESS;
+    }
+    st->calls++;
+    x.send = calloc(2 * (size_t)x.size, sizeof(char *));
+    if (!x.send)
+        return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+    x.recv = x.send + x.size;
+    int agreed = 0;
+    loom_status_t status = share(&x, &agreed);
+    if (status == LOOM_SUCCESS && agreed) {
+        switch (a->coll) {
+        case LOOM_COLL_ALLREDUCE: status = run_reduce(&x, -1); break;
+        case LOOM_COLL_REDUCE: status = run_reduce(&x, a->root); break;
+        case LOOM_COLL_REDUCE_SCATTER: status = run_reduce_scatter(&x); break;
+        default: status = run_copies(&x); break;
+        }
+        *done = status == LOOM_SUCCESS;
+    }
+    free(x.send);
+    return status;
+}

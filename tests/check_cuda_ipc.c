@@ -1,0 +1,371 @@
+/* check_cuda_ipc - collectives on GPU buffers GPU to GPU inside a node (cuda/ipc.c)
+ * without a GPU: 2 and 4 forked ranks of one node over the CUDA double, whose
+ * IPC handles map another process's device memory (tests/cuda-double/).
+ *
+ * Every collective the IPC path takes (allreduce, reduce, broadcast, allgather,
+ * reduce_scatter) runs on GPU buffers for several element types (float16 and
+ * bfloat16 among them), counts (0, 1, odd, large), ops, roots, in place and out
+ * of place, and must give the bytes the same call gives on host buffers; the
+ * inputs are small integers, exact in every type, so the host algorithms'
+ * order of reduction does not matter. A float32 allreduce of inexact values
+ * must give, on every rank, exactly the sum in rank order. The double's
+ * counters prove the path: over IPC no byte crosses between host and device
+ * during a call, and each peer allocation is opened once (and closed when the
+ * last communicator holding it goes); with LOOM_CUDA_IPC=0, or ranks on two
+ * nodes (LOOM_MP_NODES), the same matrix is staged through host memory. The
+ * IPC runs are repeated in the double's lazy mode, where device work runs only
+ * when the host waits for it.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda-double/cuda_double.h"
+#include "loom.h"
+#include "mp_util.h"
+
+typedef enum { MODE_IPC, MODE_IPC_LAZY, MODE_STAGED, MODE_TWO_NODES } mode_t_;
+
+/* ---- values ------------------------------------------------------------- */
+
+static const struct {
+    loom_dtype_t dt;
+    size_t es;
+    const char *name;
+} dtypes[] = {
+    {LOOM_FLOAT32, 4, "float32"}, {LOOM_FLOAT16, 2, "float16"}, {LOOM_BFLOAT16, 2, "bfloat16"},
+    {LOOM_FLOAT64, 8, "float64"}, {LOOM_INT32, 4, "int32"},     {LOOM_INT8, 1, "int8"},
+};
+#define NDTYPES (sizeof(dtypes) / sizeof(dtypes[0]))
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+/* Small integers and quarters only: exact in binary16, no rounding needed. */
+static uint16_t to_f16(float f)
+{
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) == 0)
+        return (uint16_t)(u >> 16);
+    uint32_t sign = (u >> 16) & 0x8000u, exp = (u >> 23) & 0xffu, man = u & 0x7fffffu;
+    return (uint16_t)(sign | ((exp - 127 + 15) << 10) | (man >> 13));
+}
+
+/* Element i of rank r's input: an integer in [-4, 4]. */
+static void put(void *buf, size_t i, loom_dtype_t dt, int r)
+{
+    int v = (int)((size_t)r * 5 + i * 3) % 9 - 4;
+    float f = (float)v;
+    switch (dt) {
+    case LOOM_FLOAT32: ((float *)buf)[i] = f; break;
+    case LOOM_FLOAT64: ((double *)buf)[i] = v; break;
+    case LOOM_FLOAT16: ((uint16_t *)buf)[i] = to_f16(f); break;
+    case LOOM_BFLOAT16: ((uint16_t *)buf)[i] = (uint16_t)(f32_bits(f) >> 16); break;
+    case LOOM_INT32: ((int32_t *)buf)[i] = v; break;
+    default: ((int8_t *)buf)[i] = (int8_t)v; break;
+    }
+}
+
+/* ---- device buffers ------------------------------------------------------- */
+
+/* The send buffer starts this far into its allocation, so offsets travel too. */
+#define SEND_OFF 256
+
+typedef struct {
+    char *sbase, *r;     /* device */
+    char *hs, *hr, *ref; /* host: inputs, results, the host collective's results */
+    char *up;            /* pinned: the inputs to upload, send then recv */
+    size_t bytes;
+} bufs_t;
+
+static int cuda_ok(loom_comm_t c, cudaError_t e, const char *what)
+{
+    if (e != cudaSuccess)
+        mp_bad(c, "%s: %s", what, cudaGetErrorString(e));
+    return e == cudaSuccess;
+}
+
+enum { ALLREDUCE, REDUCE, BROADCAST, ALLGATHER, REDUCE_SCATTER, NCOLLS };
+static const char *const coll_names[NCOLLS] = {"allreduce", "reduce", "broadcast", "allgather",
+                                               "reduce_scatter"};
+
+typedef struct {
+    int coll;
+    int in_place, root;
+    loom_op_t op;
+    size_t dti, count;
+} case_t;
+
+/* One collective on send/recv (host or device, same layout); LOOM_IN_PLACE in place. */
+static loom_status_t run(loom_comm_t c, const case_t *k, const void *s, void *r)
+{
+    loom_dtype_t dt = dtypes[k->dti].dt;
+    const void *in = k->in_place ? LOOM_IN_PLACE : s;
+    switch (k->coll) {
+    case ALLREDUCE: return loom_allreduce(in, r, k->count, dt, k->op, c);
+    case REDUCE: return loom_reduce(in, r, k->count, dt, k->op, k->root, c);
+    case BROADCAST: return loom_broadcast(r, k->count, dt, k->root, c);
+    case ALLGATHER: return loom_allgather(in, r, k->count, dt, c);
+    default: return loom_reduce_scatter(in, r, k->count, dt, k->op, c);
+    }
+}
+
+/* Fill the input where the call reads it: sendbuf out of place, else recvbuf. */
+static size_t fill(loom_comm_t c, const case_t *k, char *s, char *r)
+{
+    const int P = loom_comm_size(c), me = loom_comm_rank(c);
+    const size_t es = dtypes[k->dti].es, n = k->count;
+    const loom_dtype_t dt = dtypes[k->dti].dt;
+    size_t in_n = k->coll == REDUCE_SCATTER ? n * (size_t)P : n;
+    size_t out_n = k->coll == ALLGATHER ? n * (size_t)P : n;
+    char *to = k->in_place ? r : s;
+    if (k->in_place && k->coll == ALLGATHER)
+        to = r + (size_t)me * n * es;
+    if (k->coll == BROADCAST)
+        to = r;
+    memset(r, 0x6b, (out_n > in_n ? out_n : in_n) * es);
+    if (k->coll != BROADCAST || me == k->root)
+        for (size_t i = 0; i < in_n; i++)
+            put(to, i, dt, me);
+    return out_n * es;
+}
+
+static void one_case(loom_comm_t c, const case_t *k, bufs_t *b, mode_t_ mode,
+                     cuda_double_counts_t *moved)
+{
+    const int me = loom_comm_rank(c);
+    /* Host reference. */
+    size_t out_bytes = fill(c, k, b->hs, b->ref);
+    loom_status_t st = run(c, k, b->hs, b->ref);
+    if (st != LOOM_SUCCESS) {
+        mp_bad(c, "%s host: %s", coll_names[k->coll], loom_comm_last_error(c));
+        return;
+    }
+    /* The same on the device. */
+    fill(c, k, b->up, b->up + b->bytes);
+    /* Uploads left queued on the default stream: the call must wait for them
+     * (the lazy double runs them only when someone waits). */
+    if (!cuda_ok(c,
+                 cudaMemcpyAsync(b->sbase + SEND_OFF, b->up, b->bytes, cudaMemcpyHostToDevice, 0),
+                 "upload") ||
+        !cuda_ok(c, cudaMemcpyAsync(b->r, b->up + b->bytes, b->bytes, cudaMemcpyHostToDevice, 0),
+                 "upload"))
+        return;
+    cuda_double_counts_t before, after;
+    cuda_double_counts(&before);
+    st = run(c, k, b->sbase + SEND_OFF, b->r);
+    cuda_double_counts(&after);
+    if (st != LOOM_SUCCESS) {
+        mp_bad(c, "%s GPU: %s", coll_names[k->coll], loom_comm_last_error(c));
+        return;
+    }
+    moved->h2d += after.h2d - before.h2d;
+    moved->d2h += after.d2h - before.d2h;
+    moved->d2d += after.d2d - before.d2d;
+    moved->kernels += after.kernels - before.kernels;
+    if ((mode == MODE_IPC || mode == MODE_IPC_LAZY) &&
+        (after.h2d != before.h2d || after.d2h != before.d2h))
+        mp_bad(c, "%s %s count %zu: %ld copies to and %ld from the host over IPC",
+               coll_names[k->coll], dtypes[k->dti].name, k->count, after.h2d - before.h2d,
+               after.d2h - before.d2h);
+    if (!cuda_ok(c, cudaMemcpy(b->hr, b->r, b->bytes, cudaMemcpyDeviceToHost), "download"))
+        return;
+    if (k->coll == REDUCE && me != k->root)
+        return;
+    for (size_t i = 0; i < out_bytes; i++)
+        if (b->hr[i] != b->ref[i]) {
+            mp_bad(c, "%s %s op %d root %d count %zu %s: byte %zu is 0x%02x, host gives 0x%02x",
+                   coll_names[k->coll], dtypes[k->dti].name, (int)k->op, k->root, k->count,
+                   k->in_place ? "in place" : "out of place", i, (unsigned char)b->hr[i],
+                   (unsigned char)b->ref[i]);
+            return;
+        }
+}
+
+/* A float32 sum of inexact values: every rank must get ((x0 + x1) + x2) + ... */
+static void rank_order(loom_comm_t c, bufs_t *b)
+{
+    const int P = loom_comm_size(c), me = loom_comm_rank(c);
+    const size_t n = 3001;
+    float *hs = (float *)b->hs, *hr = (float *)b->hr;
+    for (int in_place = 0; in_place < 2; in_place++) {
+        for (size_t i = 0; i < n; i++)
+            (in_place ? hr : hs)[i] = 1.0f / (float)(3 + me * 7 + (int)(i % 13));
+        if (!cuda_ok(c, cudaMemcpy(b->sbase + SEND_OFF, hs, n * 4, cudaMemcpyHostToDevice),
+                     "upload") ||
+            !cuda_ok(c, cudaMemcpy(b->r, hr, n * 4, cudaMemcpyHostToDevice), "upload"))
+            return;
+        if (loom_allreduce(in_place ? LOOM_IN_PLACE : b->sbase + SEND_OFF, b->r, n, LOOM_FLOAT32,
+                           LOOM_SUM, c) != LOOM_SUCCESS) {
+            mp_bad(c, "allreduce: %s", loom_comm_last_error(c));
+            return;
+        }
+        if (!cuda_ok(c, cudaMemcpy(hr, b->r, n * 4, cudaMemcpyDeviceToHost), "download"))
+            return;
+        for (size_t i = 0; i < n; i++) {
+            float want = 1.0f / (float)(3 + (int)(i % 13));
+            for (int r = 1; r < P; r++)
+                want = want + 1.0f / (float)(3 + r * 7 + (int)(i % 13));
+            if (memcmp(&want, &hr[i], 4) != 0) {
+                mp_bad(c, "rank-order float32 sum %s: element %zu is %.9g, want %.9g",
+                       in_place ? "in place" : "out of place", i, hr[i], want);
+                break;
+            }
+        }
+    }
+}
+
+/* Fresh buffers for every call, more than a communicator keeps open: the
+ * allocations it let go are closed (at the next plain call), not piled up. */
+static void fresh_buffers(loom_comm_t c, mode_t_ mode)
+{
+    const int P = loom_comm_size(c);
+    const long calls = 60;
+    cuda_double_counts_t k0, k1;
+    cuda_double_counts(&k0);
+    for (long i = 0; i < calls && !mp_bad_count; i++) {
+        float *s = NULL, *r = NULL;
+        if (!cuda_ok(c, cudaMalloc((void **)&s, 4096), "cudaMalloc") ||
+            !cuda_ok(c, cudaMalloc((void **)&r, 4096), "cudaMalloc"))
+            return;
+        cuda_ok(c, cudaMemset(s, 0, 4096), "cudaMemset");
+        if (loom_allreduce(s, r, 1024, LOOM_FLOAT32, LOOM_SUM, c) != LOOM_SUCCESS)
+            mp_bad(c, "allreduce on fresh buffers: %s", loom_comm_last_error(c));
+        cudaFree(s);
+        cudaFree(r);
+    }
+    cuda_double_counts(&k1);
+    long opens = k1.ipc_opens - k0.ipc_opens, closes = k1.ipc_closes - k0.ipc_closes;
+    if (opens != calls * 2 * (P - 1) || closes == 0 || opens - closes > 64 + 4 * P)
+        mp_bad(c, "%s: fresh buffers for %ld calls: %ld peer allocations opened, %ld closed",
+               mode == MODE_IPC_LAZY ? "lazy" : "eager", calls, opens, closes);
+}
+
+static int rank_main(loom_comm_t c, void *arg)
+{
+    const mode_t_ mode = *(const mode_t_ *)arg;
+    const int P = loom_comm_size(c), me = loom_comm_rank(c);
+    const int ipc = mode == MODE_IPC || mode == MODE_IPC_LAZY;
+    if (mode == MODE_IPC_LAZY)
+        cuda_double_set_lazy(1);
+    static const size_t counts[] = {0, 1, 7, 1001, 40009};
+    const size_t most = 40009 * (size_t)P * 8 + 64;
+    bufs_t b = {.bytes = most};
+    b.hs = malloc(most);
+    b.hr = malloc(most);
+    b.ref = malloc(most);
+    if (!b.hs || !b.hr || !b.ref ||
+        !cuda_ok(c, cudaMalloc((void **)&b.sbase, most + SEND_OFF), "cudaMalloc") ||
+        !cuda_ok(c, cudaMalloc((void **)&b.r, most), "cudaMalloc") ||
+        !cuda_ok(c, cudaHostAlloc((void **)&b.up, 2 * most, cudaHostAllocDefault), "cudaHostAlloc"))
+        return 1;
+
+    /* A communicator of its own first: it opens the peers' buffers, and closes
+     * them all when destroyed (nothing else holds them yet). */
+    cuda_double_counts_t k0, k1;
+    cuda_double_counts(&k0);
+    loom_comm_t sub = NULL;
+    if (loom_comm_split(c, 0, me, &sub) != LOOM_SUCCESS) {
+        mp_bad(c, "split: %s", loom_comm_last_error(c));
+        return 1;
+    }
+    case_t first = {.coll = ALLREDUCE, .op = LOOM_SUM, .dti = 0, .count = 1001};
+    one_case(sub, &first, &b, mode, &(cuda_double_counts_t){0});
+    loom_comm_destroy(sub);
+    cuda_double_counts(&k1);
+    if (ipc && (k1.ipc_opens - k0.ipc_opens != 2 * (P - 1) || k1.ipc_closes != k1.ipc_opens))
+        mp_bad(c, "a communicator of its own opened %ld peer allocations (want %d) and closed %ld",
+               k1.ipc_opens - k0.ipc_opens, 2 * (P - 1), k1.ipc_closes - k0.ipc_closes);
+
+    cuda_double_counts_t moved = {0};
+    for (int x = 0; x < NCOLLS; x++)
+        for (size_t d = 0; d < NDTYPES; d++)
+            for (size_t ni = 0; ni < sizeof(counts) / sizeof(counts[0]); ni++)
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    int reduces = x != BROADCAST && x != ALLGATHER;
+                    if (x == BROADCAST && in_place)
+                        continue; /* broadcast has one buffer */
+                    /* Every op on the large count of float32, sum elsewhere. */
+                    static const loom_op_t ops[] = {LOOM_SUM, LOOM_AVG, LOOM_MAX, LOOM_PROD};
+                    int nops = reduces && d == 0 && ni == 4 ? 4 : 1;
+                    for (int o = 0; o < nops; o++) {
+                        case_t k = {.coll = x,
+                                    .in_place = in_place,
+                                    .op = ops[o],
+                                    .dti = d,
+                                    .count = counts[ni],
+                                    /* roots: the last rank (it reduces through the scratch
+                                     * in place when P > 2) and rank 1 */
+                                    .root = (ni % 2) ? P - 1 : 1};
+                        if (k.op == LOOM_PROD)
+                            k.count = 1001; /* 4^P stays exact */
+                        one_case(c, &k, &b, mode, &moved);
+                    }
+                }
+    rank_order(c, &b);
+    cuda_double_counts_t end;
+    cuda_double_counts(&end);
+    if (ipc)
+        fresh_buffers(c, mode);
+    if (ipc) {
+        /* The matrix reused the same two buffers per rank: opened once each. */
+        if (end.ipc_opens - k1.ipc_opens != 2 * (P - 1))
+            mp_bad(c, "%ld peer allocations opened for the matrix, want %d",
+                   end.ipc_opens - k1.ipc_opens, 2 * (P - 1));
+        if (moved.d2d == 0 || moved.kernels == 0)
+            mp_bad(c, "no device copies or kernels over IPC");
+    } else {
+        if (end.ipc_opens != 0)
+            mp_bad(c, "%ld IPC handles opened on the staged path", end.ipc_opens);
+        if (moved.h2d == 0 || moved.d2h == 0)
+            mp_bad(c, "nothing staged through host memory with %s",
+                   mode == MODE_STAGED ? "LOOM_CUDA_IPC=0" : "ranks on two nodes");
+    }
+    cudaFree(b.sbase);
+    cudaFree(b.r);
+    cudaFreeHost(b.up);
+    free(b.hs);
+    free(b.hr);
+    free(b.ref);
+    return mp_bad_count ? 1 : 0;
+}
+
+int main(void)
+{
+    static const struct {
+        mode_t_ mode;
+        const char *name;
+    } modes[] = {{MODE_IPC, "GPU to GPU through IPC"},
+                 {MODE_IPC_LAZY, "GPU to GPU through IPC, lazy double"},
+                 {MODE_STAGED, "staged (LOOM_CUDA_IPC=0)"},
+                 {MODE_TWO_NODES, "staged (two nodes)"}};
+    /* Small staging passes and scratch chunks: many of them per call. */
+    setenv("LOOM_CUDA_CHUNK_BYTES", "65536", 1);
+    for (size_t m = 0; m < sizeof(modes) / sizeof(modes[0]); m++)
+        for (int n = 2; n <= 4; n += 2) {
+            if (modes[m].mode == MODE_TWO_NODES && n != 4)
+                continue;
+            if (modes[m].mode == MODE_STAGED)
+                setenv("LOOM_CUDA_IPC", "0", 1);
+            else
+                unsetenv("LOOM_CUDA_IPC");
+            if (modes[m].mode == MODE_TWO_NODES)
+                setenv("LOOM_MP_NODES", "2", 1);
+            else
+                unsetenv("LOOM_MP_NODES");
+            char name[128];
+            snprintf(name, sizeof(name), "collective matrix on GPU buffers, %d ranks, %s", n,
+                     modes[m].name);
+            mode_t_ mode = modes[m].mode;
+            mp_result(name, mp_run(n, rank_main, &mode, 600) == 0);
+        }
+    return mp_summary();
+}
