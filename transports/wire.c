@@ -4,45 +4,18 @@
 #include "base/coll_kind.h"
 #include "base/sha256.h"
 #include "base/types.h"
+#include "base/byteorder.h"
 #include "wire.h"
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
 
 void loom_hello_encode(const loom_hello_t *h, uint8_t out[LOOM_HELLO_BYTES])
 {
     memcpy(out, LOOM_HELLO_MAGIC, 8);
-    put32(out + 8, h->version);
-    put32(out + 12, h->rank);
-    put32(out + 16, h->size);
-    put32(out + 20, h->stream);
-    put64(out + 24, h->job_hash);
-    put64(out + 32, h->comm_hash);
+    loom_put32(out + 8, h->version);
+    loom_put32(out + 12, h->rank);
+    loom_put32(out + 16, h->size);
+    loom_put32(out + 20, h->stream);
+    loom_put64(out + 24, h->job_hash);
+    loom_put64(out + 32, h->comm_hash);
 }
 
 loom_ack_code_t loom_hello_decode(const uint8_t in[LOOM_HELLO_BYTES], uint64_t job_hash,
@@ -50,12 +23,12 @@ loom_ack_code_t loom_hello_decode(const uint8_t in[LOOM_HELLO_BYTES], uint64_t j
 {
     if (memcmp(in, LOOM_HELLO_MAGIC, 8) != 0)
         return LOOM_ACK_BAD_MAGIC;
-    h->version = get32(in + 8);
-    h->rank = get32(in + 12);
-    h->size = get32(in + 16);
-    h->stream = get32(in + 20);
-    h->job_hash = get64(in + 24);
-    h->comm_hash = get64(in + 32);
+    h->version = loom_get32(in + 8);
+    h->rank = loom_get32(in + 12);
+    h->size = loom_get32(in + 16);
+    h->stream = loom_get32(in + 20);
+    h->job_hash = loom_get64(in + 24);
+    h->comm_hash = loom_get64(in + 32);
     if (h->version != LOOM_WIRE_VERSION)
         return LOOM_ACK_BAD_VERSION;
     if (h->job_hash != job_hash || h->comm_hash != comm_hash)
@@ -70,19 +43,19 @@ loom_ack_code_t loom_hello_decode(const uint8_t in[LOOM_HELLO_BYTES], uint64_t j
 void loom_ack_encode(loom_ack_code_t code, uint32_t rank, uint8_t out[LOOM_ACK_BYTES])
 {
     memcpy(out, LOOM_ACK_MAGIC, 8);
-    put32(out + 8, (uint32_t)code);
-    put32(out + 12, rank);
+    loom_put32(out + 8, (uint32_t)code);
+    loom_put32(out + 12, rank);
 }
 
 int loom_ack_decode(const uint8_t in[LOOM_ACK_BYTES], loom_ack_code_t *code, uint32_t *rank)
 {
     if (memcmp(in, LOOM_ACK_MAGIC, 8) != 0)
         return -1;
-    uint32_t c = get32(in + 8);
+    uint32_t c = loom_get32(in + 8);
     if (c > LOOM_ACK_STREAMS)
         return -1;
     *code = (loom_ack_code_t)c;
-    *rank = get32(in + 12);
+    *rank = loom_get32(in + 12);
     return 0;
 }
 
@@ -108,20 +81,20 @@ const char *loom_ack_reason(loom_ack_code_t code)
 
 void loom_frame_encode(const loom_frame_t *f, uint8_t out[LOOM_FRAME_BYTES])
 {
-    put32(out, LOOM_FRAME_MAGIC);
+    loom_put32(out, LOOM_FRAME_MAGIC);
     out[4] = f->kind;
     out[5] = out[6] = out[7] = 0;
-    put32(out + 8, f->match.desc);
-    put32(out + 12, 0);
-    put64(out + 16, f->match.tag);
-    put64(out + 24, f->len);
-    put64(out + 32, f->match.total);
+    loom_put32(out + 8, f->match.desc);
+    loom_put32(out + 12, 0);
+    loom_put64(out + 16, f->match.tag);
+    loom_put64(out + 24, f->len);
+    loom_put64(out + 32, f->match.total);
 }
 
 loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, loom_frame_t *f,
                                 loom_err_t *err)
 {
-    uint32_t magic = get32(in);
+    uint32_t magic = loom_get32(in);
     if (magic != LOOM_FRAME_MAGIC)
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d sent a frame with bad magic 0x%08x", peer,
@@ -129,10 +102,10 @@ loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, lo
     if (in[4] < LOOM_FRAME_DATA || in[4] > LOOM_FRAME_KEEPALIVE)
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d sent a frame of unknown kind %u", peer, in[4]);
-    if (in[5] != 0 || in[6] != 0 || in[7] != 0 || get32(in + 12) != 0)
+    if (in[5] != 0 || in[6] != 0 || in[7] != 0 || loom_get32(in + 12) != 0)
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d sent a frame with reserved bits set", peer);
-    uint64_t len = get64(in + 24);
+    uint64_t len = loom_get64(in + 24);
     if (len > LOOM_FRAME_MAX_LEN)
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d announced a frame of %llu bytes", peer,
@@ -144,10 +117,10 @@ loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, lo
         return loom_err_set(err, LOOM_ERR_TRANSPORT,
                             "protocol error: rank %d sent a keepalive frame with a payload", peer);
     f->kind = in[4];
-    f->match.desc = get32(in + 8);
-    f->match.tag = get64(in + 16);
+    f->match.desc = loom_get32(in + 8);
+    f->match.tag = loom_get64(in + 16);
     f->len = len;
-    f->match.total = get64(in + 32);
+    f->match.total = loom_get64(in + 32);
     return LOOM_SUCCESS;
 }
 
@@ -211,13 +184,13 @@ void loom_auth_bind(uint64_t job_hash, uint64_t comm_hash, int size, int connect
     /* Lengths go in too, so that no two pairs of identities hash alike. */
     uint8_t head[48];
     memcpy(head, "LOOMBIND", 8);
-    put64(head + 8, job_hash);
-    put64(head + 16, comm_hash);
-    put32(head + 24, (uint32_t)size);
-    put32(head + 28, (uint32_t)connector);
-    put32(head + 32, (uint32_t)acceptor);
-    put32(head + 36, (uint32_t)cidentlen);
-    put64(head + 40, (uint64_t)aidentlen);
+    loom_put64(head + 8, job_hash);
+    loom_put64(head + 16, comm_hash);
+    loom_put32(head + 24, (uint32_t)size);
+    loom_put32(head + 28, (uint32_t)connector);
+    loom_put32(head + 32, (uint32_t)acceptor);
+    loom_put32(head + 36, (uint32_t)cidentlen);
+    loom_put64(head + 40, (uint64_t)aidentlen);
     loom_sha256_t s;
     loom_sha256_init(&s);
     loom_sha256_update(&s, head, sizeof(head));
@@ -257,7 +230,7 @@ void loom_frame_tag_header(const loom_hmac_key_t *k, uint64_t seq,
 {
     uint8_t pre[9], full[LOOM_SHA256_BYTES];
     pre[0] = 'H';
-    put64(pre + 1, seq);
+    loom_put64(pre + 1, seq);
     loom_hmac_t m;
     loom_hmac_start(&m, k);
     loom_hmac_update(&m, pre, sizeof(pre));
@@ -270,7 +243,7 @@ void loom_frame_tag_payload_start(loom_hmac_t *m, const loom_hmac_key_t *k, uint
 {
     uint8_t pre[9];
     pre[0] = 'P';
-    put64(pre + 1, seq);
+    loom_put64(pre + 1, seq);
     loom_hmac_start(m, k);
     loom_hmac_update(m, pre, sizeof(pre));
 }

@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/byteorder.h"
 #include "base/clock.h"
 #include "ib_int.h"
 #include "base/log.h"
@@ -33,40 +34,6 @@
 
 /* ---- the side-channel record ------------------------------------------------ */
 
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
-           ((uint32_t)p[3] << 24);
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    put32(p, (uint32_t)v);
-    put32(p + 4, (uint32_t)(v >> 32));
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    return get32(p) | ((uint64_t)get32(p + 4) << 32);
-}
-
 typedef struct ib_rec {
     uint32_t rank, size, qpn, psn, ctrl_rkey;
     uint16_t lid;
@@ -81,40 +48,40 @@ static void rec_encode(const ib_rec_t *r, uint8_t out[REC_BYTES])
 {
     memset(out, 0, REC_BYTES);
     memcpy(out, REC_MAGIC, 8);
-    put32(out + 8, REC_VERSION);
-    put32(out + 12, r->rank);
-    put32(out + 16, r->size);
-    put32(out + 20, r->qpn);
-    put32(out + 24, r->psn);
-    put32(out + 28, r->ctrl_rkey);
-    put16(out + 32, r->lid);
+    loom_put32(out + 8, REC_VERSION);
+    loom_put32(out + 12, r->rank);
+    loom_put32(out + 16, r->size);
+    loom_put32(out + 20, r->qpn);
+    loom_put32(out + 24, r->psn);
+    loom_put32(out + 28, r->ctrl_rkey);
+    loom_put16(out + 32, r->lid);
     out[34] = r->link_layer;
     out[35] = r->mtu;
     memcpy(out + 36, r->gid, 16);
-    put64(out + 52, r->job_hash);
-    put64(out + 60, r->comm_hash);
-    put64(out + 68, r->ctrl_addr);
-    put32(out + 76, r->flags);
+    loom_put64(out + 52, r->job_hash);
+    loom_put64(out + 60, r->comm_hash);
+    loom_put64(out + 68, r->ctrl_addr);
+    loom_put32(out + 76, r->flags);
     memcpy(out + 80, r->nonce, 16);
 }
 
 static int rec_decode(const uint8_t in[REC_BYTES], ib_rec_t *r)
 {
-    if (memcmp(in, REC_MAGIC, 8) != 0 || get32(in + 8) != REC_VERSION)
+    if (memcmp(in, REC_MAGIC, 8) != 0 || loom_get32(in + 8) != REC_VERSION)
         return -1;
-    r->rank = get32(in + 12);
-    r->size = get32(in + 16);
-    r->qpn = get32(in + 20);
-    r->psn = get32(in + 24);
-    r->ctrl_rkey = get32(in + 28);
-    r->lid = get16(in + 32);
+    r->rank = loom_get32(in + 12);
+    r->size = loom_get32(in + 16);
+    r->qpn = loom_get32(in + 20);
+    r->psn = loom_get32(in + 24);
+    r->ctrl_rkey = loom_get32(in + 28);
+    r->lid = loom_get16(in + 32);
     r->link_layer = in[34];
     r->mtu = in[35];
     memcpy(r->gid, in + 36, 16);
-    r->job_hash = get64(in + 52);
-    r->comm_hash = get64(in + 60);
-    r->ctrl_addr = get64(in + 68);
-    r->flags = get32(in + 76);
+    r->job_hash = loom_get64(in + 52);
+    r->comm_hash = loom_get64(in + 60);
+    r->ctrl_addr = loom_get64(in + 68);
+    r->flags = loom_get32(in + 76);
     memcpy(r->nonce, in + 80, 16);
     return 0;
 }

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/byteorder.h"
 #include "base/clock.h"
 #include "ib_int.h"
 
@@ -607,6 +608,23 @@ static int poll_cqs(loom_tp_t *tp)
     return total;
 }
 
+static void on_goodbye(ib_peer_t *p)
+{
+    uint64_t sent = loom_get64(p->note + 1);
+    if (sent > p->sent_to_us)
+        p->sent_to_us = sent;
+    if (p->note[0] == 'G') {
+        if (!p->gave_up)
+            p->gave_up_at = loom_now_s();
+        p->gave_up = 1;
+    } else {
+        if (!p->said_bye)
+            p->bye_at = loom_now_s();
+        p->said_bye = 1;
+    }
+    p->note_len = 0;
+}
+
 /* Goodbyes and deaths on the side channels; a wake-up from abort. */
 void ib_check_sockets(loom_tp_t *tp, long timeout_us)
 {
@@ -620,23 +638,17 @@ void ib_check_sockets(loom_tp_t *tp, long timeout_us)
         if (!tp->pfds[i].revents)
             continue;
         ib_peer_t *p = &tp->peers[tp->active[i]];
-        char buf[16];
+        uint8_t buf[4 * NOTE_BYTES];
         ssize_t got = recv(p->fd, buf, sizeof(buf), MSG_DONTWAIT);
         for (ssize_t k = 0; k < got; k++) {
-            if (buf[k] == 'G') {
-                if (!p->gave_up)
-                    p->gave_up_at = loom_now_s();
-                p->gave_up = 1;
-                continue;
-            }
-            if (buf[k] != 'B') {
+            if (p->note_len == 0 && buf[k] != 'G' && buf[k] != 'B') {
                 tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: protocol error on the side channel "
                         "of rank %d", p->rank);
                 return;
             }
-            if (!p->said_bye)
-                p->bye_at = loom_now_s();
-            p->said_bye = 1;
+            p->note[p->note_len++] = buf[k];
+            if (p->note_len == NOTE_BYTES)
+                on_goodbye(p);
         }
         if (got < 0 && (errno == EAGAIN || errno == EINTR))
             continue;
@@ -683,15 +695,20 @@ static int own_qp_failed(loom_tp_t *tp, ib_peer_t *p)
     return 1;
 }
 
+/* A peer that said goodbye is judged once all it sent us is in: its
+ * messages may arrive after the side channel told us (a busy machine, a slow
+ * HCA). Should some never come, NOTE_WAIT_S ends the wait. */
 static void check_goodbyes(loom_tp_t *tp, double now)
 {
     for (int i = 0; i < tp->nactive && !tp->failed; i++) {
         ib_peer_t *p = &tp->peers[tp->active[i]];
-        if (p->said_bye && !ib_nothing_pending(p) && now - p->bye_at > BYE_GRACE_S)
+        int all_in = p->freed >= p->sent_to_us;
+        if (p->said_bye && !ib_nothing_pending(p) &&
+            (all_in || now - p->bye_at > NOTE_WAIT_S))
             tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d destroyed its communicator while rank %d "
                     "still exchanges messages with it", p->rank, tp->rank);
         else if (p->gave_up && (p->hung_up || !ib_nothing_pending(p)) &&
-                 now - p->gave_up_at > BYE_GRACE_S)
+                 (all_in || now - p->gave_up_at > NOTE_WAIT_S))
         {
             if (!own_qp_failed(tp, p))
                 loom_tp_fail_gave_up(&tp->failed, tp->err, "ibverbs", tp->rank, p->rank);

@@ -33,7 +33,11 @@
 #define INLINE_WANT 128
 #define ODP_CACHE_BYTES ((size_t)1 << 30)   /* idle on-demand registrations kept */
 #define CHUNK_BYTES (1u << 30) /* one RDMA WRITE at most (sge length is 32 bits) */
-#define BYE_GRACE_S 0.2        /* completions may trail a goodbye on the side channel */
+#define BYE_GRACE_S 0.2        /* a peer that hung up: what it sent may still trail */
+/* A goodbye counts the messages its sender posted to us; more than this only
+ * when some never come (the sender's WR failed as it revoked its memory). */
+#define NOTE_WAIT_S 2.0
+#define NOTE_BYTES 9           /* 'B' (goodbye) or 'G' (gave up), then a 64-bit count */
 #define SOCK_CHECK_S 0.005
 
 /* wr_id: kind (4 bits) | peer rank (20 bits) | sequence number or id (40 bits). */
@@ -84,6 +88,9 @@ typedef struct ib_peer {
     int gave_up;             /* its communicator failed: it sends no more */
     double gave_up_at;
     double hangup_at;
+    uint64_t sent_to_us;     /* as its goodbye counts them: messages it posted to us */
+    uint8_t note[NOTE_BYTES];   /* a goodbye being read from the side channel */
+    int note_len;
     /* remote control region: our credit word in it */
     uint64_t remote_credit_addr;
     uint32_t remote_ctrl_rkey;
@@ -197,6 +204,7 @@ void ib_check_sockets(loom_tp_t *tp, long timeout_us);
 
 /* ib_teardown.c */
 void ib_announce_failure(loom_tp_t *tp);
+void ib_say_goodbye(loom_tp_t *tp, ib_peer_t *p, int gave_up);
 void ib_abort(loom_tp_t *tp, loom_status_t why);
 void ib_destroy(loom_tp_t *tp, double timeout_s);
 

@@ -12,11 +12,28 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/byteorder.h"
 #include "base/clock.h"
 #include "ib_int.h"
 #include "base/log.h"
 
 /* ---- failure: the peers are told, abort ------------------------------------ */
+
+/* A goodbye ('B') or the news that we gave up ('G') on the side channel,
+ * with the number of messages we posted to the peer: the side channel may
+ * overtake them, and the peer waits for that many before it judges what it
+ * still waits on. */
+void ib_say_goodbye(loom_tp_t *tp, ib_peer_t *p, int gave_up)
+{
+    (void)tp;
+    uint8_t note[NOTE_BYTES];
+    note[0] = gave_up ? 'G' : 'B';
+    loom_put64(note + 1, p->consumed);
+    if (p->fd >= 0 && send(p->fd, note, sizeof(note), MSG_NOSIGNAL | MSG_DONTWAIT) !=
+                          (ssize_t)sizeof(note)) {
+        /* it is gone, or its side channel is full of our bytes: it knows */
+    }
+}
 
 /* A failed instance tells its peers at once, on the side channels, so that
  * none waits for it until LOOM_TIMEOUT while this process lives on. And it
@@ -30,12 +47,8 @@ void ib_announce_failure(loom_tp_t *tp)
         return;
     tp->announced = 1;
     loom_rcache_revoke(&tp->rcache);
-    for (int i = 0; i < tp->nactive; i++) {
-        ib_peer_t *p = &tp->peers[tp->active[i]];
-        if (p->fd >= 0 && send(p->fd, "G", 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
-            /* it is gone, or its side channel is full of our bytes: it knows */
-        }
-    }
+    for (int i = 0; i < tp->nactive; i++)
+        ib_say_goodbye(tp, &tp->peers[tp->active[i]], 1);
 }
 
 void ib_abort(loom_tp_t *tp, loom_status_t why)
@@ -124,10 +137,7 @@ void ib_destroy(loom_tp_t *tp, double timeout_s)
             continue;
         /* Say goodbye, so the peer can tell a finished rank from a dead one, or
          * that this one gave up, so it does not wait for it past the grace. */
-        int gave_up = tp->failed || tp->announced || atomic_load(&tp->abort_why);
-        if (send(p->fd, gave_up ? "G" : "B", 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
-            /* it is gone */
-        }
+        ib_say_goodbye(tp, p, tp->failed || tp->announced || atomic_load(&tp->abort_why));
         close(p->fd);
     }
     for (int j = 0; j < tp->size; j++) {

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/byteorder.h"
 #include "ib_util.h"
 
 /* ---- LOOM_IB_HCA ------------------------------------------------------------ */
@@ -231,64 +232,36 @@ const char *loom_gdr_path_name(loom_gdr_path_t p)
 
 /* ---- headers ---------------------------------------------------------------- */
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 void loom_ib_hdr_encode(const loom_ib_hdr_t *h, uint8_t out[LOOM_IB_HDR_BYTES])
 {
     out[0] = LOOM_IB_HDR_MAGIC;
     out[1] = h->type;
     out[2] = out[3] = 0;
-    put32(out + 4, h->desc);
-    put64(out + 8, h->tag);
-    put64(out + 16, h->total);
-    put64(out + 24, h->len);
-    put32(out + 32, h->cookie);
-    put32(out + 36, h->peer_cookie);
-    put32(out + 40, h->rkey);
-    put32(out + 44, 0);
-    put64(out + 48, h->addr);
+    loom_put32(out + 4, h->desc);
+    loom_put64(out + 8, h->tag);
+    loom_put64(out + 16, h->total);
+    loom_put64(out + 24, h->len);
+    loom_put32(out + 32, h->cookie);
+    loom_put32(out + 36, h->peer_cookie);
+    loom_put32(out + 40, h->rkey);
+    loom_put32(out + 44, 0);
+    loom_put64(out + 48, h->addr);
 }
 
 int loom_ib_hdr_decode(const uint8_t in[LOOM_IB_HDR_BYTES], loom_ib_hdr_t *h)
 {
     if (in[0] != LOOM_IB_HDR_MAGIC || in[1] < LOOM_IB_EAGER || in[1] > LOOM_IB_CTS ||
-        in[2] != 0 || in[3] != 0 || get32(in + 44) != 0)
+        in[2] != 0 || in[3] != 0 || loom_get32(in + 44) != 0)
         return -1;
     h->type = in[1];
-    h->desc = get32(in + 4);
-    h->tag = get64(in + 8);
-    h->total = get64(in + 16);
-    h->len = get64(in + 24);
-    h->cookie = get32(in + 32);
-    h->peer_cookie = get32(in + 36);
-    h->rkey = get32(in + 40);
-    h->addr = get64(in + 48);
+    h->desc = loom_get32(in + 4);
+    h->tag = loom_get64(in + 8);
+    h->total = loom_get64(in + 16);
+    h->len = loom_get64(in + 24);
+    h->cookie = loom_get32(in + 32);
+    h->peer_cookie = loom_get32(in + 36);
+    h->rkey = loom_get32(in + 40);
+    h->addr = loom_get64(in + 48);
     if (h->len > (UINT64_C(1) << 40))
         return -1;   /* no honest message is that large (as LOOM_FRAME_MAX_LEN) */
     return 0;

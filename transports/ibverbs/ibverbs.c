@@ -45,11 +45,13 @@
  * the store, or a record changed on the way, fails the handshake. The RDMA
  * traffic itself is not sealed: the adapter moves it without the CPU.
  *
- * Liveness: the side-channel socket stays open. A goodbye byte on it tells a
+ * Liveness: the side-channel socket stays open. A goodbye on it tells a
  * peer that left on purpose from one that died (EOF without goodbye: PEER_LOST
- * at once), a gave-up byte one whose communicator failed (a mismatch it found,
+ * at once), a gave-up note one whose communicator failed (a mismatch it found,
  * an abort) from both; a work request to a dead peer ends in a retry-exceeded
- * completion.
+ * completion. Both notes count the messages their sender posted to us, since
+ * the socket can overtake the queue pair: we judge what we still wait on once
+ * that many have arrived, not after a guessed grace.
  * Like tcp.c, any failure is sticky for the instance and the requests that
  * were pending are never touched again.
  *
