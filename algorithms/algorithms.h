@@ -55,6 +55,9 @@ typedef struct loom_ctx {
     const int *node_of;
     int node_count;
     int ranks_per_node;
+    /* The buffers of the p2p calls are GPU memory (GPUDirect RDMA, cuda/gdr.c
+     * through the core): requests are posted with on_device set. */
+    int device_mem;
 } loom_ctx_t;
 
 /* Set the topology of a context whose ranks are the transport's (no rank_map):

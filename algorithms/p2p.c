@@ -39,6 +39,7 @@ static void fill_req(loom_ctx_t *ctx, int peer, uint32_t step, const void *buf, 
     req->match.tag = coll_tag(ctx, step);
     req->match.desc = ctx->desc;
     req->match.total = ctx->total;
+    req->on_device = ctx->device_mem;
     req->posted_us = ctx->timeline ? loom_timeline_now_us() : 0;
 }
 

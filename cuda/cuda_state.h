@@ -30,7 +30,9 @@ typedef struct loom_cuda_state {
     int npeers;
     struct loom_cuda_retired *retired;   /* IPC: held no longer, to close */
     unsigned long calls;              /* IPC: collectives run, to age the peers */
-    unsigned char logged[LOOM_COLL_COUNT];   /* paths named in the log: 1 IPC, 2 staged */
+    unsigned char logged[LOOM_COLL_COUNT];   /* paths named in the log: 1 IPC, 2 staged, 4 GDR */
+    int gdr;                          /* GPUDirect RDMA (gdr.c): 0 not asked yet, 1 direct,
+                                         2 staged, 3 insisted on but impossible */
 
     /* The stream-ordered worker (stream.c), under lock. */
     pthread_mutex_t lock;
@@ -73,6 +75,22 @@ loom_status_t loom_cuda_ipc_run(loom_cuda_state_t *st, const loom_coll_args_t *a
                                 int *done, loom_err_t *err);
 /* Closes the peers' allocations st opened (at destroy, nothing queued). */
 void loom_cuda_ipc_release(loom_cuda_state_t *st);
+
+/* gdr.c: collectives moved GPU to network by the transport (GPUDirect RDMA).
+ * covers: the collective can go that way; decide: whether it does, agreed by
+ * every rank once per communicator (a host allreduce through run_host at the
+ * first call); run: the collective, all buffers device memory. devmem: the
+ * dma-buf export the transports are given (src/accel.h). */
+int loom_cuda_gdr_covers(const loom_coll_args_t *a);
+loom_status_t loom_cuda_gdr_decide(loom_cuda_state_t *st, loom_accel_host_coll_fn run_host,
+                                   void *host_arg, int *direct, loom_err_t *err);
+loom_status_t loom_cuda_gdr_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                loom_err_t *err);
+extern const loom_tp_devmem_t loom_cuda_devmem;
+
+/* device.c: a symbol of the CUDA driver the process has loaded (never loaded
+ * here), or NULL. */
+void *loom_cuda_driver_sym(const char *name);
 
 /* device.c: the start of the allocation holding device pointer p (driver
  * attributes), or NULL. */

@@ -82,6 +82,16 @@ static cu_attrs_fn driver_pointer_attrs(void)
     return f;
 }
 
+void *loom_cuda_driver_sym(const char *name)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    void *f = lib ? dlsym(lib, name) : NULL;
+    /* The reference is kept while f points into the library: it stays loaded anyway. */
+    if (lib && !f)
+        dlclose(lib);
+    return f;
+}
+
 int loom_cuda_ptr_on_device(const void *p, int *device)
 {
     cu_attrs_fn attrs = p ? driver_pointer_attrs() : NULL;
@@ -452,12 +462,23 @@ static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_ar
     if (ipc)
         status = loom_cuda_ipc_run(st, a, run_host, host_arg,
                                    !loom_cuda_on_stream_worker && !on_comm_worker, &done, err);
-    if (status == LOOM_SUCCESS && !(st->logged[a->coll] & (done ? 1 : 2))) {
+    /* Across nodes (or with LOOM_CUDA_IPC=0): GPUDirect RDMA where every
+     * peer's transport moves GPU memory itself. */
+    int gdr = 0;
+    if (status == LOOM_SUCCESS && !done && loom_cuda_gdr_covers(a))
+        status = loom_cuda_gdr_decide(st, run_host, host_arg, &gdr, err);
+    if (status == LOOM_SUCCESS && gdr) {
+        status = loom_cuda_gdr_run(st, a, err);
+        done = 2;
+    }
+    const int path = done == 2 ? 4 : done ? 1 : 2;
+    if (status == LOOM_SUCCESS && !(st->logged[a->coll] & path)) {
         /* Once per communicator and path: which way a collective went. */
-        st->logged[a->coll] |= done ? 1 : 2;
+        st->logged[a->coll] |= (unsigned char)path;
         LOOM_INFO("cuda", "rank %d: %s on GPU buffers: %s", loom_comm_rank(c),
                   loom_coll_name(a->coll),
-                  done ? "GPU to GPU through CUDA IPC (one node)"
+                  done == 2 ? "GPU to network through GPUDirect RDMA (no staging copies)"
+                  : done ? "GPU to GPU through CUDA IPC (one node)"
                   : ipc ? "staged through host memory (a buffer could not be shared by IPC)"
                   : st->ipc ? "staged through host memory (not covered by the IPC path)"
                   : "staged through host memory");
@@ -565,4 +586,5 @@ const loom_accel_ops_t loom_accel_cuda = {
     .comm_quiesce = cuda_comm_quiesce,
     .comm_release = cuda_comm_release,
     .describe = cuda_describe,
+    .devmem = &loom_cuda_devmem,
 };

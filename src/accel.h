@@ -17,9 +17,11 @@
 #define LOOM_ACCEL_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "base/coll_kind.h"
 #include "base/error.h"
 #include "base/settings.h"
+#include "transports/transport.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,6 +30,23 @@ extern "C" {
 /* The settings a communicator was made with, for the layers above the core
  * (cuda/) that may not see struct loom_comm. */
 const loom_settings_t *loom_comm_settings(loom_comm_t c);
+
+/* GPUDirect RDMA (cuda/gdr.c): whether every peer of c is reached by a
+ * transport that moves GPU memory itself: 1 yes, 0 no, -1 LOOM_NET_GDR=1
+ * insists but some peer cannot; why gets one line. */
+int loom_comm_gdr(loom_comm_t c, char *why, size_t whylen);
+/* One transfer of GPU memory between this rank and peer. */
+typedef struct loom_dev_xfer {
+    int peer, is_send;
+    void *buf;
+    size_t bytes;
+} loom_dev_xfer_t;
+/* A collective on GPU memory moved by the transport: begin gives it the next
+ * sequence number and descriptor as the host executor would (every rank calls
+ * it for the same collectives in the same order); p2p posts the n transfers
+ * with tag step, the buffers as GPU memory, and waits for all of them. */
+void loom_comm_dev_begin(loom_comm_t c, const loom_coll_args_t *a);
+loom_status_t loom_comm_dev_p2p(loom_comm_t c, uint32_t step, const loom_dev_xfer_t *x, int n);
 
 /* Runs a collective on host buffers for the accelerator (the core's executor:
  * algorithm selection, then the algorithm, on the calling thread). */
@@ -71,6 +90,9 @@ typedef struct loom_accel_ops {
 
     /* loom-info: what is built and the devices this process sees. */
     void (*describe)(char *out, size_t len);
+
+    /* GPU memory for the transports (GPUDirect RDMA), or NULL. */
+    const loom_tp_devmem_t *devmem;
 } loom_accel_ops_t;
 
 /* The table of this build (configure's LOOM_ACCEL_TABLE). */

@@ -117,6 +117,67 @@ static loom_status_t run_collective_host(void *c, const loom_coll_args_t *a)
     return run_collective(c, a);
 }
 
+/* ---- GPUDirect RDMA: GPU memory straight to the transport (cuda/gdr.c) ---- */
+
+int loom_comm_gdr(loom_comm_t c, char *why, size_t whylen)
+{
+    const loom_transport_ops_t *ops = c->tp_ops;
+    if (why && whylen)
+        snprintf(why, whylen, "a single rank");
+    int verdict = 1;
+    for (int peer = 0; peer < c->size && verdict == 1; peer++) {
+        if (peer == c->rank)
+            continue;
+        if (ops->size < offsetof(loom_transport_ops_t, device_memory) + sizeof(ops->device_memory) ||
+            !ops->device_memory) {
+            if (why && whylen)
+                snprintf(why, whylen, "transport %s takes host memory only", ops->name);
+            return 0;
+        }
+        verdict = ops->device_memory(c->tp, peer, why, whylen);
+    }
+    return verdict;
+}
+
+void loom_comm_dev_begin(loom_comm_t c, const loom_coll_args_t *a)
+{
+    c->ctx.seq++;
+    c->ctx.desc = loom_desc_make((int)a->coll, (int)a->dtype, coll_has_op(a->coll) ? (int)a->op : 0);
+    c->ctx.total = coll_total(c, a);
+}
+
+loom_status_t loom_comm_dev_p2p(loom_comm_t c, uint32_t step, const loom_dev_xfer_t *x, int n)
+{
+    loom_tp_req_t stack[16], *reqs = n <= 16 ? stack : calloc((size_t)n, sizeof(*reqs));
+    if (!reqs)
+        return loom_err_set(&c->work_err, LOOM_ERR_NO_MEMORY, "out of memory");
+    loom_status_t st = LOOM_SUCCESS;
+    int posted = 0;
+    c->ctx.device_mem = 1;
+    /* Receives first, so that no rendezvous waits for a receive posted later. */
+    for (int pass = 0; pass < 2 && st == LOOM_SUCCESS; pass++)
+        for (int i = 0; i < n && st == LOOM_SUCCESS; i++) {
+            if (x[i].is_send != pass)
+                continue;
+            st = x[i].is_send
+                     ? loom_p2p_isend(&c->ctx, x[i].peer, step, x[i].buf, x[i].bytes, &reqs[posted])
+                     : loom_p2p_irecv(&c->ctx, x[i].peer, step, x[i].buf, x[i].bytes, &reqs[posted]);
+            if (st == LOOM_SUCCESS)
+                posted++;
+        }
+    c->ctx.device_mem = 0;
+    if (st != LOOM_SUCCESS)
+        mark_broken(c, st);   /* fails what was posted, so the wait below ends */
+    loom_status_t wst = loom_p2p_waitall(&c->ctx, reqs, posted);
+    if (st == LOOM_SUCCESS && wst != LOOM_SUCCESS) {
+        st = wst;
+        mark_broken(c, st);
+    }
+    if (reqs != stack)
+        free(reqs);
+    return st;
+}
+
 /* A receive from any rank takes the first rank, going round from the one
  * after the last chosen (so that no sender starves the others), that has a
  * message for its tag; until then it is not posted at all. */

@@ -416,7 +416,9 @@ static loom_status_t rendezvous(loom_comm_t c)
     loom_tp_params_t params = {
         .rank = c->rank, .size = c->size, .job_hash = c->job_hash, .comm_hash = c->comm_hash,
         .ifname = c->cfg.ifname, .bind_host = bind_host, .sockbuf = c->cfg.socket_bufsize,
-        .settings = &c->cfg, .host_id = myid, .err = err};
+        .settings = &c->cfg, .host_id = myid, .err = err,
+        .devmem = loom_accel->size > offsetof(loom_accel_ops_t, devmem) ? loom_accel->devmem
+                                                                         : NULL};
     if ((st = create_transports(c, &params, &set, addr)) != LOOM_SUCCESS)
         goto out;
 

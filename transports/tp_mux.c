@@ -1,5 +1,6 @@
 /* tp_mux.c - see tp_mux.h. */
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,6 +159,17 @@ static double mux_silent_s(loom_tp_t *m, int peer)
     return MUX_HAS(ops, silent_s) ? ops->silent_s(m->tps[m->route[peer]], peer) : -1;
 }
 
+static int mux_device_memory(loom_tp_t *m, int peer, char *why, size_t whylen)
+{
+    const loom_transport_ops_t *ops = m->ops[m->route[peer]];
+    if (MUX_HAS(ops, device_memory) && ops->device_memory)
+        return ops->device_memory(m->tps[m->route[peer]], peer, why, whylen);
+    if (why && whylen)
+        snprintf(why, whylen, "rank %d is reached over %s, which takes host memory only", peer,
+                 ops->medium ? ops->medium : ops->name);
+    return 0;
+}
+
 static void mux_destroy(loom_tp_t *m, double timeout_s)
 {
     if (!m)
@@ -185,4 +197,5 @@ const loom_transport_ops_t loom_mux_transport = {
     .peer_read = mux_peer_read,
     .window = mux_window,
     .probe = mux_probe,
+    .device_memory = mux_device_memory,
 };

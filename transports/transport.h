@@ -36,6 +36,7 @@ typedef struct loom_tp_req {
     loom_tp_match_t match;
     double posted_us;     /* when posted, for LOOM_TIMELINE's send/recv spans (0: untraced) */
     int is_send;
+    int on_device;        /* buf is GPU memory: posted only where device_memory said 1 */
     /* transport-owned */
     volatile int done;
     loom_status_t status;
@@ -64,6 +65,16 @@ typedef struct loom_tp_fault {
  * stuck waiting from one that stopped answering. */
 #define LOOM_TP_KEEPALIVE_S 0.25
 
+/* GPU memory for transports that move it themselves (GPUDirect RDMA), from the
+ * accelerator (src/accel.h); NULL entries: none. */
+typedef struct loom_tp_devmem {
+    /* Whether the GPU holding device pointer p exports dma-bufs. */
+    int (*dmabuf_supported)(const void *p);
+    /* A dma-buf fd (the caller closes it) covering [p, p + len) of GPU memory and
+     * the offset of p in it; 0, or -1 with errno. */
+    int (*dmabuf_export)(const void *p, size_t len, int *fd_p, uint64_t *offset_p);
+} loom_tp_devmem_t;
+
 typedef struct loom_tp_params {
     int rank, size;
     uint64_t job_hash;       /* checked in the handshake: a stranger's job is refused */
@@ -73,6 +84,7 @@ typedef struct loom_tp_params {
     int sockbuf;             /* SO_SNDBUF/SO_RCVBUF, 0: kernel autotuning */
     const struct loom_settings *settings;   /* every LOOM_* setting (base/settings.h) */
     const char *host_id;     /* this rank's host identity (LOOM_HOST_ID or hostname+boot id) */
+    const loom_tp_devmem_t *devmem;   /* GPU memory hooks, or NULL (no accelerator) */
     loom_err_t *err;         /* where failures are described (the communicator's) */
 } loom_tp_params_t;
 
@@ -145,6 +157,11 @@ typedef struct loom_transport_ops {
     /* Optional (may be NULL): what loom-info shows of this transport on this
      * machine, as "#   " lines (devices found, what it is built with). */
     void (*describe)(FILE *out);
+    /* Optional (may be NULL: never): whether isend/irecv to peer may carry GPU
+     * memory (on_device requests: GPUDirect RDMA). 1 yes, 0 no (GPU buffers are
+     * staged through host memory), -1 LOOM_NET_GDR=1 insists but it cannot;
+     * why gets one line. Called as isend is. */
+    int (*device_memory)(loom_tp_t *tp, int peer, char *why, size_t whylen);
 } loom_transport_ops_t;
 
 /* The transports themselves are reached through the list (transports.h). */

@@ -1266,3 +1266,73 @@ CUresult CUDAAPI cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdevicep
     pthread_mutex_unlock(&lock);
     return r && !r->pinned ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
+
+/* A dma-buf of device memory, for an RDMA device to reach it (GPUDirect RDMA):
+ * here a new descriptor of the allocation's memfd, which the libibverbs double
+ * (tests/verbs-provider) maps for itself in ibv_reg_dmabuf_mr. A dma-buf's
+ * offset 0 is dptr, the memfd's is the allocation's start: the verbs double
+ * asks cuda_double_dmabuf_offset for the difference. As the driver: dptr and
+ * size page-aligned, inside one device allocation (its pages), the caller
+ * closes the fd. Stricter: only memory this process allocated is exported.
+ * LOOM_CUDA_DOUBLE_DMABUF=0: unsupported, as on a GPU or driver without it. */
+#define DMABUF_FDS 1024
+static long long dmabuf_start[DMABUF_FDS];   /* [fd]: offset in its memfd + 1; 0: none */
+
+long long cuda_double_dmabuf_offset(int fd)
+{
+    pthread_mutex_lock(&lock);
+    long long off = fd >= 0 && fd < DMABUF_FDS ? dmabuf_start[fd] - 1 : -1;
+    pthread_mutex_unlock(&lock);
+    return off;
+}
+
+static int dmabuf_off(void)
+{
+    const char *v = getenv("LOOM_CUDA_DOUBLE_DMABUF");
+    return v && strcmp(v, "0") == 0;
+}
+
+CUresult CUDAAPI cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size,
+                                               CUmemRangeHandleType type, unsigned long long flags)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    if (!handle || type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD || flags || !size ||
+        dptr % pg || size % pg)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dmabuf_off())
+        return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&lock);
+    int started = owner == getpid();
+    region_t *r = started ? region_of((const void *)(uintptr_t)dptr, 1, NULL) : NULL;
+    CUresult res = CUDA_ERROR_INVALID_VALUE;
+    if (!started)
+        res = CUDA_ERROR_NOT_INITIALIZED;
+    else if (r && !r->pinned && !r->opened &&
+             size <= r->mapped - (size_t)((char *)(uintptr_t)dptr - r->addr)) {
+        int fd = fcntl(r->fd, F_DUPFD_CLOEXEC, 0);
+        if (fd >= DMABUF_FDS) {
+            close(fd);
+            fd = -1;
+        }
+        if (fd >= 0) {
+            dmabuf_start[fd] = (char *)(uintptr_t)dptr - r->addr + 1;
+            *(int *)handle = fd;
+            counts.dmabuf_exports++;
+            res = CUDA_SUCCESS;
+        } else {
+            res = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return res;
+}
+
+CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+    if (!pi || dev < 0 || dev >= device_count())
+        return CUDA_ERROR_INVALID_VALUE;
+    if (attrib != CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)
+        return CUDA_ERROR_NOT_SUPPORTED;   /* not served */
+    *pi = !dmabuf_off();
+    return CUDA_SUCCESS;
+}

@@ -24,14 +24,20 @@ void cuda_double_fault(cudaError_t e, const char *why);
 
 /* What the double has done in this process: copies by direction (bytes and
  * calls; device memory opened from an IPC handle counts as device), kernels
- * run, IPC handles opened and closed. */
+ * run, IPC handles opened and closed, dma-bufs exported. */
 typedef struct cuda_double_counts {
     long h2d, d2h, d2d, h2h;                 /* copies */
     long long h2d_bytes, d2h_bytes, d2d_bytes;
     long kernels;
     long ipc_opens, ipc_closes;
+    long dmabuf_exports;                     /* cuMemGetHandleForAddressRange */
 } cuda_double_counts_t;
 void cuda_double_counts(cuda_double_counts_t *out);
+
+/* The offset in the allocation's memfd where the dma-buf fd of
+ * cuMemGetHandleForAddressRange begins (its offset 0), or -1 for a descriptor
+ * that was never handed out as one; the libibverbs double looks it up. */
+long long cuda_double_dmabuf_offset(int fd);
 
 /* on: queued work runs only once the host waits for something (a synchronize,
  * a blocking copy, a query, cudaFree), and then everything queued before the

@@ -15,6 +15,7 @@
 #include <infiniband/verbs.h>
 
 #include <endian.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -94,6 +95,7 @@ struct fv_rmr {
      * reuse the memory under a late write. writer_pid: the last one, to tell a dead one. */
     uint32_t writers;
     int32_t writer_pid;
+    uint32_t dmabuf; /* registered by ibv_reg_dmabuf_mr: device memory */
 };
 
 struct fv_registry {
@@ -144,6 +146,8 @@ struct fv_mr {
     struct ibv_mr ibv;
     int slot;
     uint64_t *pfns; /* what the registry's pfn_addr points to */
+    void *dmabuf_map; /* ibv_reg_dmabuf_mr: the double's mapping of the dma-buf */
+    size_t dmabuf_len;
 };
 
 struct fv_cqe {
@@ -209,6 +213,20 @@ static volatile uint8_t fv_alive = 1;
 static unsigned long fv_posted, fv_writes; /* WRs and RDMA WRITEs posted (atomics) */
 static int fv_qperr_fired;
 static int fv_stale_warned;
+/* FAKEVERBS_STATS=1: at each ibv_close_device, stderr gets what this process registered by dma-buf and the
+ * bytes its WRs moved from or into device memory (proof that GPU buffers went straight to
+ * the "HCA" and not through host copies). */
+static long fv_dmabuf_regs;
+static long long fv_dmabuf_bytes_out, fv_dmabuf_bytes_in;
+
+static void fv_stats(void)
+{
+    const char *on = getenv("FAKEVERBS_STATS");
+    if (on && strcmp(on, "1") == 0)
+        fprintf(stderr, "fakeverbs: pid %d: dmabuf registrations %ld, device bytes sent %lld, "
+                "device bytes written %lld\n", (int)getpid(), fv_dmabuf_regs,
+                fv_dmabuf_bytes_out, fv_dmabuf_bytes_in);
+}
 static uint8_t fv_stale_bytes[4096]; /* what "the old pages" hold, as far as the peer sees */
 
 static uint64_t now_ns(void)
@@ -791,6 +809,8 @@ static int exec_wr(struct fv_ctx *c, struct fv_qp *qp, struct fv_swqe *w, struct
                 return FV_DONE;
             }
             lstale |= mr_stale(m, s->addr, s->length);
+            if (m->dmabuf)
+                __atomic_add_fetch(&fv_dmabuf_bytes_out, (long long)s->length, __ATOMIC_RELAXED);
             if (s->length)
                 liov[nl++] = (struct iovec){mr_translate(m, s->addr), s->length};
             len += s->length;
@@ -838,6 +858,8 @@ static int exec_wr(struct fv_ctx *c, struct fv_qp *qp, struct fv_swqe *w, struct
             rstale |= mr_stale(m, w->raddr, len);
             riov[nr++] = (struct iovec){mr_translate(m, w->raddr), len};
             wmr[nw++] = m;
+            if (m->dmabuf)
+                __atomic_add_fetch(&fv_dmabuf_bytes_in, (long long)len, __ATOMIC_RELAXED);
         }
     }
     if (needs_recv) {
@@ -1226,6 +1248,8 @@ int ibv_close_device(struct ibv_context *context)
 {
     struct fv_ctx *c = (struct fv_ctx *)context;
 
+    fv_stats(); /* ranks often leave by _exit: no destructor runs */
+
     pthread_mutex_lock(&c->lock);
     c->stop = 1;
     int started = c->thread_started;
@@ -1365,36 +1389,28 @@ int ibv_dealloc_pd(struct ibv_pd *ibpd)
     return 0;
 }
 
-struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *ibpd, void *addr, size_t length, uint64_t iova,
-                                unsigned int access)
+/* The access bits of a registration without the hints; 0 and errno EINVAL when bad. */
+static int mr_access_ok(unsigned int *access)
 {
-    struct fv_pd *pd = (struct fv_pd *)ibpd;
-    struct fv_ctx *c = (struct fv_ctx *)ibpd->context;
     const unsigned int known = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
                                IBV_ACCESS_MW_BIND;
-    uint8_t probe[2];
-
-    access &= ~(unsigned int)IBV_ACCESS_OPTIONAL_RANGE; /* hints such as relaxed ordering */
-    if (!addr || !length || (access & ~known) ||
-        ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
-         !(access & IBV_ACCESS_LOCAL_WRITE))) {
+    *access &= ~(unsigned int)IBV_ACCESS_OPTIONAL_RANGE; /* hints such as relaxed ordering */
+    if ((*access & ~known) || ((*access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+                               !(*access & IBV_ACCESS_LOCAL_WRITE))) {
         errno = EINVAL;
-        return NULL;
+        return 0;
     }
-    /* An HCA pins the pages: memory that is not mapped fails to register. */
-    struct iovec l = {probe, 2};
-    struct iovec r[2] = {{addr, 1}, {(char *)addr + length - 1, 1}};
-    if (process_vm_readv(getpid(), &l, 1, r, 2, 0) != 2) {
-        errno = EFAULT;
-        return NULL;
-    }
-    struct fv_mr *mr = calloc(1, sizeof(*mr));
-    if (!mr) {
-        errno = ENOMEM;
-        return NULL;
-    }
-    mr->pfns = mr_pin(addr, length, access);
+    return 1;
+}
+
+/* Enters mr (pfns set, or NULL) in the registry as [iova, iova + length) at addr of this
+ * process; mr is freed on failure. */
+static struct ibv_mr *mr_enter(struct ibv_pd *ibpd, struct fv_mr *mr, void *addr, size_t length,
+                               uint64_t iova, unsigned int access)
+{
+    struct fv_pd *pd = (struct fv_pd *)ibpd;
+    struct fv_ctx *c = (struct fv_ctx *)ibpd->context;
     reg_lock();
     int slot = -1;
     for (int i = 1; i < FV_MAX_MRS && slot < 0; i++)
@@ -1413,6 +1429,7 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *ibpd, void *addr, size_t length, 
         m->pfn_addr = (uintptr_t)mr->pfns;
         m->writers = 0;
         m->writer_pid = 0;
+        m->dmabuf = mr->dmabuf_map != NULL;
         mr->ibv.lkey = mr->ibv.rkey = m->key;
     }
     reg_unlock();
@@ -1434,16 +1451,77 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *ibpd, void *addr, size_t length, 
     return &mr->ibv;
 }
 
+struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *ibpd, void *addr, size_t length, uint64_t iova,
+                                unsigned int access)
+{
+    uint8_t probe[2];
+    if (!addr || !length || !mr_access_ok(&access))
+        return errno = EINVAL, NULL;
+    /* An HCA pins the pages: memory that is not mapped fails to register. */
+    struct iovec l = {probe, 2};
+    struct iovec r[2] = {{addr, 1}, {(char *)addr + length - 1, 1}};
+    if (process_vm_readv(getpid(), &l, 1, r, 2, 0) != 2) {
+        errno = EFAULT;
+        return NULL;
+    }
+    struct fv_mr *mr = calloc(1, sizeof(*mr));
+    if (!mr) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    mr->pfns = mr_pin(addr, length, access);
+    return mr_enter(ibpd, mr, addr, length, iova, access);
+}
+
 struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
 {
     return ibv_reg_mr_iova2(pd, addr, length, (uintptr_t)addr, (unsigned int)access);
 }
 
+/* Device memory as an HCA reaches it: through the pages of a dma-buf (here the CUDA
+ * double's memfd, tests/cuda-double), which the double maps for itself, so its worker
+ * moves data to and from them while the process's own view of that memory (the device
+ * pointer, iova) stays inaccessible. FAKEVERBS_DMABUF=0: EOPNOTSUPP, as rdma-core or a
+ * kernel without dma-buf support answers. */
 struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova,
                                  int fd, int access)
 {
-    errno = EOPNOTSUPP; /* no device memory behind this double */
-    return NULL;
+    const char *off = getenv("FAKEVERBS_DMABUF");
+    if (off && strcmp(off, "0") == 0)
+        return errno = EOPNOTSUPP, NULL;
+    unsigned int acc = (unsigned int)access;
+    if (!length || fd < 0 || !mr_access_ok(&acc))
+        return errno = EINVAL, NULL;
+    /* The CUDA double's dma-buf is a descriptor of the allocation's memfd: where the
+     * dma-buf begins in it, it says (a process without it: at 0). */
+    long long (*begins)(int) =
+        (long long (*)(int))(uintptr_t)dlsym(RTLD_DEFAULT, "cuda_double_dmabuf_offset");
+    long long base = begins ? begins(fd) : 0;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0)
+        return errno = EBADF, NULL;
+    if (base < 0)
+        return errno = EINVAL, NULL; /* not a dma-buf */
+    offset += (uint64_t)base;
+    if (offset > (uint64_t)sb.st_size || length > (uint64_t)sb.st_size - offset)
+        return errno = EINVAL, NULL; /* past the end of the dma-buf */
+    uint64_t pg = page_size(), start = offset / pg * pg;
+    size_t lead = (size_t)(offset - start), maplen = (size_t)((lead + length + pg - 1) / pg * pg);
+    void *map = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)start);
+    if (map == MAP_FAILED)
+        return NULL;
+    struct fv_mr *mr = calloc(1, sizeof(*mr));
+    if (!mr) {
+        munmap(map, maplen);
+        return errno = ENOMEM, NULL;
+    }
+    mr->dmabuf_map = map;
+    mr->dmabuf_len = maplen;
+    __atomic_add_fetch(&fv_dmabuf_regs, 1, __ATOMIC_RELAXED);
+    struct ibv_mr *out = mr_enter(pd, mr, (char *)map + lead, length, iova, acc);
+    if (!out)
+        munmap(map, maplen);
+    return out;
 }
 
 int ibv_dereg_mr(struct ibv_mr *ibmr)
@@ -1468,6 +1546,8 @@ int ibv_dereg_mr(struct ibv_mr *ibmr)
     pd->refs--;
     pthread_mutex_unlock(&c->lock);
     free(mr->pfns);
+    if (mr->dmabuf_map)
+        munmap(mr->dmabuf_map, mr->dmabuf_len);
     free(mr);
     return 0;
 }

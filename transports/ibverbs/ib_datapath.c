@@ -235,12 +235,24 @@ static int pump(loom_tp_t *tp, ib_peer_t *p)
     return posted;
 }
 
+/* What to check when a registration fails. */
+static const char *reg_hint(const loom_tp_req_t *req)
+{
+    return req->on_device ? "GPU memory: does the HCA driver take dma-bufs, or is "
+                            "nvidia-peermem loaded?"
+                          : "RLIMIT_MEMLOCK?";
+}
+
 static loom_status_t isend_owned(loom_tp_t *tp, loom_tp_req_t *req)
 {
     if (tp->failed)
         return tp->failed;
     loom_req_start(req);
     ib_peer_t *p = &tp->peers[req->peer];
+    if (req->on_device && (req->peer == tp->rank || (tp->gdr_path != LOOM_GDR_DMABUF &&
+                                                     tp->gdr_path != LOOM_GDR_PEERMEM)))
+        return tp_fail(tp, LOOM_ERR_INTERNAL, "ibverbs: a GPU buffer posted to rank %d without "
+                       "GPUDirect RDMA", req->peer);
     if (req->peer == tp->rank)   /* matched in memory */
         return loom_tp_self_send(tp, &p->rq, &p->uq, req, &tp->failed, tp->err, "ibverbs",
                                  tp->rank, NULL);
@@ -252,7 +264,8 @@ static loom_status_t isend_owned(loom_tp_t *tp, loom_tp_req_t *req)
                        "its communicator", tp->rank, p->rank);
     if (p->gave_up)
         return loom_tp_fail_gave_up(&tp->failed, tp->err, "ibverbs", tp->rank, p->rank);
-    if (req->len <= EAGER_MAX) {
+    /* GPU memory never goes through a bounce slot (the host cannot read it). */
+    if (req->len <= EAGER_MAX && !(req->on_device && req->len)) {
         if (enqueue(tp, p, OP_EAGER, req, 0, NULL) != LOOM_SUCCESS)
             return tp->failed;
     } else {
@@ -261,12 +274,13 @@ static loom_status_t isend_owned(loom_tp_t *tp, loom_tp_req_t *req)
             return tp->failed;
         ib_rdv_t *s = &tp->rdv_send.v[id];
         /* Registered now, so it overlaps the round trip to the receiver. */
-        if (loom_rcache_get(&tp->rcache, req->buf, req->len, &s->reg) != 0) {
+        s->rc = req->on_device ? &tp->dcache : &tp->rcache;
+        if (loom_rcache_get(s->rc, req->buf, req->len, &s->reg) != 0) {
             int e = errno;
             rdv_free(&tp->rdv_send, id);
             return tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot register %zu bytes at %p "
-                           "for rank %d: %s (RLIMIT_MEMLOCK?)", req->len, req->buf, p->rank,
-                           strerror(e));
+                           "for rank %d: %s (%s)", req->len, req->buf, p->rank, strerror(e),
+                           reg_hint(req));
         }
         s->peer = p->rank;
         s->req = req;
@@ -301,12 +315,13 @@ static loom_status_t start_rdv_recv(loom_tp_t *tp, ib_peer_t *p, loom_tp_req_t *
     if (id < 0)
         return tp->failed;
     ib_rdv_t *r = &tp->rdv_recv.v[id];
-    if (loom_rcache_get(&tp->rcache, req->buf, req->len, &r->reg) != 0) {
+    r->rc = req->on_device ? &tp->dcache : &tp->rcache;
+    if (loom_rcache_get(r->rc, req->buf, req->len, &r->reg) != 0) {
         int e = errno;
         rdv_free(&tp->rdv_recv, id);
         return tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot register %zu bytes at %p for a "
-                       "message from rank %d: %s (RLIMIT_MEMLOCK?)", req->len, req->buf, p->rank,
-                       strerror(e));
+                       "message from rank %d: %s (%s)", req->len, req->buf, p->rank, strerror(e),
+                       reg_hint(req));
     }
     r->peer = p->rank;
     r->req = req;
@@ -333,7 +348,10 @@ static loom_status_t irecv_owned(loom_tp_t *tp, loom_tp_req_t *req)
     if (tp->failed)
         return tp->failed;
     if (u) {
-        if (u->data)
+        if (u->data && req->on_device && req->len)
+            tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: rank %d sent a GPU buffer's message "
+                    "through host memory (is GPUDirect RDMA off there?)", req->peer);
+        else if (u->data)
             loom_unexp_deliver(u, req);
         else
             start_rdv_recv(tp, p, req, (uint32_t)u->token);
@@ -372,6 +390,10 @@ static loom_status_t on_message(loom_tp_t *tp, ib_peer_t *p, const uint8_t *slot
     if (req) {
         if (h.type == LOOM_IB_RTS)
             return start_rdv_recv(tp, p, req, h.cookie);
+        if (h.len && req->on_device)
+            return tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: rank %d sent a GPU buffer's "
+                           "message through host memory (is GPUDirect RDMA off there?)",
+                           p->rank);
         if (h.len)
             memcpy(req->buf, slot + LOOM_IB_HDR_BYTES, h.len);
         loom_req_complete(req);
@@ -403,7 +425,7 @@ static loom_status_t on_rdv_written(loom_tp_t *tp, ib_peer_t *p, uint32_t id, ui
         return tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: rank %d wrote %u bytes of a %zu-byte "
                        "message", p->rank, bytes, r->req->len);
     loom_req_complete(r->req);
-    loom_rcache_put(&tp->rcache, r->reg);
+    loom_rcache_put(r->rc, r->reg);
     rdv_free(&tp->rdv_recv, (int)id);
     p->rdv_in--;
     return LOOM_SUCCESS;
@@ -563,7 +585,7 @@ static int poll_cqs(loom_tp_t *tp)
             ib_rdv_t *s = &tp->rdv_send.v[seq];
             seq = s->seq;
             loom_req_complete(s->req);
-            loom_rcache_put(&tp->rcache, s->reg);
+            loom_rcache_put(s->rc, s->reg);
             rdv_free(&tp->rdv_send, (int)WRID_LOW(wc[i].wr_id));
             p->rdv_out--;
         }

@@ -52,6 +52,36 @@ static int rc_reg(void *arg, void *addr, size_t len, void **mr_p, uint32_t *lkey
     return 0;
 }
 
+/* GPU memory: a dma-buf of the range, or the device pointer itself where
+ * nvidia-peermem lets ibv_reg_mr pin GPU pages. Never cached (max_bytes 0):
+ * the allocation may be freed once the message is done. */
+static int dc_reg(void *arg, void *addr, size_t len, void **mr_p, uint32_t *lkey, uint32_t *rkey)
+{
+    loom_tp_t *tp = arg;
+    const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    struct ibv_mr *mr = NULL;
+    if (tp->gdr_path == LOOM_GDR_DMABUF) {
+        int fd = -1;
+        uint64_t off = 0;
+        if (tp->devmem->dmabuf_export(addr, len, &fd, &off) != 0)
+            return -1;
+        mr = tp->api->reg_dmabuf_mr(tp->pd, off, len, (uintptr_t)addr, fd, access);
+        int e = errno;
+        close(fd);   /* the registration holds the dma-buf */
+        errno = e;
+    } else if (tp->gdr_path == LOOM_GDR_PEERMEM) {
+        mr = tp->api->reg_mr(tp->pd, addr, len, access);
+    } else {
+        errno = EINVAL;
+    }
+    if (!mr)
+        return -1;
+    *mr_p = mr;
+    *lkey = mr->lkey;
+    *rkey = mr->rkey;
+    return 0;
+}
+
 static void rc_dereg(void *arg, void *mr)
 {
     loom_tp_t *tp = arg;
@@ -302,6 +332,10 @@ loom_status_t ib_create(const loom_tp_params_t *p, char *addr, size_t addrlen,
     tp->odp = (!p->settings || p->settings->ib_odp) && odp_supported(tp);
     loom_rcache_init(&tp->rcache, tp->odp ? ODP_CACHE_BYTES : tp->pinned_cache, 256, rc_reg,
                      rc_dereg, tp);
+    loom_rcache_init(&tp->dcache, 0, 256, dc_reg, rc_dereg, tp);
+    tp->devmem = p->devmem;
+    tp->gdr_net = p->settings ? p->settings->net_gdr : -1;
+    tp->gdr_path = -1;
     LOOM_INFO("ibverbs", "rank %d: user memory is %s", tp->rank,
               tp->odp ? "registered on demand (ODP) and cached"
                       : tp->pinned_cache ? "pinned and cached (LOOM_IB_REG_CACHE: stale if freed)"

@@ -64,6 +64,7 @@ typedef struct ib_rdv {
     int peer;
     loom_tp_req_t *req;
     loom_rc_entry_t *reg;
+    loom_rcache_t *rc;       /* the cache reg came from: rcache, or dcache (GPU memory) */
     uint64_t seq;            /* sender: sequence number of the final WR */
     uint64_t raddr;          /* sender: where the receiver wants the bytes */
     uint32_t rkey, imm;
@@ -153,6 +154,13 @@ struct loom_tp {
     struct ibv_mr *slots_mr;
     loom_rcache_t rcache;    /* user memory: see "Registration" at the top */
     int odp;                 /* user memory is registered on demand */
+    /* GPUDirect RDMA: GPU memory registered per message, by dma-buf or on the
+     * device pointer (nvidia-peermem), decided at the first GPU buffer. */
+    loom_rcache_t dcache;
+    const loom_tp_devmem_t *devmem;
+    int gdr_net;             /* LOOM_NET_GDR: -1 auto, 0 off, 1 on */
+    int gdr_path;            /* loom_gdr_path_t; -1 until decided */
+    char gdr_why[200];
     int reg_pinned;          /* the next registration pins (loom_comm_register_buffer) */
     size_t pinned_cache;     /* LOOM_IB_REG_CACHE */
     uint8_t qp_timeout, qp_retry_cnt, qp_rnr_retry;

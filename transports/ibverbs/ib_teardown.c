@@ -47,6 +47,7 @@ void ib_announce_failure(loom_tp_t *tp)
         return;
     tp->announced = 1;
     loom_rcache_revoke(&tp->rcache);
+    loom_rcache_revoke(&tp->dcache);
     for (int i = 0; i < tp->nactive; i++)
         ib_say_goodbye(tp, &tp->peers[tp->active[i]], 1);
 }
@@ -162,6 +163,7 @@ void ib_destroy(loom_tp_t *tp, double timeout_s)
         tp->api->dereg_mr(tp->slots_mr);
     free(tp->slots);
     loom_rcache_fini(&tp->rcache);
+    loom_rcache_fini(&tp->dcache);
     tp->api->dereg_mr(tp->ctrl_mr);
     free(tp->ctrl_mem);
     tp->api->dealloc_pd(tp->pd);

@@ -62,14 +62,46 @@
  * matching, completions, progress, user registrations), ib_teardown.c (the
  * failure announcement, abort, destroy); this file holds the ops table.
  */
+#include <stdio.h>
+#include <unistd.h>
+
 #include "ib_int.h"
 #include "ibverbs.h"
 #include "transports/transport.h"
+#include "base/log.h"
 
 /* Every peer that found an active port too: it published an address. */
 static int ib_reaches(loom_tp_t *tp, int peer, const char *peer_addr, int same_host)
 {
     return peer_addr != NULL;
+}
+
+/* GPUDirect RDMA, decided at the first GPU buffer (never for a CPU-only
+ * program, which must not start CUDA) and the same for every peer: the
+ * registration is local, the peer only sees an address and an rkey. */
+static int ib_device_memory(loom_tp_t *tp, int peer, char *why, size_t whylen)
+{
+    (void)peer;
+    if (tp->gdr_path < 0) {
+        loom_gdr_caps_t caps = {
+            .forced = tp->gdr_net, .device_buffer = 1,
+            .verbs_dmabuf = tp->api->reg_dmabuf_mr != NULL,
+            .gpu_dmabuf = tp->devmem && tp->devmem->dmabuf_supported &&
+                          tp->devmem->dmabuf_export && tp->devmem->dmabuf_supported(NULL),
+            .peermem = access("/sys/module/nvidia_peermem", F_OK) == 0 ||
+                       access("/sys/module/nv_peer_mem", F_OK) == 0,
+            /* The PCIe distance between GPU and HCA is not measured yet: auto
+             * stages, LOOM_NET_GDR=1 goes direct. */
+            .near = 0};
+        tp->gdr_path = (int)loom_gdr_decide(&caps, tp->gdr_why, sizeof(tp->gdr_why));
+        LOOM_INFO("ibverbs", "rank %d: GPU buffers on %s: %s (%s)", tp->rank, tp->dev_name,
+                  loom_gdr_path_name((loom_gdr_path_t)tp->gdr_path), tp->gdr_why);
+    }
+    if (why && whylen)
+        snprintf(why, whylen, "ibverbs on %s: %s", tp->dev_name, tp->gdr_why);
+    return tp->gdr_path == LOOM_GDR_DMABUF || tp->gdr_path == LOOM_GDR_PEERMEM ? 1
+           : tp->gdr_path == LOOM_GDR_IMPOSSIBLE                              ? -1
+                                                                              : 0;
 }
 
 static void ib_describe(FILE *out)
@@ -95,4 +127,5 @@ const loom_transport_ops_t loom_ibverbs_transport = {
     .destroy = ib_destroy,
     .reaches = ib_reaches,
     .describe = ib_describe,
+    .device_memory = ib_device_memory,
 };

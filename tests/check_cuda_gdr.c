@@ -1,0 +1,323 @@
+/* check_cuda_gdr - collectives on GPU buffers over the ibverbs transport with
+ * GPUDirect RDMA (cuda/gdr.c), without a GPU or an HCA: forked ranks over the
+ * libibverbs double (tests/verbs-provider), whose ibv_reg_dmabuf_mr maps the
+ * dma-bufs the CUDA double (tests/cuda-double) exports, so the double's
+ * "HCA" moves device memory while Loom's own view of it stays PROT_NONE.
+ * Run by tests/test_gdr.sh, which sets the environment (the double's
+ * libibverbs first on LD_LIBRARY_PATH, LOOM_TRANSPORT=ibverbs, LOOM_SHM=0,
+ * LOOM_CUDA_IPC=0) and LOOM_NET_GDR.
+ *
+ * Usage: check_cuda_gdr direct|staged|refused NRANKS
+ *  direct:  every collective, element types (float16 and bfloat16 among them),
+ *           counts (0, 1, odd, large), in place and not, gives the bytes the same
+ *           call gives on host buffers, and no byte crosses between host and
+ *           device during a call (the double's copy counters), dma-bufs exported;
+ *  staged:  the same results, staged through host memory, no dma-buf;
+ *  refused: LOOM_NET_GDR=1 where nothing can register GPU memory (the GPU
+ *           exports no dma-buf, no nvidia-peermem): a GPU call fails saying why.
+ * The inputs are small integers, exact in every type, so the order of reduction
+ * (the ring's here, rank order when staged) does not matter.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <setjmp.h>
+
+#include "cuda-double/cuda_double.h"
+#include "loom.h"
+#include "mp_util.h"
+
+typedef enum { MODE_DIRECT, MODE_STAGED, MODE_REFUSED } mode_t_;
+
+static const struct {
+    loom_dtype_t dt;
+    size_t es;
+    const char *name;
+} dtypes[] = {
+    {LOOM_FLOAT32, 4, "float32"}, {LOOM_FLOAT16, 2, "float16"}, {LOOM_BFLOAT16, 2, "bfloat16"},
+    {LOOM_FLOAT64, 8, "float64"}, {LOOM_INT32, 4, "int32"},     {LOOM_INT8, 1, "int8"},
+};
+#define NDTYPES (sizeof(dtypes) / sizeof(dtypes[0]))
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+/* Small integers only: exact in binary16. */
+static uint16_t to_f16(float f)
+{
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) == 0)
+        return (uint16_t)(u >> 16);
+    uint32_t sign = (u >> 16) & 0x8000u, exp = (u >> 23) & 0xffu, man = u & 0x7fffffu;
+    return (uint16_t)(sign | ((exp - 127 + 15) << 10) | (man >> 13));
+}
+
+/* Element i of rank r's input: an integer in [-4, 4]. */
+static void put(void *buf, size_t i, loom_dtype_t dt, int r)
+{
+    int v = (int)((size_t)r * 5 + i * 3) % 9 - 4;
+    float f = (float)v;
+    switch (dt) {
+    case LOOM_FLOAT32: ((float *)buf)[i] = f; break;
+    case LOOM_FLOAT64: ((double *)buf)[i] = v; break;
+    case LOOM_FLOAT16: ((uint16_t *)buf)[i] = to_f16(f); break;
+    case LOOM_BFLOAT16: ((uint16_t *)buf)[i] = (uint16_t)(f32_bits(f) >> 16); break;
+    case LOOM_INT32: ((int32_t *)buf)[i] = v; break;
+    default: ((int8_t *)buf)[i] = (int8_t)v; break;
+    }
+}
+
+enum { ALLREDUCE, REDUCE, BROADCAST, ALLGATHER, ALLGATHERV, REDUCE_SCATTER, ALLTOALL, ALLTOALLV,
+       GATHER, SCATTER, NCOLLS };
+static const char *const coll_names[NCOLLS] = {
+    "allreduce", "reduce",   "broadcast", "allgather", "allgatherv", "reduce_scatter",
+    "alltoall",  "alltoallv", "gather",   "scatter"};
+
+typedef struct {
+    int coll, in_place, root;
+    loom_op_t op;
+    size_t dti, count;
+    /* the v forms: what rank a sends rank b is count + (a + b) % 3 elements */
+    size_t vc[8], vd[8], sc[8], sd[8], vtotal, stotal;
+} case_t;
+
+static void v_counts(case_t *k, int P, int me)
+{
+    k->vtotal = k->stotal = 0;
+    for (int r = 0; r < P; r++) {
+        k->vc[r] = k->coll == ALLGATHERV ? k->count + (size_t)r % 3
+                                         : k->count + (size_t)(r + me) % 3; /* from r to me */
+        k->vd[r] = k->vtotal;
+        k->vtotal += k->vc[r];
+        k->sc[r] = k->count + (size_t)(r + me) % 3; /* from me to r */
+        k->sd[r] = k->stotal;
+        k->stotal += k->sc[r];
+    }
+}
+
+static loom_status_t run(loom_comm_t c, const case_t *k, const void *s, void *r)
+{
+    loom_dtype_t dt = dtypes[k->dti].dt;
+    const void *in = k->in_place ? LOOM_IN_PLACE : s;
+    const int me = loom_comm_rank(c);
+    switch (k->coll) {
+    case ALLREDUCE: return loom_allreduce(in, r, k->count, dt, k->op, c);
+    case REDUCE: return loom_reduce(in, r, k->count, dt, k->op, k->root, c);
+    case BROADCAST: return loom_broadcast(r, k->count, dt, k->root, c);
+    case ALLGATHER: return loom_allgather(in, r, k->count, dt, c);
+    case ALLGATHERV: return loom_allgatherv(s, k->vc[me], r, k->vc, k->vd, dt, c);
+    case REDUCE_SCATTER: return loom_reduce_scatter(in, r, k->count, dt, k->op, c);
+    case ALLTOALL: return loom_alltoall(s, r, k->count, dt, c);
+    case ALLTOALLV: return loom_alltoallv(s, k->sc, k->sd, r, k->vc, k->vd, dt, c);
+    case GATHER: return loom_gather(s, r, k->count, dt, k->root, c);
+    default: return loom_scatter(s, r, k->count, dt, k->root, c);
+    }
+}
+
+/* Fill the input where the call reads it; the output's bytes this rank checks. */
+static size_t fill(loom_comm_t c, const case_t *k, char *s, char *r, size_t cap)
+{
+    const int P = loom_comm_size(c), me = loom_comm_rank(c);
+    const size_t es = dtypes[k->dti].es, n = k->count;
+    const loom_dtype_t dt = dtypes[k->dti].dt;
+    size_t in_n = n, out_n = n;
+    switch (k->coll) {
+    case ALLGATHER: out_n = n * (size_t)P; break;
+    case ALLGATHERV: in_n = k->vc[me]; out_n = k->vtotal; break;
+    case REDUCE_SCATTER: in_n = n * (size_t)P; break;
+    case ALLTOALL: in_n = out_n = n * (size_t)P; break;
+    case ALLTOALLV: in_n = k->stotal; out_n = k->vtotal; break;
+    case GATHER: out_n = me == k->root ? n * (size_t)P : 0; break;
+    case SCATTER: in_n = me == k->root ? n * (size_t)P : 0; break;
+    case REDUCE: out_n = me == k->root ? n : 0; break;
+    default: break;
+    }
+    char *to = k->in_place ? r : s;
+    if (k->in_place && k->coll == ALLGATHER)
+        to = r + (size_t)me * n * es;
+    if (k->coll == BROADCAST)
+        to = r;
+    memset(r, 0x6b, cap);
+    memset(s, 0x5c, cap);
+    if (k->coll != BROADCAST || me == k->root)
+        for (size_t i = 0; i < in_n; i++)
+            put(to, i, dt, me * 3 + (int)(i % 5));
+    return out_n * es;
+}
+
+typedef struct {
+    char *s, *r;         /* device */
+    char *hs, *hr, *ref; /* host */
+    size_t bytes;
+} bufs_t;
+
+static int cuda_ok(loom_comm_t c, cudaError_t e, const char *what)
+{
+    if (e != cudaSuccess)
+        mp_bad(c, "%s: %s", what, cudaGetErrorString(e));
+    return e == cudaSuccess;
+}
+
+static void one_case(loom_comm_t c, case_t *k, bufs_t *b, mode_t_ mode, cuda_double_counts_t *moved)
+{
+    v_counts(k, loom_comm_size(c), loom_comm_rank(c));
+    size_t out_bytes = fill(c, k, b->hs, b->ref, b->bytes);
+    if (run(c, k, b->hs, b->ref) != LOOM_SUCCESS) {
+        mp_bad(c, "%s host: %s", coll_names[k->coll], loom_comm_last_error(c));
+        return;
+    }
+    fill(c, k, b->hs, b->hr, b->bytes);
+    if (!cuda_ok(c, cudaMemcpy(b->s, b->hs, b->bytes, cudaMemcpyHostToDevice), "upload") ||
+        !cuda_ok(c, cudaMemcpy(b->r, b->hr, b->bytes, cudaMemcpyHostToDevice), "upload"))
+        return;
+    cuda_double_counts_t before, after;
+    cuda_double_counts(&before);
+    loom_status_t st = run(c, k, b->s, b->r);
+    cuda_double_counts(&after);
+    if (st != LOOM_SUCCESS) {
+        mp_bad(c, "%s GPU: %s", coll_names[k->coll], loom_comm_last_error(c));
+        return;
+    }
+    moved->h2d += after.h2d - before.h2d;
+    moved->d2h += after.d2h - before.d2h;
+    moved->kernels += after.kernels - before.kernels;
+    moved->dmabuf_exports += after.dmabuf_exports - before.dmabuf_exports;
+    if (mode == MODE_DIRECT && (after.h2d != before.h2d || after.d2h != before.d2h))
+        mp_bad(c, "%s %s count %zu: %ld copies to and %ld from the host with GPUDirect RDMA",
+               coll_names[k->coll], dtypes[k->dti].name, k->count, after.h2d - before.h2d,
+               after.d2h - before.d2h);
+    if (!cuda_ok(c, cudaMemcpy(b->hr, b->r, b->bytes, cudaMemcpyDeviceToHost), "download"))
+        return;
+    for (size_t i = 0; i < out_bytes; i++)
+        if (b->hr[i] != b->ref[i]) {
+            mp_bad(c, "%s %s op %d root %d count %zu %s: byte %zu is 0x%02x, host gives 0x%02x",
+                   coll_names[k->coll], dtypes[k->dti].name, (int)k->op, k->root, k->count,
+                   k->in_place ? "in place" : "out of place", i, (unsigned char)b->hr[i],
+                   (unsigned char)b->ref[i]);
+            return;
+        }
+}
+
+static sigjmp_buf faulted;
+
+static void on_segv(int sig)
+{
+    (void)sig;
+    siglongjmp(faulted, 1);
+}
+
+static int host_read_faults(const void *p)
+{
+    struct sigaction sa = {.sa_handler = on_segv}, old;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &old);
+    int hit = 0;
+    if (sigsetjmp(faulted, 1) == 0) {
+        volatile char touch = *(const volatile char *)p;
+        (void)touch;
+    } else {
+        hit = 1;
+    }
+    sigaction(SIGSEGV, &old, NULL);
+    return hit;
+}
+
+static int rank_main(loom_comm_t c, void *arg)
+{
+    const mode_t_ mode = *(const mode_t_ *)arg;
+    const int P = loom_comm_size(c);
+    static const size_t counts[] = {0, 1, 7, 1001, 20011};
+    const size_t most = (20011 + 3) * (size_t)P * 8 + 64;
+    bufs_t b = {.bytes = most};
+    b.hs = malloc(most);
+    b.hr = malloc(most);
+    b.ref = malloc(most);
+    if (!b.hs || !b.hr || !b.ref || !cuda_ok(c, cudaMalloc((void **)&b.s, most), "cudaMalloc") ||
+        !cuda_ok(c, cudaMalloc((void **)&b.r, most), "cudaMalloc"))
+        return 1;
+    if (mode == MODE_REFUSED) {
+        loom_status_t st = loom_allreduce(b.s, b.r, 1001, LOOM_FLOAT32, LOOM_SUM, c);
+        if (st == LOOM_SUCCESS || !strstr(loom_comm_last_error(c), "LOOM_NET_GDR=1"))
+            mp_bad(c, "LOOM_NET_GDR=1 without dma-buf: %s (%s)", loom_strerror(st),
+                   loom_comm_last_error(c));
+        return mp_bad_count ? 1 : 0;
+    }
+    /* The verbs double reaches device memory through its own mapping of the
+     * dma-buf: the program's view of it still faults (caught here, once the
+     * buffer was registered by the first call; no fork: the pages the HCA
+     * pinned must stay the process's). */
+    if (mode == MODE_DIRECT) {
+        loom_status_t st = loom_allreduce(b.s, b.r, 1001, LOOM_FLOAT32, LOOM_SUM, c);
+        if (st != LOOM_SUCCESS)
+            mp_bad(c, "allreduce: %s", loom_comm_last_error(c));
+        if (!host_read_faults(b.r))
+            mp_bad(c, "a host read of device memory did not fault");
+    }
+    cuda_double_counts_t moved = {0};
+    static const loom_op_t ops[] = {LOOM_SUM, LOOM_AVG, LOOM_MAX, LOOM_PROD};
+    for (int x = 0; x < NCOLLS; x++)
+        for (size_t d = 0; d < NDTYPES; d++)
+            for (size_t ni = 0; ni < sizeof(counts) / sizeof(counts[0]); ni++)
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    int reduces = x == ALLREDUCE || x == REDUCE || x == REDUCE_SCATTER;
+                    if (in_place && !reduces && x != ALLGATHER)
+                        continue;
+                    /* Every op on the large count of float32, sum elsewhere. */
+                    int nops = reduces && d == 0 && ni == 4 ? 4 : 1;
+                    for (int o = 0; o < nops; o++) {
+                        case_t k = {.coll = x, .in_place = in_place, .op = ops[o], .dti = d,
+                                    .count = counts[ni], .root = (ni % 2) ? P - 1 : 1};
+                        if (k.op == LOOM_PROD)
+                            k.count = 1001;
+                        one_case(c, &k, &b, mode, &moved);
+                    }
+                }
+    if (mode == MODE_DIRECT && (moved.dmabuf_exports == 0 || moved.kernels == 0))
+        mp_bad(c, "GPUDirect: %ld dma-bufs exported, %ld kernels run", moved.dmabuf_exports,
+               moved.kernels);
+    if (mode == MODE_STAGED && (moved.h2d == 0 || moved.d2h == 0 || moved.dmabuf_exports != 0))
+        mp_bad(c, "staged: %ld copies up, %ld down, %ld dma-bufs", moved.h2d, moved.d2h,
+               moved.dmabuf_exports);
+    printf("rank %d/%d: during the GPU calls: %ld copies host to device, %ld device to host, "
+           "%ld kernels, %ld dma-bufs exported\n", loom_comm_rank(c), P, moved.h2d, moved.d2h,
+           moved.kernels, moved.dmabuf_exports);
+    fflush(stdout);
+    cudaFree(b.s);
+    cudaFree(b.r);
+    free(b.hs);
+    free(b.hr);
+    free(b.ref);
+    return mp_bad_count ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s direct|staged|refused NRANKS\n", argv[0]);
+        return 2;
+    }
+    mode_t_ mode = strcmp(argv[1], "direct") == 0   ? MODE_DIRECT
+                   : strcmp(argv[1], "staged") == 0 ? MODE_STAGED
+                                                    : MODE_REFUSED;
+    int n = atoi(argv[2]);
+    if (n < 1 || n > 8) {
+        fprintf(stderr, "NRANKS: 1 to 8\n");
+        return 2;
+    }
+    /* Small slices: many ring steps per block. */
+    setenv("LOOM_CUDA_CHUNK_BYTES", "16384", 1);
+    char name[128];
+    snprintf(name, sizeof(name), "collective matrix on GPU buffers over ibverbs, %d ranks, %s", n,
+             argv[1]);
+    mp_result(name, mp_run(n, rank_main, &mode, 600) == 0);
+    return mp_summary();
+}
