@@ -87,6 +87,8 @@ loom_status_t loom_cuda_gdr_decide(loom_cuda_state_t *st, loom_accel_host_coll_f
 loom_status_t loom_cuda_gdr_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
                                 loom_err_t *err);
 extern const loom_tp_devmem_t loom_cuda_devmem;
+/* The accelerator table's device_ready: blocking send/recv over GPUDirect RDMA. */
+loom_status_t loom_cuda_device_ready(loom_comm_t c, int device, loom_err_t *err);
 
 /* device.c: a symbol of the CUDA driver the process has loaded (never loaded
  * here), or NULL. */

@@ -587,4 +587,5 @@ const loom_accel_ops_t loom_accel_cuda = {
     .comm_release = cuda_comm_release,
     .describe = cuda_describe,
     .devmem = &loom_cuda_devmem,
+    .device_ready = loom_cuda_device_ready,
 };

@@ -86,10 +86,36 @@ static int gdr_dmabuf_export(const void *p, size_t len, int *fd_p, uint64_t *off
     return 0;
 }
 
+static int gdr_copy_in(void *dst, const void *src, size_t len)
+{
+    return cudaMemcpy(dst, src, len, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
+}
+
 const loom_tp_devmem_t loom_cuda_devmem = {
     .dmabuf_supported = gdr_dmabuf_supported,
     .dmabuf_export = gdr_dmabuf_export,
+    .copy_in = gdr_copy_in,
 };
+
+/* A blocking send/recv on GPU memory handed to the transport reads or writes
+ * it after the work the caller queued on the legacy default stream (and so on
+ * every blocking stream), as the staged path's copies do; a stream-ordered
+ * call is already ordered after its stream. */
+loom_status_t loom_cuda_device_ready(loom_comm_t c, int device, loom_err_t *err)
+{
+    (void)c;
+    if (loom_cuda_on_stream_worker)
+        return LOOM_SUCCESS;
+    int prev = -1;
+    cudaError_t e = cudaGetDevice(&prev);
+    if (e == cudaSuccess && prev != device)
+        e = cudaSetDevice(device);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(cudaStreamLegacy);
+    if (prev >= 0 && prev != device)
+        cudaSetDevice(prev);
+    return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "waiting for the default stream");
+}
 
 /* ---- whether a collective goes direct ------------------------------------- */
 

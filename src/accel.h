@@ -93,6 +93,10 @@ typedef struct loom_accel_ops {
 
     /* GPU memory for the transports (GPUDirect RDMA), or NULL. */
     const loom_tp_devmem_t *devmem;
+    /* Before a blocking send/recv hands device memory to the transport
+     * (GPUDirect RDMA): wait for the device work queued before the call, as
+     * run_p2p's copies would; NULL: such calls are always staged. */
+    loom_status_t (*device_ready)(loom_comm_t c, int device, loom_err_t *err);
 } loom_accel_ops_t;
 
 /* The table of this build (configure's LOOM_ACCEL_TABLE). */

@@ -119,23 +119,27 @@ static loom_status_t run_collective_host(void *c, const loom_coll_args_t *a)
 
 /* ---- GPUDirect RDMA: GPU memory straight to the transport (cuda/gdr.c) ---- */
 
-int loom_comm_gdr(loom_comm_t c, char *why, size_t whylen)
+/* Whether the transport of peer takes GPU memory (transport.h's device_memory). */
+static int gdr_to(loom_comm_t c, int peer, char *why, size_t whylen)
 {
     const loom_transport_ops_t *ops = c->tp_ops;
-    if (why && whylen)
-        snprintf(why, whylen, "a single rank");
-    int verdict = 1;
-    for (int peer = 0; peer < c->size && verdict == 1; peer++) {
-        if (peer == c->rank)
-            continue;
-        if (ops->size < offsetof(loom_transport_ops_t, device_memory) + sizeof(ops->device_memory) ||
-            !ops->device_memory) {
-            if (why && whylen)
-                snprintf(why, whylen, "transport %s takes host memory only", ops->name);
-            return 0;
-        }
-        verdict = ops->device_memory(c->tp, peer, why, whylen);
+    if (ops->size < offsetof(loom_transport_ops_t, device_memory) + sizeof(ops->device_memory) ||
+        !ops->device_memory) {
+        if (why && whylen)
+            snprintf(why, whylen, "transport %s takes host memory only", ops->name);
+        return 0;
     }
+    return ops->device_memory(c->tp, peer, why, whylen);
+}
+
+int loom_comm_gdr(loom_comm_t c, char *why, size_t whylen)
+{
+    if (why && whylen)
+        snprintf(why, whylen, "a single rank: nothing goes over a network");
+    int verdict = c->size > 1;
+    for (int peer = 0; peer < c->size && verdict == 1; peer++)
+        if (peer != c->rank)
+            verdict = gdr_to(c, peer, why, whylen);
     return verdict;
 }
 
@@ -784,7 +788,7 @@ static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_d
     CHECK(tag >= 0, "%s: tag %d is negative", fn, tag);
     CHECK(bytes_fit(count, 1, es), "%s: count %zu is too large", fn, count);
     CHECK(count == 0 || buf, "%s: NULL buffer", fn);
-    int device;
+    int device, direct = 0;
     if (count > 0 && loom_accel->ptr_memory(buf, &device)) {
         if (any)
             return loom_comm_fail(c, LOOM_ERR_UNSUPPORTED, "recv_any: GPU buffers need a "
@@ -793,11 +797,26 @@ static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_d
             return loom_comm_fail(c, LOOM_ERR_UNSUPPORTED,
                                   "i%s: GPU buffers need the blocking loom_%s or loom_%s_stream",
                                   fn, fn, fn);
-        struct p2p_host h = {kind, count, dt, peer, tag, c};
+        /* GPUDirect RDMA: the transport moves the GPU buffer itself, once the
+         * device work queued before the call is done; else it is staged. */
+        char why[256];
+        int gdr = peer != c->rank &&
+                  loom_accel->size > offsetof(loom_accel_ops_t, device_ready) &&
+                  loom_accel->device_ready ? gdr_to(c, peer, why, sizeof(why)) : 0;
+        if (gdr < 0)
+            return loom_comm_fail(c, LOOM_ERR_INVALID_ARG, "%s: LOOM_NET_GDR=1 but %s", fn, why);
         loom_err_t err = {0};
-        st = loom_accel->run_p2p(c, device, kind == LOOM_OP_SEND, buf, count * es, p2p_host_run,
-                                 &h, &err);
-        return st != LOOM_SUCCESS && err.msg[0] ? loom_comm_fail(c, st, "%s: %s", fn, err.msg) : st;
+        if (gdr) {
+            if ((st = loom_accel->device_ready(c, device, &err)) != LOOM_SUCCESS)
+                return loom_comm_fail(c, st, "%s: %s", fn, err.msg);
+            direct = 1;
+        } else {
+            struct p2p_host h = {kind, count, dt, peer, tag, c};
+            st = loom_accel->run_p2p(c, device, kind == LOOM_OP_SEND, buf, count * es,
+                                     p2p_host_run, &h, &err);
+            return st != LOOM_SUCCESS && err.msg[0] ? loom_comm_fail(c, st, "%s: %s", fn, err.msg)
+                                                    : st;
+        }
     }
     struct loom_request stack_op, *op = &stack_op;
     if (req && !(op = calloc(1, sizeof(*op))))
@@ -805,6 +824,7 @@ static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_d
     if (!req)
         memset(op, 0, sizeof(*op));
     op->kind = kind;
+    op->tp_req.on_device = direct;
     op->any_source = any;
     op->source_out = source_out;
     op->tp_req.peer = peer;

@@ -3,7 +3,7 @@
 # the libibverbs double (tests/verbs-provider), device memory from the CUDA
 # double (tests/cuda-double), whose dma-bufs the verbs double maps, so its
 # "HCA" moves device memory while Loom's view of it stays PROT_NONE (a host
-# touch of GPU memory is a SIGSEGV). check_cuda_gdr runs the collective
+# touch of GPU memory is a SIGSEGV). mp_cuda_gdr runs the collective
 # matrix: with LOOM_NET_GDR=1 on 2, 3 and 4 ranks, with no copy between host
 # and device during a call and the double's counters of device bytes moved;
 # with LOOM_NET_GDR=0 staged through host memory; LOOM_NET_GDR=1 where the
@@ -12,9 +12,9 @@
 set -u
 top_builddir=${top_builddir:-.}
 provider="$top_builddir/tests/verbs-provider/.libs"
-prog="$top_builddir/tests/check_cuda_gdr"
+prog="$top_builddir/tests/mp_cuda_gdr"
 [ -e "$provider/libibverbs.so.1" ] || { echo "SKIP: the libibverbs test double was not built"; exit 77; }
-[ -x "$prog" ] || { echo "SKIP: no CUDA build (tests/check_cuda_gdr not built)"; exit 77; }
+[ -x "$prog" ] || { echo "SKIP: no CUDA build (tests/mp_cuda_gdr not built)"; exit 77; }
 tmp=$(mktemp -d)
 registry="/loomfake-gdr-$$"
 trap 'rm -rf "$tmp"; rm -f "/dev/shm${registry}"' EXIT

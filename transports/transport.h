@@ -73,6 +73,10 @@ typedef struct loom_tp_devmem {
     /* A dma-buf fd (the caller closes it) covering [p, p + len) of GPU memory and
      * the offset of p in it; 0, or -1 with errno. */
     int (*dmabuf_export)(const void *p, size_t len, int *fd_p, uint64_t *offset_p);
+    /* Copy len bytes of host memory src into GPU memory dst and wait: a small
+     * message a peer sent from host memory, for a receive into GPU memory
+     * (send/recv between a staged and a direct rank); 0, or -1. */
+    int (*copy_in)(void *dst, const void *src, size_t len);
 } loom_tp_devmem_t;
 
 typedef struct loom_tp_params {

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -240,8 +241,21 @@ static int t_listing_ib(int fd)
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
     CHECK(pd);
     char buf[64];
-    CHECK(ibv_reg_dmabuf_mr(pd, 0, sizeof(buf), 0, 0, IBV_ACCESS_LOCAL_WRITE) == NULL &&
+    /* dma-buf: a memfd stands in (no CUDA double here: its offset 0 is the fd's). */
+    int dfd = memfd_create("fv-dmabuf", MFD_CLOEXEC);
+    CHECK(dfd >= 0 && ftruncate(dfd, 8192) == 0);
+    CHECK(ibv_reg_dmabuf_mr(pd, 0, 8193, 0x100000, dfd, IBV_ACCESS_LOCAL_WRITE) == NULL &&
+          errno == EINVAL);   /* past its end */
+    CHECK(ibv_reg_dmabuf_mr(pd, 0, 64, 0x100000, dfd, IBV_ACCESS_REMOTE_WRITE) == NULL &&
+          errno == EINVAL);   /* remote write without local write */
+    struct ibv_mr *dmr = ibv_reg_dmabuf_mr(pd, 4096, 4096, 0x100000, dfd,
+                                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    CHECK(dmr && dmr->lkey && dmr->length == 4096 && ibv_dereg_mr(dmr) == 0);
+    setenv("FAKEVERBS_DMABUF", "0", 1);
+    CHECK(ibv_reg_dmabuf_mr(pd, 0, 64, 0x100000, dfd, IBV_ACCESS_LOCAL_WRITE) == NULL &&
           errno == EOPNOTSUPP);
+    unsetenv("FAKEVERBS_DMABUF");
+    close(dfd);
     CHECK(ibv_reg_mr(pd, buf, 0, IBV_ACCESS_LOCAL_WRITE) == NULL);
     CHECK(ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_REMOTE_WRITE) == NULL && errno == EINVAL);
     CHECK(ibv_reg_mr(pd, (void *)16, 64, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EFAULT);

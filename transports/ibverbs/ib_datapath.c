@@ -335,6 +335,19 @@ static loom_status_t start_rdv_recv(loom_tp_t *tp, ib_peer_t *p, loom_tp_req_t *
     return tp->failed;
 }
 
+/* A small message sent from host memory (eager) for a receive into GPU
+ * memory: the host cannot write GPU memory, the accelerator copies it in. */
+static loom_status_t deliver_to_device(loom_tp_t *tp, loom_tp_req_t *req, const void *data,
+                                       size_t len)
+{
+    if (len && (!tp->devmem || !tp->devmem->copy_in || tp->devmem->copy_in(req->buf, data, len)))
+        return tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot copy a %zu-byte message of "
+                       "rank %d into GPU memory", len, req->peer);
+    req->off = len;
+    loom_req_complete(req);
+    return LOOM_SUCCESS;
+}
+
 static loom_status_t irecv_owned(loom_tp_t *tp, loom_tp_req_t *req)
 {
     if (tp->failed)
@@ -348,9 +361,8 @@ static loom_status_t irecv_owned(loom_tp_t *tp, loom_tp_req_t *req)
     if (tp->failed)
         return tp->failed;
     if (u) {
-        if (u->data && req->on_device && req->len)
-            tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: rank %d sent a GPU buffer's message "
-                    "through host memory (is GPUDirect RDMA off there?)", req->peer);
+        if (u->data && req->on_device)
+            deliver_to_device(tp, req, u->data, u->got);
         else if (u->data)
             loom_unexp_deliver(u, req);
         else
@@ -390,10 +402,8 @@ static loom_status_t on_message(loom_tp_t *tp, ib_peer_t *p, const uint8_t *slot
     if (req) {
         if (h.type == LOOM_IB_RTS)
             return start_rdv_recv(tp, p, req, h.cookie);
-        if (h.len && req->on_device)
-            return tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: rank %d sent a GPU buffer's "
-                           "message through host memory (is GPUDirect RDMA off there?)",
-                           p->rank);
+        if (req->on_device)
+            return deliver_to_device(tp, req, slot + LOOM_IB_HDR_BYTES, h.len);
         if (h.len)
             memcpy(req->buf, slot + LOOM_IB_HDR_BYTES, h.len);
         loom_req_complete(req);

@@ -109,6 +109,14 @@ static void ib_describe(FILE *out)
     fprintf(out, "#   libibverbs.so.1 is loaded at run time; the devices it sees:\n");
     fflush(out);
     loom_ibverbs_list_devices(out);
+    /* What GPUDirect RDMA could use here, without starting CUDA: the GPU's
+     * side (dma-buf export) is known only at the first GPU buffer. */
+    const loom_ib_api_t *api = loom_ib_api_load(NULL, 0);
+    int peermem = access("/sys/module/nvidia_peermem", F_OK) == 0 ||
+                  access("/sys/module/nv_peer_mem", F_OK) == 0;
+    fprintf(out, "#   GPUDirect RDMA (LOOM_NET_GDR): ibv_reg_dmabuf_mr %s, nvidia-peermem %s\n",
+            api && api->reg_dmabuf_mr ? "available" : "missing",
+            peermem ? "loaded" : "not loaded");
 }
 
 const loom_transport_ops_t loom_ibverbs_transport = {

@@ -1,4 +1,4 @@
-/* check_cuda_gdr - collectives on GPU buffers over the ibverbs transport with
+/* mp_cuda_gdr - collectives on GPU buffers over the ibverbs transport with
  * GPUDirect RDMA (cuda/gdr.c), without a GPU or an HCA: forked ranks over the
  * libibverbs double (tests/verbs-provider), whose ibv_reg_dmabuf_mr maps the
  * dma-bufs the CUDA double (tests/cuda-double) exports, so the double's
@@ -7,8 +7,8 @@
  * libibverbs first on LD_LIBRARY_PATH, LOOM_TRANSPORT=ibverbs, LOOM_SHM=0,
  * LOOM_CUDA_IPC=0) and LOOM_NET_GDR.
  *
- * Usage: check_cuda_gdr direct|staged|refused NRANKS
- *  direct:  every collective, element types (float16 and bfloat16 among them),
+ * Usage: mp_cuda_gdr direct|staged|refused NRANKS
+ *  direct:  every collective and blocking send/recv, element types (float16 and bfloat16 among them),
  *           counts (0, 1, odd, large), in place and not, gives the bytes the same
  *           call gives on host buffers, and no byte crosses between host and
  *           device during a call (the double's copy counters), dma-bufs exported;
@@ -231,6 +231,51 @@ static int host_read_faults(const void *p)
     return hit;
 }
 
+/* Blocking send/recv of GPU buffers, rank 0 to rank 1, small (below the eager
+ * size) and large; then from rank 0's host memory into rank 1's GPU memory (a
+ * small message from host memory is copied in: one copy up, by design). */
+static void send_recv(loom_comm_t c, bufs_t *b, mode_t_ mode, cuda_double_counts_t *moved)
+{
+    const int me = loom_comm_rank(c);
+    static const size_t sizes[] = {1, 100, 70001};
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]) && me < 2; si++) {
+        const size_t n = sizes[si];
+        for (int from_host = 0; from_host < 2; from_host++) {
+            int32_t *h = (int32_t *)b->hs;
+            for (size_t i = 0; i < n; i++)
+                h[i] = me ? -1 : (int32_t)(i * 7 + n);
+            if (!cuda_ok(c, cudaMemcpy(b->s, h, n * 4, cudaMemcpyHostToDevice), "upload"))
+                return;
+            cuda_double_counts_t before, after;
+            cuda_double_counts(&before);
+            loom_status_t st = me == 0 ? loom_send(from_host ? (void *)h : (void *)b->s, n,
+                                                   LOOM_INT32, 1, 5, c)
+                                       : loom_recv(b->s, n, LOOM_INT32, 0, 5, c);
+            cuda_double_counts(&after);
+            if (st != LOOM_SUCCESS) {
+                mp_bad(c, "send/recv %zu: %s", n, loom_comm_last_error(c));
+                return;
+            }
+            long up = after.h2d - before.h2d, down = after.d2h - before.d2h;
+            moved->h2d += up;
+            moved->d2h += down;
+            if (mode == MODE_DIRECT && (down || up > (from_host && n * 4 <= 8192)))
+                mp_bad(c, "send/recv %zu%s with GPUDirect RDMA: %ld copies up, %ld down", n,
+                       from_host ? " from host memory" : "", up, down);
+            if (me == 1) {
+                if (!cuda_ok(c, cudaMemcpy(h, b->s, n * 4, cudaMemcpyDeviceToHost), "download"))
+                    return;
+                for (size_t i = 0; i < n; i++)
+                    if (h[i] != (int32_t)(i * 7 + n)) {
+                        mp_bad(c, "send/recv %zu%s: element %zu is %d", n,
+                               from_host ? " from host memory" : "", i, h[i]);
+                        break;
+                    }
+            }
+        }
+    }
+}
+
 static int rank_main(loom_comm_t c, void *arg)
 {
     const mode_t_ mode = *(const mode_t_ *)arg;
@@ -281,6 +326,7 @@ static int rank_main(loom_comm_t c, void *arg)
                         one_case(c, &k, &b, mode, &moved);
                     }
                 }
+    send_recv(c, &b, mode, &moved);
     if (mode == MODE_DIRECT && (moved.dmabuf_exports == 0 || moved.kernels == 0))
         mp_bad(c, "GPUDirect: %ld dma-bufs exported, %ld kernels run", moved.dmabuf_exports,
                moved.kernels);
