@@ -90,6 +90,10 @@ extern const loom_tp_devmem_t loom_cuda_devmem;
 /* The accelerator table's device_ready: blocking send/recv over GPUDirect RDMA. */
 loom_status_t loom_cuda_device_ready(loom_comm_t c, int device, loom_err_t *err);
 
+/* device.c: *v becomes the least of every rank's *v (a host allreduce through
+ * run_host): how the ranks agree on a path. */
+loom_status_t loom_cuda_agree_min(loom_accel_host_coll_fn run_host, void *host_arg, int32_t *v);
+
 /* device.c: a symbol of the CUDA driver the process has loaded (never loaded
  * here), or NULL. */
 void *loom_cuda_driver_sym(const char *name);

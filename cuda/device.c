@@ -82,6 +82,14 @@ static cu_attrs_fn driver_pointer_attrs(void)
     return f;
 }
 
+loom_status_t loom_cuda_agree_min(loom_accel_host_coll_fn run_host, void *host_arg, int32_t *v)
+{
+    int32_t mine = *v;
+    loom_coll_args_t m = {.coll = LOOM_COLL_ALLREDUCE, .sendbuf = &mine, .recvbuf = v, .count = 1,
+                          .esize = sizeof(int32_t), .dtype = LOOM_INT32, .op = LOOM_MIN};
+    return run_host(host_arg, &m);
+}
+
 void *loom_cuda_driver_sym(const char *name)
 {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);

@@ -18,18 +18,20 @@
  *    dev_scratch, reduces it into the accumulator by kernel ((left) op (own))
  *    and, at the next step, sends it on; then rank r holds block r, reduced
  *    over every rank (LOOM_AVG divided there), and allreduce sends it to every
- *    rank, reduce to the root, reduce_scatter copies it out. One rank computes
+ *    rank, reduce to the root, reduce_scatter copies it out. Two slices are in
+ *    flight per step (the scratch in halves): the kernel of one runs while the
+ *    transport moves the next. One rank computes
  *    each element, so every rank gets the same bits; the chain order is the
  *    ring's (rank r+1, r+2, ..., r), not rank order as in staging.c and ipc.c,
  *    so floating-point sums may differ from a staged call in the last bits.
- *    Slices are not overlapped: each step's kernel is waited for before its
- *    slice goes on (the pipelined ring is not built).
+ *    Steps are not overlapped with each other: a step's reductions are waited
+ *    for before the next step sends them.
  * The accumulator is recvbuf (allreduce) or a device buffer allocated for the
  * call (reduce_scatter: size * count elements; reduce: count).
  *
  * Not covered (staged as before): alltoall(v) in place, a communicator with a
  * peer on a transport that takes host memory only (shared memory inside a
- * node), and send/recv (loom_send on GPU memory is still staged).
+ * node). Blocking send/recv on GPU memory go direct through the core (coll.c).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -114,7 +116,8 @@ loom_status_t loom_cuda_device_ready(loom_comm_t c, int device, loom_err_t *err)
         e = cudaStreamSynchronize(cudaStreamLegacy);
     if (prev >= 0 && prev != device)
         cudaSetDevice(prev);
-    return e == cudaSuccess ? LOOM_SUCCESS : loom_cuda_fail(err, e, "waiting for the default stream");
+    return e == cudaSuccess ? LOOM_SUCCESS
+                            : loom_cuda_fail(err, e, "waiting for the default stream");
 }
 
 /* ---- whether a collective goes direct ------------------------------------- */
@@ -131,19 +134,16 @@ int loom_cuda_gdr_covers(const loom_coll_args_t *a)
 
 /* Once per communicator: every rank's transport can, or all stage. A host
  * allreduce (MIN) of 2 direct, 1 staged, 0 insisted-but-impossible. */
-static loom_status_t agree(loom_cuda_state_t *st, loom_accel_host_coll_fn run_host,
-                           void *host_arg, loom_err_t *err)
+static loom_status_t agree(loom_cuda_state_t *st, loom_accel_host_coll_fn run_host, void *host_arg,
+                           loom_err_t *err)
 {
     if (st->gdr)
         return LOOM_SUCCESS;
     char why[256];
     int v = loom_comm_gdr(st->comm, why, sizeof(why));
     int32_t mine = v > 0 ? 2 : v == 0 ? 1 : 0, all = mine;
-    loom_coll_args_t h = {.coll = LOOM_COLL_ALLREDUCE, .sendbuf = &mine, .recvbuf = &all,
-                          .count = 1, .esize = sizeof(int32_t), .dtype = LOOM_INT32,
-                          .op = LOOM_MIN};
     if (loom_comm_size(st->comm) > 1) {
-        loom_status_t s = run_host(host_arg, &h);
+        loom_status_t s = loom_cuda_agree_min(run_host, host_arg, &all);
         if (s != LOOM_SUCCESS)
             return s;
     }
@@ -192,7 +192,7 @@ static loom_status_t dsync(gdr_t *g)
     return loom_cuda_dev_ops.sync(g->st, g->err);
 }
 
-/* Piece p of rank r's side: where it is and how long (bytes). */
+/* elems elements of es bytes into base. */
 static char *at(const void *base, size_t elems, size_t es)
 {
     return (char *)base + elems * es;
@@ -310,47 +310,79 @@ static int mod(int x, int n)
     return ((x % n) + n) % n;
 }
 
+/* One slice of a ring step: its receive into a scratch half, its send. */
+typedef struct {
+    loom_tp_req_t reqs[2];
+    size_t rk;         /* elements received (0: none) */
+    char *into, *mine; /* the scratch half; where the reduction goes */
+} slice_t;
+
+static loom_status_t post_slice(gdr_t *g, slice_t *sl, uint32_t step, int left, int right,
+                                char *scratch, char *acc, size_t soff, size_t slen, size_t roff,
+                                size_t rlen, size_t k, size_t slice)
+{
+    const size_t es = g->a->esize;
+    loom_dev_xfer_t x[2];
+    int nx = 0;
+    sl->rk = 0;
+    sl->into = scratch;
+    if (k * slice < rlen) {
+        sl->rk = rlen - k * slice < slice ? rlen - k * slice : slice;
+        sl->mine = at(acc, roff + k * slice, es);
+        x[nx++] =
+            (loom_dev_xfer_t){.peer = left, .is_send = 0, .buf = scratch, .bytes = sl->rk * es};
+    }
+    if (k * slice < slen) {
+        size_t sk = slen - k * slice < slice ? slen - k * slice : slice;
+        x[nx++] = (loom_dev_xfer_t){
+            .peer = right, .is_send = 1, .buf = at(acc, soff + k * slice, es), .bytes = sk * es};
+    }
+    sl->reqs[0].done = sl->reqs[1].done = 1;
+    return loom_comm_dev_post(g->st->comm, step, x, nx, sl->reqs);
+}
+
 /* Ring reduce-scatter of count elements in acc: afterwards block me of acc
- * holds every rank's block me reduced (and averaged). */
+ * holds every rank's block me reduced (and averaged). A step moves its two
+ * blocks in slices of half the scratch, two slices in flight: while the
+ * transport waits for slice k, the kernel reduces slice k - 1 out of the other
+ * half, which receives slice k + 1 once that kernel is done. */
 static loom_status_t ring_reduce_scatter(gdr_t *g, char *acc, size_t blk)
 {
     const loom_coll_args_t *a = g->a;
     const size_t es = a->esize;
     const int P = g->P, me = g->me;
     const int right = mod(me + 1, P), left = mod(me - 1, P);
-    size_t slice = g->st->chunk_bytes / es;
+    size_t slice = (g->st->chunk_bytes / 2) / 16 * 16 / es;
     slice = slice ? slice : 1;
+    char *half[2] = {g->st->dev_scratch, g->st->dev_scratch + slice * es};
     const size_t nsl = blk ? (blk + slice - 1) / slice : 0;
     loom_status_t s = LOOM_SUCCESS;
     for (int step = 0; step < P - 1 && s == LOOM_SUCCESS; step++) {
         size_t soff, slen, roff, rlen;
         block(g, blk, mod(me - step - 1, P), &soff, &slen);
         block(g, blk, mod(me - step - 2, P), &roff, &rlen);
+        const uint32_t base = g->step;
+        g->step += (uint32_t)nsl;
+        slice_t sl[2];
+        for (size_t k = 0; k < nsl && k < 2 && s == LOOM_SUCCESS; k++)
+            s = post_slice(g, &sl[k], base + (uint32_t)k, left, right, half[k], acc, soff, slen,
+                           roff, rlen, k, slice);
         for (size_t k = 0; k < nsl && s == LOOM_SUCCESS; k++) {
-            loom_dev_xfer_t x[2];
-            int nx = 0;
-            size_t rk = 0;
-            if (k * slice < rlen) {
-                rk = rlen - k * slice < slice ? rlen - k * slice : slice;
-                x[nx++] = (loom_dev_xfer_t){.peer = left, .is_send = 0,
-                                            .buf = g->st->dev_scratch, .bytes = rk * es};
-            }
-            if (k * slice < slen) {
-                size_t sk = slen - k * slice < slice ? slen - k * slice : slice;
-                x[nx++] = (loom_dev_xfer_t){.peer = right, .is_send = 1,
-                                            .buf = at(acc, soff + k * slice, es),
-                                            .bytes = sk * es};
-            }
-            s = exchange(g, x, nx);
-            if (s == LOOM_SUCCESS && rk) {
-                char *mine = at(acc, roff + k * slice, es);
-                s = loom_cuda_dev_ops.reduce3(g->st, mine, g->st->dev_scratch, mine, rk,
+            slice_t *cur = &sl[k % 2];
+            s = loom_comm_dev_wait(g->st->comm, cur->reqs, 2);
+            /* The kernel of slice k - 1 is done: its half takes slice k + 1. */
+            if (s == LOOM_SUCCESS && k >= 1)
+                s = dsync(g);
+            if (s == LOOM_SUCCESS && k >= 1 && k + 1 < nsl)
+                s = post_slice(g, &sl[(k + 1) % 2], base + (uint32_t)(k + 1), left, right,
+                               half[(k + 1) % 2], acc, soff, slen, roff, rlen, k + 1, slice);
+            if (s == LOOM_SUCCESS && cur->rk)
+                s = loom_cuda_dev_ops.reduce3(g->st, cur->mine, cur->into, cur->mine, cur->rk,
                                               a->dtype, a->op, g->err);
-                /* The scratch is written again by the next receive. */
-                if (s == LOOM_SUCCESS)
-                    s = dsync(g);
-            }
         }
+        /* The step's reductions are what the next step sends. */
+        if (s == LOOM_SUCCESS)
+            s = dsync(g);
     }
     size_t moff, mlen;
     block(g, blk, me, &moff, &mlen);
@@ -411,11 +443,11 @@ static loom_status_t run_reducing(gdr_t *g)
                 continue;
             }
             if (allr || me == a->root)
-                x[k++] = (loom_dev_xfer_t){.peer = r, .is_send = 0, .buf = at(out, off, es),
-                                           .bytes = len * es};
+                x[k++] = (loom_dev_xfer_t){
+                    .peer = r, .is_send = 0, .buf = at(out, off, es), .bytes = len * es};
             if (allr || r == a->root)
-                x[k++] = (loom_dev_xfer_t){.peer = r, .is_send = 1,
-                                           .buf = at(acc, moff, es), .bytes = mlen * es};
+                x[k++] = (loom_dev_xfer_t){
+                    .peer = r, .is_send = 1, .buf = at(acc, moff, es), .bytes = mlen * es};
         }
         if (s == LOOM_SUCCESS)
             s = exchange(g, x, k);
@@ -428,10 +460,12 @@ static loom_status_t run_reducing(gdr_t *g)
     return s;
 }
 
-loom_status_t loom_cuda_gdr_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
-                                loom_err_t *err)
+loom_status_t loom_cuda_gdr_run(loom_cuda_state_t *st, const loom_coll_args_t *a, loom_err_t *err)
 {
-    gdr_t g = {.st = st, .a = a, .P = loom_comm_size(st->comm), .me = loom_comm_rank(st->comm),
+    gdr_t g = {.st = st,
+               .a = a,
+               .P = loom_comm_size(st->comm),
+               .me = loom_comm_rank(st->comm),
                .err = err};
     loom_comm_dev_begin(st->comm, a);
     /* The transport reads and writes the buffers outside CUDA's streams: the
@@ -442,9 +476,7 @@ loom_status_t loom_cuda_gdr_run(loom_cuda_state_t *st, const loom_coll_args_t *a
     switch (a->coll) {
     case LOOM_COLL_ALLREDUCE:
     case LOOM_COLL_REDUCE:
-    case LOOM_COLL_REDUCE_SCATTER:
-        return run_reducing(&g);
-    default:
-        return run_linear(&g);
+    case LOOM_COLL_REDUCE_SCATTER: return run_reducing(&g);
+    default: return run_linear(&g);
     }
 }

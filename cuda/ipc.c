@@ -284,14 +284,7 @@ static loom_status_t share(ipc_t *x, int *agreed)
         }
     /* Agree: the least of every rank's ok. */
     int32_t any = ok;
-    loom_coll_args_t m = {.coll = LOOM_COLL_ALLREDUCE,
-                          .sendbuf = &ok,
-                          .recvbuf = &any,
-                          .count = 1,
-                          .esize = sizeof(int32_t),
-                          .dtype = LOOM_INT32,
-                          .op = LOOM_MIN};
-    if ((status = host_coll(x, &m)) == LOOM_SUCCESS)
+    if ((status = loom_cuda_agree_min(x->run_host, x->host_arg, &any)) == LOOM_SUCCESS)
         *agreed = any;
 out:
     free(all);

@@ -47,6 +47,12 @@ typedef struct loom_dev_xfer {
  * with tag step, the buffers as GPU memory, and waits for all of them. */
 void loom_comm_dev_begin(loom_comm_t c, const loom_coll_args_t *a);
 loom_status_t loom_comm_dev_p2p(loom_comm_t c, uint32_t step, const loom_dev_xfer_t *x, int n);
+/* The same in two halves, for pipelines: post fills reqs[0..n) (kept in place
+ * until waited for; on failure the communicator is broken and what was posted
+ * fails), wait waits for all n. */
+loom_status_t loom_comm_dev_post(loom_comm_t c, uint32_t step, const loom_dev_xfer_t *x, int n,
+                                 loom_tp_req_t *reqs);
+loom_status_t loom_comm_dev_wait(loom_comm_t c, loom_tp_req_t *reqs, int n);
 
 /* Runs a collective on host buffers for the accelerator (the core's executor:
  * algorithm selection, then the algorithm, on the calling thread). */

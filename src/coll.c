@@ -150,13 +150,12 @@ void loom_comm_dev_begin(loom_comm_t c, const loom_coll_args_t *a)
     c->ctx.total = coll_total(c, a);
 }
 
-loom_status_t loom_comm_dev_p2p(loom_comm_t c, uint32_t step, const loom_dev_xfer_t *x, int n)
+loom_status_t loom_comm_dev_post(loom_comm_t c, uint32_t step, const loom_dev_xfer_t *x, int n,
+                                 loom_tp_req_t *reqs)
 {
-    loom_tp_req_t stack[16], *reqs = n <= 16 ? stack : calloc((size_t)n, sizeof(*reqs));
-    if (!reqs)
-        return loom_err_set(&c->work_err, LOOM_ERR_NO_MEMORY, "out of memory");
     loom_status_t st = LOOM_SUCCESS;
     int posted = 0;
+    memset(reqs, 0, sizeof(*reqs) * (size_t)n);
     c->ctx.device_mem = 1;
     /* Receives first, so that no rendezvous waits for a receive posted later. */
     for (int pass = 0; pass < 2 && st == LOOM_SUCCESS; pass++)
@@ -170,13 +169,32 @@ loom_status_t loom_comm_dev_p2p(loom_comm_t c, uint32_t step, const loom_dev_xfe
                 posted++;
         }
     c->ctx.device_mem = 0;
-    if (st != LOOM_SUCCESS)
-        mark_broken(c, st);   /* fails what was posted, so the wait below ends */
-    loom_status_t wst = loom_p2p_waitall(&c->ctx, reqs, posted);
-    if (st == LOOM_SUCCESS && wst != LOOM_SUCCESS) {
-        st = wst;
-        mark_broken(c, st);
+    if (st != LOOM_SUCCESS) {
+        mark_broken(c, st);   /* fails what was posted, so a wait for it ends */
+        loom_p2p_waitall(&c->ctx, reqs, posted);
     }
+    /* Entries never posted count as done, so a wait over all n ends. */
+    for (int i = posted; i < n; i++)
+        reqs[i].done = 1;
+    return st;
+}
+
+loom_status_t loom_comm_dev_wait(loom_comm_t c, loom_tp_req_t *reqs, int n)
+{
+    loom_status_t st = loom_p2p_waitall(&c->ctx, reqs, n);
+    if (st != LOOM_SUCCESS)
+        mark_broken(c, st);
+    return st;
+}
+
+loom_status_t loom_comm_dev_p2p(loom_comm_t c, uint32_t step, const loom_dev_xfer_t *x, int n)
+{
+    loom_tp_req_t stack[16], *reqs = n <= 16 ? stack : calloc((size_t)n, sizeof(*reqs));
+    if (!reqs)
+        return loom_err_set(&c->work_err, LOOM_ERR_NO_MEMORY, "out of memory");
+    loom_status_t st = loom_comm_dev_post(c, step, x, n, reqs);
+    if (st == LOOM_SUCCESS)
+        st = loom_comm_dev_wait(c, reqs, n);
     if (reqs != stack)
         free(reqs);
     return st;

@@ -26,53 +26,10 @@
 
 #include "cuda-double/cuda_double.h"
 #include "loom.h"
+#include "mp_cuda_util.h"
 #include "mp_util.h"
 
 typedef enum { MODE_IPC, MODE_IPC_LAZY, MODE_STAGED, MODE_TWO_NODES } mode_t_;
-
-/* ---- values ------------------------------------------------------------- */
-
-static const struct {
-    loom_dtype_t dt;
-    size_t es;
-    const char *name;
-} dtypes[] = {
-    {LOOM_FLOAT32, 4, "float32"}, {LOOM_FLOAT16, 2, "float16"}, {LOOM_BFLOAT16, 2, "bfloat16"},
-    {LOOM_FLOAT64, 8, "float64"}, {LOOM_INT32, 4, "int32"},     {LOOM_INT8, 1, "int8"},
-};
-#define NDTYPES (sizeof(dtypes) / sizeof(dtypes[0]))
-
-static uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    return u;
-}
-
-/* Small integers and quarters only: exact in binary16, no rounding needed. */
-static uint16_t to_f16(float f)
-{
-    uint32_t u = f32_bits(f);
-    if ((u & 0x7fffffffu) == 0)
-        return (uint16_t)(u >> 16);
-    uint32_t sign = (u >> 16) & 0x8000u, exp = (u >> 23) & 0xffu, man = u & 0x7fffffu;
-    return (uint16_t)(sign | ((exp - 127 + 15) << 10) | (man >> 13));
-}
-
-/* Element i of rank r's input: an integer in [-4, 4]. */
-static void put(void *buf, size_t i, loom_dtype_t dt, int r)
-{
-    int v = (int)((size_t)r * 5 + i * 3) % 9 - 4;
-    float f = (float)v;
-    switch (dt) {
-    case LOOM_FLOAT32: ((float *)buf)[i] = f; break;
-    case LOOM_FLOAT64: ((double *)buf)[i] = v; break;
-    case LOOM_FLOAT16: ((uint16_t *)buf)[i] = to_f16(f); break;
-    case LOOM_BFLOAT16: ((uint16_t *)buf)[i] = (uint16_t)(f32_bits(f) >> 16); break;
-    case LOOM_INT32: ((int32_t *)buf)[i] = v; break;
-    default: ((int8_t *)buf)[i] = (int8_t)v; break;
-    }
-}
 
 /* ---- device buffers ------------------------------------------------------- */
 
@@ -85,13 +42,6 @@ typedef struct {
     char *up;            /* pinned: the inputs to upload, send then recv */
     size_t bytes;
 } bufs_t;
-
-static int cuda_ok(loom_comm_t c, cudaError_t e, const char *what)
-{
-    if (e != cudaSuccess)
-        mp_bad(c, "%s: %s", what, cudaGetErrorString(e));
-    return e == cudaSuccess;
-}
 
 enum { ALLREDUCE, REDUCE, BROADCAST, ALLGATHER, REDUCE_SCATTER, NCOLLS };
 static const char *const coll_names[NCOLLS] = {"allreduce", "reduce", "broadcast", "allgather",
@@ -167,10 +117,7 @@ static void one_case(loom_comm_t c, const case_t *k, bufs_t *b, mode_t_ mode,
         mp_bad(c, "%s GPU: %s", coll_names[k->coll], loom_comm_last_error(c));
         return;
     }
-    moved->h2d += after.h2d - before.h2d;
-    moved->d2h += after.d2h - before.d2h;
-    moved->d2d += after.d2d - before.d2d;
-    moved->kernels += after.kernels - before.kernels;
+    counts_since(moved, &before, &after);
     if ((mode == MODE_IPC || mode == MODE_IPC_LAZY) &&
         (after.h2d != before.h2d || after.d2h != before.d2h))
         mp_bad(c, "%s %s count %zu: %ld copies to and %ld from the host over IPC",
@@ -180,14 +127,8 @@ static void one_case(loom_comm_t c, const case_t *k, bufs_t *b, mode_t_ mode,
         return;
     if (k->coll == REDUCE && me != k->root)
         return;
-    for (size_t i = 0; i < out_bytes; i++)
-        if (b->hr[i] != b->ref[i]) {
-            mp_bad(c, "%s %s op %d root %d count %zu %s: byte %zu is 0x%02x, host gives 0x%02x",
-                   coll_names[k->coll], dtypes[k->dti].name, (int)k->op, k->root, k->count,
-                   k->in_place ? "in place" : "out of place", i, (unsigned char)b->hr[i],
-                   (unsigned char)b->ref[i]);
-            return;
-        }
+    same_bytes(c, coll_names[k->coll], k->dti, k->op, k->root, k->count, k->in_place, b->hr, b->ref,
+               out_bytes);
 }
 
 /* A float32 sum of inexact values: every rank must get ((x0 + x1) + x2) + ... */
@@ -293,20 +234,15 @@ static int rank_main(loom_comm_t c, void *arg)
                     int reduces = x != BROADCAST && x != ALLGATHER;
                     if (x == BROADCAST && in_place)
                         continue; /* broadcast has one buffer */
-                    /* Every op on the large count of float32, sum elsewhere. */
-                    static const loom_op_t ops[] = {LOOM_SUM, LOOM_AVG, LOOM_MAX, LOOM_PROD};
-                    int nops = reduces && d == 0 && ni == 4 ? 4 : 1;
-                    for (int o = 0; o < nops; o++) {
+                    for (int o = 0; o < matrix_nops(reduces, d, ni == 4); o++) {
                         case_t k = {.coll = x,
                                     .in_place = in_place,
-                                    .op = ops[o],
+                                    .op = matrix_ops[o],
                                     .dti = d,
-                                    .count = counts[ni],
+                                    .count = matrix_count(matrix_ops[o], counts[ni]),
                                     /* roots: the last rank (it reduces through the scratch
                                      * in place when P > 2) and rank 1 */
                                     .root = (ni % 2) ? P - 1 : 1};
-                        if (k.op == LOOM_PROD)
-                            k.count = 1001; /* 4^P stays exact */
                         one_case(c, &k, &b, mode, &moved);
                     }
                 }

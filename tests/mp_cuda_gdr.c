@@ -3,7 +3,7 @@
  * libibverbs double (tests/verbs-provider), whose ibv_reg_dmabuf_mr maps the
  * dma-bufs the CUDA double (tests/cuda-double) exports, so the double's
  * "HCA" moves device memory while Loom's own view of it stays PROT_NONE.
- * Run by tests/test_gdr.sh, which sets the environment (the double's
+ * Run by tests/test_ibverbs.sh, which sets the environment (the double's
  * libibverbs first on LD_LIBRARY_PATH, LOOM_TRANSPORT=ibverbs, LOOM_SHM=0,
  * LOOM_CUDA_IPC=0) and LOOM_NET_GDR.
  *
@@ -30,57 +30,27 @@
 
 #include "cuda-double/cuda_double.h"
 #include "loom.h"
+#include "mp_cuda_util.h"
 #include "mp_util.h"
 
 typedef enum { MODE_DIRECT, MODE_STAGED, MODE_REFUSED } mode_t_;
 
-static const struct {
-    loom_dtype_t dt;
-    size_t es;
-    const char *name;
-} dtypes[] = {
-    {LOOM_FLOAT32, 4, "float32"}, {LOOM_FLOAT16, 2, "float16"}, {LOOM_BFLOAT16, 2, "bfloat16"},
-    {LOOM_FLOAT64, 8, "float64"}, {LOOM_INT32, 4, "int32"},     {LOOM_INT8, 1, "int8"},
+enum {
+    ALLREDUCE,
+    REDUCE,
+    BROADCAST,
+    ALLGATHER,
+    ALLGATHERV,
+    REDUCE_SCATTER,
+    ALLTOALL,
+    ALLTOALLV,
+    GATHER,
+    SCATTER,
+    NCOLLS
 };
-#define NDTYPES (sizeof(dtypes) / sizeof(dtypes[0]))
-
-static uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    return u;
-}
-
-/* Small integers only: exact in binary16. */
-static uint16_t to_f16(float f)
-{
-    uint32_t u = f32_bits(f);
-    if ((u & 0x7fffffffu) == 0)
-        return (uint16_t)(u >> 16);
-    uint32_t sign = (u >> 16) & 0x8000u, exp = (u >> 23) & 0xffu, man = u & 0x7fffffu;
-    return (uint16_t)(sign | ((exp - 127 + 15) << 10) | (man >> 13));
-}
-
-/* Element i of rank r's input: an integer in [-4, 4]. */
-static void put(void *buf, size_t i, loom_dtype_t dt, int r)
-{
-    int v = (int)((size_t)r * 5 + i * 3) % 9 - 4;
-    float f = (float)v;
-    switch (dt) {
-    case LOOM_FLOAT32: ((float *)buf)[i] = f; break;
-    case LOOM_FLOAT64: ((double *)buf)[i] = v; break;
-    case LOOM_FLOAT16: ((uint16_t *)buf)[i] = to_f16(f); break;
-    case LOOM_BFLOAT16: ((uint16_t *)buf)[i] = (uint16_t)(f32_bits(f) >> 16); break;
-    case LOOM_INT32: ((int32_t *)buf)[i] = v; break;
-    default: ((int8_t *)buf)[i] = (int8_t)v; break;
-    }
-}
-
-enum { ALLREDUCE, REDUCE, BROADCAST, ALLGATHER, ALLGATHERV, REDUCE_SCATTER, ALLTOALL, ALLTOALLV,
-       GATHER, SCATTER, NCOLLS };
 static const char *const coll_names[NCOLLS] = {
-    "allreduce", "reduce",   "broadcast", "allgather", "allgatherv", "reduce_scatter",
-    "alltoall",  "alltoallv", "gather",   "scatter"};
+    "allreduce",      "reduce",   "broadcast", "allgather", "allgatherv",
+    "reduce_scatter", "alltoall", "alltoallv", "gather",    "scatter"};
 
 typedef struct {
     int coll, in_place, root;
@@ -132,10 +102,16 @@ static size_t fill(loom_comm_t c, const case_t *k, char *s, char *r, size_t cap)
     size_t in_n = n, out_n = n;
     switch (k->coll) {
     case ALLGATHER: out_n = n * (size_t)P; break;
-    case ALLGATHERV: in_n = k->vc[me]; out_n = k->vtotal; break;
+    case ALLGATHERV:
+        in_n = k->vc[me];
+        out_n = k->vtotal;
+        break;
     case REDUCE_SCATTER: in_n = n * (size_t)P; break;
     case ALLTOALL: in_n = out_n = n * (size_t)P; break;
-    case ALLTOALLV: in_n = k->stotal; out_n = k->vtotal; break;
+    case ALLTOALLV:
+        in_n = k->stotal;
+        out_n = k->vtotal;
+        break;
     case GATHER: out_n = me == k->root ? n * (size_t)P : 0; break;
     case SCATTER: in_n = me == k->root ? n * (size_t)P : 0; break;
     case REDUCE: out_n = me == k->root ? n : 0; break;
@@ -160,13 +136,6 @@ typedef struct {
     size_t bytes;
 } bufs_t;
 
-static int cuda_ok(loom_comm_t c, cudaError_t e, const char *what)
-{
-    if (e != cudaSuccess)
-        mp_bad(c, "%s: %s", what, cudaGetErrorString(e));
-    return e == cudaSuccess;
-}
-
 static void one_case(loom_comm_t c, case_t *k, bufs_t *b, mode_t_ mode, cuda_double_counts_t *moved)
 {
     v_counts(k, loom_comm_size(c), loom_comm_rank(c));
@@ -187,24 +156,15 @@ static void one_case(loom_comm_t c, case_t *k, bufs_t *b, mode_t_ mode, cuda_dou
         mp_bad(c, "%s GPU: %s", coll_names[k->coll], loom_comm_last_error(c));
         return;
     }
-    moved->h2d += after.h2d - before.h2d;
-    moved->d2h += after.d2h - before.d2h;
-    moved->kernels += after.kernels - before.kernels;
-    moved->dmabuf_exports += after.dmabuf_exports - before.dmabuf_exports;
+    counts_since(moved, &before, &after);
     if (mode == MODE_DIRECT && (after.h2d != before.h2d || after.d2h != before.d2h))
         mp_bad(c, "%s %s count %zu: %ld copies to and %ld from the host with GPUDirect RDMA",
                coll_names[k->coll], dtypes[k->dti].name, k->count, after.h2d - before.h2d,
                after.d2h - before.d2h);
     if (!cuda_ok(c, cudaMemcpy(b->hr, b->r, b->bytes, cudaMemcpyDeviceToHost), "download"))
         return;
-    for (size_t i = 0; i < out_bytes; i++)
-        if (b->hr[i] != b->ref[i]) {
-            mp_bad(c, "%s %s op %d root %d count %zu %s: byte %zu is 0x%02x, host gives 0x%02x",
-                   coll_names[k->coll], dtypes[k->dti].name, (int)k->op, k->root, k->count,
-                   k->in_place ? "in place" : "out of place", i, (unsigned char)b->hr[i],
-                   (unsigned char)b->ref[i]);
-            return;
-        }
+    same_bytes(c, coll_names[k->coll], k->dti, k->op, k->root, k->count, k->in_place, b->hr, b->ref,
+               out_bytes);
 }
 
 static sigjmp_buf faulted;
@@ -248,9 +208,9 @@ static void send_recv(loom_comm_t c, bufs_t *b, mode_t_ mode, cuda_double_counts
                 return;
             cuda_double_counts_t before, after;
             cuda_double_counts(&before);
-            loom_status_t st = me == 0 ? loom_send(from_host ? (void *)h : (void *)b->s, n,
-                                                   LOOM_INT32, 1, 5, c)
-                                       : loom_recv(b->s, n, LOOM_INT32, 0, 5, c);
+            loom_status_t st =
+                me == 0 ? loom_send(from_host ? (void *)h : (void *)b->s, n, LOOM_INT32, 1, 5, c)
+                        : loom_recv(b->s, n, LOOM_INT32, 0, 5, c);
             cuda_double_counts(&after);
             if (st != LOOM_SUCCESS) {
                 mp_bad(c, "send/recv %zu: %s", n, loom_comm_last_error(c));
@@ -308,7 +268,6 @@ static int rank_main(loom_comm_t c, void *arg)
             mp_bad(c, "a host read of device memory did not fault");
     }
     cuda_double_counts_t moved = {0};
-    static const loom_op_t ops[] = {LOOM_SUM, LOOM_AVG, LOOM_MAX, LOOM_PROD};
     for (int x = 0; x < NCOLLS; x++)
         for (size_t d = 0; d < NDTYPES; d++)
             for (size_t ni = 0; ni < sizeof(counts) / sizeof(counts[0]); ni++)
@@ -316,26 +275,28 @@ static int rank_main(loom_comm_t c, void *arg)
                     int reduces = x == ALLREDUCE || x == REDUCE || x == REDUCE_SCATTER;
                     if (in_place && !reduces && x != ALLGATHER)
                         continue;
-                    /* Every op on the large count of float32, sum elsewhere. */
-                    int nops = reduces && d == 0 && ni == 4 ? 4 : 1;
-                    for (int o = 0; o < nops; o++) {
-                        case_t k = {.coll = x, .in_place = in_place, .op = ops[o], .dti = d,
-                                    .count = counts[ni], .root = (ni % 2) ? P - 1 : 1};
-                        if (k.op == LOOM_PROD)
-                            k.count = 1001;
+                    for (int o = 0; o < matrix_nops(reduces, d, ni == 4); o++) {
+                        case_t k = {.coll = x, .in_place = in_place, .dti = d};
+                        k.op = matrix_ops[o];
+                        k.count = matrix_count(k.op, counts[ni]);
+                        k.root = (ni % 2) ? P - 1 : 1;
                         one_case(c, &k, &b, mode, &moved);
                     }
                 }
-    send_recv(c, &b, mode, &moved);
+    cuda_double_counts_t p2p = {0};
+    send_recv(c, &b, mode, &p2p);
     if (mode == MODE_DIRECT && (moved.dmabuf_exports == 0 || moved.kernels == 0))
         mp_bad(c, "GPUDirect: %ld dma-bufs exported, %ld kernels run", moved.dmabuf_exports,
                moved.kernels);
-    if (mode == MODE_STAGED && (moved.h2d == 0 || moved.d2h == 0 || moved.dmabuf_exports != 0))
+    if (mode == MODE_STAGED && (moved.h2d == 0 || moved.d2h == 0 || moved.dmabuf_exports != 0 ||
+                                (loom_comm_rank(c) < 2 && p2p.h2d + p2p.d2h == 0)))
         mp_bad(c, "staged: %ld copies up, %ld down, %ld dma-bufs", moved.h2d, moved.d2h,
                moved.dmabuf_exports);
-    printf("rank %d/%d: during the GPU calls: %ld copies host to device, %ld device to host, "
-           "%ld kernels, %ld dma-bufs exported\n", loom_comm_rank(c), P, moved.h2d, moved.d2h,
-           moved.kernels, moved.dmabuf_exports);
+    printf("rank %d/%d: during the GPU collectives: %ld copies host to device, %ld device to "
+           "host, %ld kernels, %ld dma-bufs exported; send/recv: %ld copies up, %ld down (with "
+           "GPUDirect: only small messages sent from host memory go up)\n",
+           loom_comm_rank(c), P, moved.h2d, moved.d2h, moved.kernels, moved.dmabuf_exports, p2p.h2d,
+           p2p.d2h);
     fflush(stdout);
     cudaFree(b.s);
     cudaFree(b.r);

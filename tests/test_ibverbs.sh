@@ -5,11 +5,11 @@
 # the failure tests (a killed rank, a rank that leaves, LOOM_AUTH_KEY,
 # mismatches, abort, timeouts); faults injected by the double (remote access
 # error, QP to the error state) end in errors within LOOM_TIMEOUT; loom-perf
-# p2p -t ibverbs. With the system's
+# p2p -t ibverbs; GPUDirect RDMA on GPU buffers of the CUDA double (CUDA builds). With the system's
 # libibverbs and no devices: LOOM_TRANSPORT=ibverbs fails with a clear error
 # and auto falls back to TCP.
 # What the double cannot show (DMA ordering, wire retries, GID routing,
-# GPUDirect) needs a real fabric: see docs/ibverbs.md.
+# GPUDirect between a real GPU and HCA) needs a real fabric: see docs/ibverbs.md.
 set -u
 top_builddir=${top_builddir:-.}
 provider="$top_builddir/tests/verbs-provider/.libs"
@@ -38,6 +38,7 @@ result() {
 now() { date +%s; }
 
 unset LOOM_TRANSPORT LOOM_SHM LOOM_IB_HCA LOOM_IB_GID_INDEX LOOM_AUTH_KEY FAKEVERBS_FAULT FAKEVERBS_DEVICES \
+      LOOM_NET_GDR LOOM_CUDA_IPC FAKEVERBS_DMABUF LOOM_CUDA_DOUBLE_DMABUF FAKEVERBS_STATS \
       FAKEVERBS_LINK_LAYER LOOM_MP_NODES LOOM_MP_FULL
 export LOOM_TIMEOUT=${LOOM_TIMEOUT:-60}
 
@@ -194,6 +195,61 @@ fi
 rc=$?
 [ $rc = 0 ] && grep -q "over ibverbs" "$tmp/out" && grep -q "Out of bounds values : 0 OK" "$tmp/out"
 result $? "loom-perf p2p -t ibverbs"
+
+# ---- GPUDirect RDMA (CUDA builds) ----------------------------------------------------
+# GPU buffers from the CUDA double over the ibverbs transport, whose
+# ibv_reg_dmabuf_mr maps the CUDA double's dma-bufs, so the double's "HCA" moves
+# device memory while Loom's view of it stays PROT_NONE (a host touch is a
+# SIGSEGV). tests/mp_cuda_gdr runs every collective and blocking send/recv:
+# with LOOM_NET_GDR=1 on 2, 3 and 4 ranks, with no copy between host and device
+# during a call (the CUDA double's counters) and the device bytes the verbs
+# double moved; with LOOM_NET_GDR=0 and unset staged through host memory;
+# LOOM_NET_GDR=1 on a GPU without dma-buf (and no nvidia-peermem) must fail
+# saying why. The INFO log names the path. LOOM_CUDA_IPC=0: on one node CUDA
+# IPC would come first.
+gdr="$top_builddir/tests/mp_cuda_gdr"
+if [ -x "$gdr" ]; then
+    export LOOM_TRANSPORT=ibverbs LOOM_SHM=0 LOOM_CUDA_IPC=0
+    for n in 2 3 4; do
+        LOOM_NET_GDR=1 LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=cuda,ibverbs FAKEVERBS_STATS=1 \
+            "$gdr" direct $n > "$tmp/out" 2>&1
+        rc=$?
+        grep -q "GPU buffers on .*: dmabuf (GPUDirect RDMA through dma-buf)" "$tmp/out" &&
+            grep -q "allreduce on GPU buffers: GPU to network through GPUDirect RDMA" "$tmp/out" &&
+            ! grep -q "on GPU buffers: staged" "$tmp/out" &&
+            grep -q "fakeverbs: pid .*: dmabuf registrations [1-9]" "$tmp/out"
+        ok=$?
+        [ $rc = 0 ] && [ $ok = 0 ]
+        result $? "LOOM_NET_GDR=1, $n ranks: every collective GPU to HCA, no staging copy"
+        [ $rc = 0 ] && [ $ok = 0 ] || tail -40 "$tmp/out"
+        grep "during the GPU collectives" "$tmp/out" | head -2
+        grep "fakeverbs: pid .*: dmabuf registrations [1-9]" "$tmp/out" | head -2
+    done
+
+    LOOM_NET_GDR=0 LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=cuda,ibverbs "$gdr" staged 2 > "$tmp/out" 2>&1
+    rc=$?
+    grep -q "staging (LOOM_NET_GDR=0" "$tmp/out" && grep -q "on GPU buffers: staged" "$tmp/out"
+    ok=$?
+    [ $rc = 0 ] && [ $ok = 0 ]
+    result $? "LOOM_NET_GDR=0, 2 ranks: the matrix staged through host memory"
+    [ $rc = 0 ] && [ $ok = 0 ] || tail -40 "$tmp/out"
+
+    # Unset: GPU and HCA are not known to be close, so auto stages (as NCCL does).
+    LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=ibverbs "$gdr" staged 2 > "$tmp/out" 2>&1
+    rc=$?
+    grep -q "staging (GPU and HCA are not under one PCIe switch" "$tmp/out"
+    ok=$?
+    [ $rc = 0 ] && [ $ok = 0 ]
+    result $? "LOOM_NET_GDR unset: staged, the INFO log says why"
+    [ $rc = 0 ] && [ $ok = 0 ] || tail -40 "$tmp/out"
+
+    LOOM_CUDA_DOUBLE_DMABUF=0 LOOM_NET_GDR=1 "$gdr" refused 2 > "$tmp/out" 2>&1
+    rc=$?
+    result $rc "LOOM_NET_GDR=1, a GPU without dma-buf and no nvidia-peermem: the GPU call fails, saying why"
+    [ $rc = 0 ] || tail -20 "$tmp/out"
+else
+    echo "(no CUDA build: the GPUDirect RDMA checks are left out)"
+fi
 
 echo "$passed passed, $failed failed"
 [ $failed = 0 ]

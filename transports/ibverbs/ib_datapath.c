@@ -162,6 +162,7 @@ static int post_data(loom_tp_t *tp, ib_peer_t *p, uint32_t id)
             return -1;
     }
     p->consumed++;
+    p->rdv_landing++;
     return 1;
 }
 
@@ -598,6 +599,7 @@ static int poll_cqs(loom_tp_t *tp)
             loom_rcache_put(s->rc, s->reg);
             rdv_free(&tp->rdv_send, (int)WRID_LOW(wc[i].wr_id));
             p->rdv_out--;
+            p->rdv_landing--;
         }
         if (seq > p->sq_done)
             p->sq_done = seq;
@@ -735,7 +737,10 @@ static void check_goodbyes(loom_tp_t *tp, double now)
     for (int i = 0; i < tp->nactive && !tp->failed; i++) {
         ib_peer_t *p = &tp->peers[tp->active[i]];
         int all_in = p->freed >= p->sent_to_us;
-        if (p->said_bye && !ib_nothing_pending(p) &&
+        /* A rendezvous whose data is posted may have reached the peer before
+         * its goodbye did: its completion (or its error) tells, not the goodbye. */
+        int waits = p->rq.head || p->oq_head || p->rdv_in || p->rdv_out > p->rdv_landing;
+        if (p->said_bye && waits &&
             (all_in || now - p->bye_at > NOTE_WAIT_S))
             tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d destroyed its communicator while rank %d "
                     "still exchanges messages with it", p->rank, tp->rank);

@@ -104,6 +104,8 @@ typedef struct ib_peer {
     uint32_t sq_bytes[SQ_DEPTH];
     ib_op_t *oq_head, *oq_tail;
     int rdv_out;             /* rendezvous sends in flight */
+    int rdv_landing;         /* of those, the ones whose data is posted: only their
+                              * completion is awaited (the peer may have them already) */
     /* receive side */
     uint64_t freed, advertised;
     int rdv_in;              /* rendezvous receives in flight */

@@ -76,6 +76,13 @@ static int ib_reaches(loom_tp_t *tp, int peer, const char *peer_addr, int same_h
     return peer_addr != NULL;
 }
 
+/* nvidia-peermem (or the older nv_peer_mem) lets ibv_reg_mr pin GPU memory. */
+static int peermem_loaded(void)
+{
+    return access("/sys/module/nvidia_peermem", F_OK) == 0 ||
+           access("/sys/module/nv_peer_mem", F_OK) == 0;
+}
+
 /* GPUDirect RDMA, decided at the first GPU buffer (never for a CPU-only
  * program, which must not start CUDA) and the same for every peer: the
  * registration is local, the peer only sees an address and an rkey. */
@@ -83,16 +90,13 @@ static int ib_device_memory(loom_tp_t *tp, int peer, char *why, size_t whylen)
 {
     (void)peer;
     if (tp->gdr_path < 0) {
-        loom_gdr_caps_t caps = {
-            .forced = tp->gdr_net, .device_buffer = 1,
-            .verbs_dmabuf = tp->api->reg_dmabuf_mr != NULL,
-            .gpu_dmabuf = tp->devmem && tp->devmem->dmabuf_supported &&
-                          tp->devmem->dmabuf_export && tp->devmem->dmabuf_supported(NULL),
-            .peermem = access("/sys/module/nvidia_peermem", F_OK) == 0 ||
-                       access("/sys/module/nv_peer_mem", F_OK) == 0,
-            /* The PCIe distance between GPU and HCA is not measured yet: auto
-             * stages, LOOM_NET_GDR=1 goes direct. */
-            .near = 0};
+        /* The PCIe distance between GPU and HCA is not measured yet (near = 0):
+         * auto stages, LOOM_NET_GDR=1 goes direct. */
+        loom_gdr_caps_t caps = {.forced = tp->gdr_net, .device_buffer = 1, .near = 0};
+        caps.verbs_dmabuf = tp->api->reg_dmabuf_mr != NULL;
+        caps.gpu_dmabuf = tp->devmem && tp->devmem->dmabuf_supported && tp->devmem->dmabuf_export &&
+                          tp->devmem->dmabuf_supported(NULL);
+        caps.peermem = peermem_loaded();
         tp->gdr_path = (int)loom_gdr_decide(&caps, tp->gdr_why, sizeof(tp->gdr_why));
         LOOM_INFO("ibverbs", "rank %d: GPU buffers on %s: %s (%s)", tp->rank, tp->dev_name,
                   loom_gdr_path_name((loom_gdr_path_t)tp->gdr_path), tp->gdr_why);
@@ -100,8 +104,8 @@ static int ib_device_memory(loom_tp_t *tp, int peer, char *why, size_t whylen)
     if (why && whylen)
         snprintf(why, whylen, "ibverbs on %s: %s", tp->dev_name, tp->gdr_why);
     return tp->gdr_path == LOOM_GDR_DMABUF || tp->gdr_path == LOOM_GDR_PEERMEM ? 1
-           : tp->gdr_path == LOOM_GDR_IMPOSSIBLE                              ? -1
-                                                                              : 0;
+           : tp->gdr_path == LOOM_GDR_IMPOSSIBLE                               ? -1
+                                                                               : 0;
 }
 
 static void ib_describe(FILE *out)
@@ -112,11 +116,9 @@ static void ib_describe(FILE *out)
     /* What GPUDirect RDMA could use here, without starting CUDA: the GPU's
      * side (dma-buf export) is known only at the first GPU buffer. */
     const loom_ib_api_t *api = loom_ib_api_load(NULL, 0);
-    int peermem = access("/sys/module/nvidia_peermem", F_OK) == 0 ||
-                  access("/sys/module/nv_peer_mem", F_OK) == 0;
+    int peermem = peermem_loaded();
     fprintf(out, "#   GPUDirect RDMA (LOOM_NET_GDR): ibv_reg_dmabuf_mr %s, nvidia-peermem %s\n",
-            api && api->reg_dmabuf_mr ? "available" : "missing",
-            peermem ? "loaded" : "not loaded");
+            api && api->reg_dmabuf_mr ? "available" : "missing", peermem ? "loaded" : "not loaded");
 }
 
 const loom_transport_ops_t loom_ibverbs_transport = {
