@@ -216,6 +216,11 @@ LOOM_API uint64_t loom_comm_epoch(loom_comm_t c);
  *  the next epoch, the same on every rank; call it at a commit point and
  *  rebuild when it is > 0. 0 for a communicator that is not elastic. */
 LOOM_API loom_status_t loom_comm_join_pending(loom_comm_t c, int *pending);
+/** Not collective: the number of processes waiting to join the next epoch
+ *  as this rank reads the store now (ranks may read different numbers; decide
+ *  with loom_comm_join_pending). A rank may poll it while it waits for new
+ *  hosts. Thread-safe against calls running on c. 0 when c is not elastic. */
+LOOM_API loom_status_t loom_comm_join_waiting(loom_comm_t c, int *waiting);
 
 /** This process's rank in c, and the number of ranks. Not collective; any thread. */
 LOOM_API int loom_comm_rank(loom_comm_t c);

@@ -16,7 +16,10 @@
  *
  * and loom/<job>/elastic/dead/<id>, set by the launcher for a process that
  * exited, so a round never waits for it, and loom/<job>/elastic/finished, set
- * by the launcher once a rank has finished, so a late newcomer stops waiting.
+ * by the launcher once a rank has finished, so a late newcomer stops waiting,
+ * and loom/<job>/elastic/joining, the processes the launcher started that are
+ * in no epoch yet: members that find newcomers waiting at a commit point wait
+ * for the rest of them, so one reset takes in all that were started together.
  *
  * A round is complete when every live member of the previous epoch has
  * registered (or, for epoch 0, LOOM_SIZE processes have) and there are at
@@ -60,6 +63,7 @@ struct loom_elastic {
     double timeout_s;           /* LOOM_ELASTIC_TIMEOUT */
     int min_np;                 /* LOOM_ELASTIC_MIN_NP */
     int derived;                /* a split of an elastic communicator: watched, not rebuilt */
+    double short_since;         /* when fewer processes waited to join than were starting */
     loom_store_t *watch_store;
     pthread_t watcher;
     int watcher_started;
@@ -830,23 +834,73 @@ LOOM_API loom_status_t loom_comm_rebuild(loom_comm_t old, loom_comm_t *out)
     return loom_comm_fail(old, st, "loom_comm_rebuild: %s", err.msg[0] ? err.msg : loom_strerror(st));
 }
 
+/* Processes waiting to join the epoch after c's, as the store says now. */
+static loom_status_t join_count(loom_comm_t c, const char *what, int32_t *n)
+{
+    *n = 0;
+    if (!c->elastic)
+        return LOOM_SUCCESS;
+    char k[320];
+    snprintf(k, sizeof(k), "%s/e%llu/n", c->elastic->base,
+             (unsigned long long)c->elastic->epoch + 1);
+    loom_err_t err = {0};
+    int64_t v = 0;
+    if (loom_store_add(c->store->store, k, 0, &v, &err) != LOOM_SUCCESS)
+        return loom_comm_fail(c, err.status, "%s: %s", what, err.msg);
+    *n = (int32_t)(v > INT32_MAX ? INT32_MAX : v);
+    return LOOM_SUCCESS;
+}
+
+/* How many processes the launcher started to join (loomrun --elastic
+ * publishes it as <base>/joining); 0 when it does not say. */
+static int32_t starting_joiners(loom_comm_t c)
+{
+    char k[320];
+    snprintf(k, sizeof(k), "%s/joining", c->elastic->base);
+    const char *keys[1] = {k};
+    loom_err_t err = {0};
+    void *val = NULL;
+    size_t len = 0;
+    if (loom_store_wait(c->store->store, keys, 1, 0.0, &err) != LOOM_SUCCESS ||
+        loom_store_get(c->store->store, k, &val, &len, 1.0, &err) != LOOM_SUCCESS)
+        return 0;
+    long n = len > 0 && len < 16 ? strtol(val, NULL, 10) : 0;
+    free(val);
+    return n > 0 && n < INT32_MAX ? (int32_t)n : 0;
+}
+
+LOOM_API loom_status_t loom_comm_join_waiting(loom_comm_t c, int *waiting)
+{
+    if (!c || !waiting)
+        return loom_global_fail(LOOM_ERR_INVALID_ARG, "loom_comm_join_waiting: NULL argument");
+    int32_t n = 0;
+    loom_status_t st = join_count(c, "loom_comm_join_waiting", &n);
+    *waiting = n;
+    return st;
+}
+
 LOOM_API loom_status_t loom_comm_join_pending(loom_comm_t c, int *pending)
 {
     if (!c || !pending)
         return loom_global_fail(LOOM_ERR_INVALID_ARG, "loom_comm_join_pending: NULL argument");
     int32_t mine = 0, all = 0;
-    if (c->elastic) {
-        char k[320];
-        snprintf(k, sizeof(k), "%s/e%llu/n", c->elastic->base,
-                 (unsigned long long)c->elastic->epoch + 1);
-        loom_err_t err = {0};
-        int64_t v = 0;
-        if (loom_store_add(c->store->store, k, 0, &v, &err) != LOOM_SUCCESS)
-            return loom_comm_fail(c, err.status, "loom_comm_join_pending: %s", err.msg);
-        mine = (int32_t)(v > INT32_MAX ? INT32_MAX : v);
+    loom_status_t st = join_count(c, "loom_comm_join_pending", &mine);
+    if (st != LOOM_SUCCESS)
+        return st;
+    if (mine > 0 && mine < starting_joiners(c)) {
+        /* The launcher started more processes than wait yet (the others are
+         * still loading): one reset takes them all in, as Horovod's does, unless
+         * they keep the members waiting past LOOM_ELASTIC_TIMEOUT. */
+        double now = loom_now_s();
+        if (c->elastic->short_since == 0)
+            c->elastic->short_since = now;
+        if (now - c->elastic->short_since < c->elastic->timeout_s)
+            mine = 0;
+    } else {
+        c->elastic->short_since = 0;
     }
     /* Ranks read the store at different moments: agree on one answer. */
-    loom_status_t st = loom_allreduce(&mine, &all, 1, LOOM_INT32, LOOM_MAX, c);
+    st = loom_allreduce(&mine, &all, 1, LOOM_INT32, LOOM_MAX, c);
     if (st != LOOM_SUCCESS)
         return st;
     *pending = all;

@@ -288,6 +288,14 @@ int main(void)
             continue;
         }
         if (pending > 0) {
+            /* The count only grows until the rebuild takes the newcomers in:
+             * this rank's own later look sees at least what the ranks agreed on. */
+            int waiting = 0;
+            if (loom_comm_join_waiting(comm, &waiting) != LOOM_SUCCESS || waiting < pending) {
+                fprintf(stderr, "[mpe] loom_comm_join_waiting: %d, below the agreed %d\n",
+                        waiting, pending);
+                return 1;
+            }
             need_sync = 2;
             continue;
         }

@@ -249,14 +249,14 @@ if want minnp; then
     [ "$failures" -eq "$f0" ] && echo "ok: below --min-np the job fails: $(grep 'elastic job failed' "$tmp/minnp/out" | head -1)"
 fi
 
-# reset-limit: the first membership change past --reset-limit ends the job
+# reset-limit: the first reset (a new epoch) past --reset-limit ends the job
 if want resets; then
     f0=$failures
     mkdir -p "$tmp/resets" && printf 'localhost\n127.0.0.2\n127.0.0.3\n' >"$tmp/resets/hosts"
     t=$(date +%s)
     MPE_KILL_ID=1 MPE_KILL_STEP=4 start resets -np 3 --reset-limit 0
     finish "$t" 1 60
-    grep -q "elastic job failed: 1 membership changes exceed --reset-limit 0" "$tmp/resets/out" ||
+    grep -q "elastic job failed: 1 reset(s) exceed --reset-limit 0" "$tmp/resets/out" ||
         fail "resets: no word about --reset-limit"
     [ "$failures" -eq "$f0" ] && echo "ok: past --reset-limit the job fails"
 fi

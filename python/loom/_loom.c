@@ -520,6 +520,23 @@ static PyObject *Comm_join_pending(CommObject *self, PyObject *unused)
     return PyLong_FromLong(pending);
 }
 
+/* Not collective and without the communicator's lock: a rank polls it while
+ * its engine thread runs collectives on the same communicator. */
+static PyObject *Comm_join_waiting(CommObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!comm_ok(self))
+        return NULL;
+    int waiting = 0;
+    loom_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = loom_comm_join_waiting(self->comm, &waiting);
+    Py_END_ALLOW_THREADS
+    if (st != LOOM_SUCCESS)
+        return raise_status(self->comm, st, "join_waiting");
+    return PyLong_FromLong(waiting);
+}
+
 static PyObject *Comm_get_epoch(CommObject *self, void *closure)
 {
     (void)closure;
@@ -1028,6 +1045,8 @@ static PyMethodDef Comm_methods[] = {
      "rebuild() -> Comm of the next elastic epoch (survivors first, then newcomers)."},
     {"join_pending", (PyCFunction)Comm_join_pending, METH_NOARGS,
      "Collective: how many processes wait to join the next epoch (0 unless elastic)."},
+    {"join_waiting", (PyCFunction)Comm_join_waiting, METH_NOARGS,
+     "Not collective: how many processes wait to join, as this rank reads the store now."},
     {"allreduce", (PyCFunction)(void (*)(void))Comm_allreduce, METH_VARARGS | METH_KEYWORDS,
      "allreduce(send, recv, op=SUM, dtype=-1, nonblocking=False); send None or recv: in place."},
     {"gated_allreduce", (PyCFunction)Comm_gated_allreduce, METH_VARARGS,

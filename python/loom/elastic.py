@@ -58,6 +58,22 @@ def reset():
     _basics._rebuild()
 
 
+class _HostMessages:
+    """What Horovod's State._host_messages (the driver's notifications) tells a
+    rank: whether the membership is about to change. Here: whether processes
+    wait to join, as this rank reads the store now (not collective: a rank may
+    poll it while it waits for new hosts; commit() decides for all ranks)."""
+
+    def qsize(self):
+        world = _basics._world
+        if world is None or world.closed or not _basics._elastic():
+            return 0
+        return world.join_waiting()
+
+    def empty(self):
+        return self.qsize() == 0
+
+
 class State:
     """What elastic training keeps: save() at each commit, restore() after a
     failure, sync() from rank 0 after every reset. bcast_object(obj) -> obj of
@@ -67,6 +83,9 @@ class State:
         self._bcast_object = bcast_object
         self._rank = get_rank
         self._reset_callbacks = []
+        self._host_messages = _HostMessages()
+        # Horovod's scripts reset it to force the next check; nothing here reads it.
+        self._last_updated_timestamp = 0
 
     def register_reset_callbacks(self, callbacks):
         """Call each of callbacks (no arguments) after every reset, once the

@@ -38,6 +38,9 @@ def object_state():
     t.check(s.epoch == 5 and s.batch == [7], "ObjectState.restore: the committed values, deep copies")
     s.check_host_updates()   # not elastic: no interrupt
     t.check(True, "check_host_updates outside an elastic job")
+    # Horovod's scripts poll it while they wait for new hosts.
+    t.check(s._host_messages.empty() and s._host_messages.qsize() == 0,
+            "state._host_messages: empty outside an elastic job")
 
 
 def torch_state():

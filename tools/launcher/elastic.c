@@ -141,14 +141,18 @@ typedef struct ejob {
     char base[128];        /* loom/<job>/elastic */
     envv_t env, xenv;      /* of local ranks (and ssh) / of remote ranks */
     int exit_code, finishing, changes, nfailed, nremoved, nstarted0;
+    int joining_published;  /* the last count of <base>/joining, -1: none yet */
     long long below_since, next_discovery;
     evloop_t loop;
 } ejob_t;
 
 /* Start one process on host h; its id is its index in g_run.ranks. */
-static int elastic_start(ejob_t *j, int h)
+static int elastic_start(ejob_t *j, int h, int want)
 {
     int r = g_run.np;
+    /* The rank and size it will have in the epoch it joins (survivors come
+     * first, newcomers in start order), as Horovod's launcher tells its ranks. */
+    int expected_rank = live_ranks(), local_rank = running_on(h);
     g_run.ranks = xrealloc(g_run.ranks, (size_t)(r + 1) * sizeof(rank_t));
     g_ep = xrealloc(g_ep, (size_t)(r + 1) * sizeof(eproc_t));
     rank_t *rk = &g_run.ranks[r];
@@ -164,6 +168,7 @@ static int elastic_start(ejob_t *j, int h)
     env_set(e, "LOOM_ELASTIC_ID", id_s);
     env_set(e, "LOOM_RANK", rank_s);
     env_set(e, "LOOM_HOST_ID", g_run.hosts[h].name);
+    env_set_horovod(e, expected_rank, want, local_rank, h);
     if (g_run.hosts[h].store != NULL)
         env_set(e, "LOOM_STORE", g_run.hosts[h].store);
     else
@@ -197,6 +202,12 @@ static int elastic_start(ejob_t *j, int h)
 static int fill_slots(ejob_t *j, int want)
 {
     int started = 0;
+    long long room = live_ranks();
+    for (int h = 0; h < g_run.nhosts; h++)
+        if (g_eh[h].present && g_eh[h].banned_until <= now_ms())
+            room += g_run.hosts[h].slots - running_on(h);
+    if (room < want)
+        want = (int)room;
     long long now = now_ms();
     for (int h = 0; h < g_run.nhosts && live_ranks() < want; h++) {
         if (!g_eh[h].present)
@@ -209,7 +220,7 @@ static int fill_slots(ejob_t *j, int want)
             g_eh[h].failures = 0;
         }
         while (running_on(h) < g_run.hosts[h].slots && live_ranks() < want) {
-            if (elastic_start(j, h) < 0)
+            if (elastic_start(j, h, want) < 0)
                 break;
             started++;
         }
@@ -217,8 +228,9 @@ static int fill_slots(ejob_t *j, int want)
     return started;
 }
 
-/* ids of the last epoch's members, from the store; -1 when there is none. */
-static int final_members(loom_store_t *st, const char *base, long long **ids_p)
+/* The latest epoch the ranks formed (0: the first; each reset adds one); -1
+ * before the first. */
+static long long current_epoch(loom_store_t *st, const char *base)
 {
     char key[300];
     void *val = NULL;
@@ -230,9 +242,23 @@ static int final_members(loom_store_t *st, const char *base, long long **ids_p)
     if (loom_store_wait(st, &k, 1, 0.0, &err) != LOOM_SUCCESS ||
         loom_store_get(st, key, &val, &len, 1.0, &err) != LOOM_SUCCESS)
         return -1;
-    unsigned long long epoch = strtoull(val, NULL, 10);
+    long long epoch = strtoll(val, NULL, 10);
     free(val);
-    snprintf(key, sizeof(key), "%s/e%llu/members", base, epoch);
+    return epoch;
+}
+
+/* ids of the last epoch's members, from the store; -1 when there is none. */
+static int final_members(loom_store_t *st, const char *base, long long **ids_p)
+{
+    char key[300];
+    void *val = NULL;
+    size_t len;
+    loom_err_t err;
+    loom_err_clear(&err);
+    long long epoch = current_epoch(st, base);
+    if (epoch < 0)
+        return -1;
+    snprintf(key, sizeof(key), "%s/e%lld/members", base, epoch);
     if (loom_store_get_signed(st, key, &val, &len, 1.0, &err) != LOOM_SUCCESS)
         return -1;
     int n = 0;
@@ -277,7 +303,10 @@ static void elastic_hosts(ejob_t *j)
         total += g_eh[h].present ? g_run.hosts[h].slots : 0;
     j->min_np = o->min_np > 0 ? o->min_np : 1;
     j->max_np = o->max_np > 0 ? o->max_np : o->np > 0 ? o->np : INT_MAX / 2;
+    /* As Horovod: with --max-np, every slot there is (up to it) from the start. */
     j->np0 = o->np > 0 ? o->np : (int)(total < j->max_np ? total : j->max_np);
+    if (o->max_np > 0 && total > j->np0)
+        j->np0 = (int)(total < j->max_np ? total : j->max_np);
     if (j->np0 > j->max_np)
         usage_error("-np %d is more than --max-np %d", j->np0, j->max_np);
     if (j->np0 > total)
@@ -360,6 +389,23 @@ static void elastic_host_stores(ejob_t *j, int present_only)
     }
 }
 
+/* Its ranks leave a host that left or failed (SIGTERM, then SIGKILL after
+ * the grace), as Horovod's driver drops a host with its ranks. */
+static void leave_host(ejob_t *j, int h, const char *why)
+{
+    long long now = now_ms();
+    for (int r = 0; r < g_run.np; r++) {
+        if (!g_run.ranks[r].running || g_ep[r].removed || g_run.ranks[r].host != h)
+            continue;
+        fprintf(stderr, "loomrun: host %s %s: stopping rank %d\n", g_run.hosts[h].name, why, r);
+        g_ep[r].removed = 1;
+        g_ep[r].kill_at = now + GRACE_MS;
+        signal_rank(&g_run.ranks[r], SIGTERM);
+        j->nremoved++;
+        j->changes++;
+    }
+}
+
 /* A process exited: its id is dead for every later round, whatever the
  * reason; a 0 means the job is finishing; a failure counts against its host. */
 static void elastic_exit(int r, const siginfo_t *si, int code, void *arg)
@@ -389,7 +435,22 @@ static void elastic_exit(int r, const siginfo_t *si, int code, void *arg)
             eh->banned_until = now_ms() + (long long)(j->cooldown_s * 1000);
             fprintf(stderr, "loomrun: host %s blacklisted for %g s after %d failure(s)\n",
                     g_run.hosts[rk->host].name, j->cooldown_s, eh->failures);
+            leave_host(j, rk->host, "is blacklisted");
         }
+    }
+}
+
+/* As Horovod counts them: resets, the epochs the ranks formed after the first
+ * (one reset takes in every change that happened meanwhile). */
+static void reset_limit_check(ejob_t *j)
+{
+    if (j->o->reset_limit < 0 || j->exit_code)
+        return;
+    long long resets = current_epoch(j->store, j->base);
+    if (resets > j->o->reset_limit) {
+        fprintf(stderr, "loomrun: elastic job failed: %lld reset(s) exceed --reset-limit %d\n",
+                resets, j->o->reset_limit);
+        j->exit_code = 1;
     }
 }
 
@@ -397,11 +458,7 @@ static void elastic_exit(int r, const siginfo_t *si, int code, void *arg)
  * long (or for good). A failed job starts ending. */
 static void elastic_health(ejob_t *j, long long now)
 {
-    if (j->o->reset_limit >= 0 && j->changes > j->o->reset_limit) {
-        fprintf(stderr, "loomrun: elastic job failed: %d membership changes exceed "
-                "--reset-limit %d\n", j->changes, j->o->reset_limit);
-        j->exit_code = 1;
-    }
+    reset_limit_check(j);
     int live = live_ranks();
     int usable = 0;
     for (int h = 0; h < g_run.nhosts; h++)
@@ -435,17 +492,9 @@ static void elastic_rediscover(ejob_t *j, long long now)
     j->next_discovery = now + (long long)(j->interval_s * 1000);
     if (discover(j->o, j->slots_dflt) < 0)
         return;
-    for (int r = 0; r < g_run.np; r++) {
-        if (!g_run.ranks[r].running || g_ep[r].removed || g_eh[g_run.ranks[r].host].present)
-            continue;
-        fprintf(stderr, "loomrun: host %s left: stopping rank %d\n",
-                g_run.hosts[g_run.ranks[r].host].name, r);
-        g_ep[r].removed = 1;
-        g_ep[r].kill_at = now + GRACE_MS;
-        signal_rank(&g_run.ranks[r], SIGTERM);
-        j->nremoved++;
-        j->changes++;
-    }
+    for (int h = 0; h < g_run.nhosts; h++)
+        if (!g_eh[h].present)
+            leave_host(j, h, "left");
     elastic_host_stores(j, 1);
     int added = fill_slots(j, j->max_np);
     if (added > 0) {
@@ -471,6 +520,34 @@ static void elastic_check_answers(ejob_t *j, long long now)
     }
 }
 
+/* Tell the members how many processes are on their way to join (started,
+ * alive, in no epoch yet): the rank that finds some waiting at a commit point
+ * waits for all of them, so one reset takes them in together. */
+static void publish_joining(ejob_t *j)
+{
+    long long *ids = NULL;
+    int nmembers = final_members(j->store, j->base, &ids);
+    int joining = 0;
+    for (int r = 0; r < g_run.np; r++) {
+        if (!g_run.ranks[r].running || g_ep[r].removed)
+            continue;
+        int member = 0;
+        for (int i = 0; i < nmembers && !member; i++)
+            member = ids[i] == r;
+        joining += !member;
+    }
+    free(ids);
+    if (nmembers > 0 && joining != j->joining_published) {
+        char key[300], val[24];
+        snprintf(key, sizeof(key), "%s/joining", j->base);
+        snprintf(val, sizeof(val), "%d", joining);
+        loom_err_t err;
+        loom_err_clear(&err);
+        if (loom_store_set(j->store, key, val, strlen(val), &err) == LOOM_SUCCESS)
+            j->joining_published = joining;
+    }
+}
+
 /* The job runs until every process is gone once it finishes or fails. */
 static void elastic_loop(ejob_t *j)
 {
@@ -491,6 +568,8 @@ static void elastic_loop(ejob_t *j)
             elastic_health(j, now);
         if (!j->finishing && !j->exit_code && !j->loop.got_signal && now >= j->next_discovery)
             elastic_rediscover(j, now);
+        if (!j->finishing && !j->exit_code && !j->loop.got_signal)
+            publish_joining(j);
         evloop_kill_due(&j->loop, now);
         if (g_run.nrunning == 0 && (j->finishing || j->exit_code || j->loop.got_signal))
             break;
@@ -501,6 +580,7 @@ static void elastic_loop(ejob_t *j)
 static void elastic_verdict(ejob_t *j)
 {
     long long *ids = NULL;
+    reset_limit_check(j);
     int nmembers = final_members(j->store, j->base, &ids);
     int bad = 0;
     for (int i = 0; i < nmembers; i++)
@@ -528,6 +608,7 @@ int elastic_main(options_t *o)
     ejob_t j;
     memset(&j, 0, sizeof(j));
     j.o = o;
+    j.joining_published = -1;
     elastic_hosts(&j);
     remote_wdir(o->wdir, &j.wdir);
     block_signals();

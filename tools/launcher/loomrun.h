@@ -230,6 +230,8 @@ void parse_args(int argc, char **argv, options_t *o);
 int rank_exited(int r, siginfo_t *si);
 int report(int r, const siginfo_t *si);
 char *format_int(int v);
+/* HOROVOD_RANK, _SIZE, _LOCAL_RANK, ..., HOROVOD_HOSTNAME of a rank on host. */
+void env_set_horovod(envv_t *e, int rank, int size, int lrank, int host);
 
 /* loop.c */
 typedef struct evloop {

@@ -111,7 +111,7 @@ char *format_int(int v)
 /* The variables Horovod's launchers set, so that Horovod scripts (and its
  * tests) reading them agree with what loom_init reports. Horovod's cross rank
  * numbers the hosts that have a rank with this local rank. */
-static void env_set_horovod(envv_t *e, int rank, int size, int lrank, int host)
+void env_set_horovod(envv_t *e, int rank, int size, int lrank, int host)
 {
     int cross_rank = 0, cross_size = 0;
     for (int h = 0; h < g_run.nhosts; h++)
