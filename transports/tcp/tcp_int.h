@@ -63,9 +63,11 @@ enum { MAC_NONE = 0, MAC_HEADERS = 1, MAC_FULL = 2, MAC_ENCRYPT = 3 };
 /* Payloads up to this size are tagged before they are sent (their tag goes
  * out with them); larger ones as they are sent, while still in cache. */
 #define TAG_FIRST_BYTES (64 * 1024)
-/* MAC_ENCRYPT: a send encrypts this much of its payload at a time into the
- * connection's own buffer (the user's stays untouched) and writes it out
- * before encrypting more, so the cipher works in step with the socket. */
+/* A sealed payload moves in pieces of at most this size, each tagged or
+ * encrypted (send) and tagged or decrypted (receive) right as it moves, while
+ * still in cache: protection keeps step with the socket instead of running
+ * over a whole large message at once. MAC_ENCRYPT: a send encrypts a piece
+ * into the connection's own buffer (the user's stays untouched). */
 #define CT_BYTES (256 * 1024)
 
 typedef struct tcp_xfer tcp_xfer_t;

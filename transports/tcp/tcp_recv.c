@@ -370,6 +370,8 @@ void tcp_handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
             peer->cur_off += k;
             *moved = 1;
         } else if (room >= DIRECT_READ_MIN) {
+            if (payload_sealed(peer, peer->cur_plen) && room > CT_BYTES)
+                room = CT_BYTES;   /* opened while in cache */
             ssize_t n = recv(peer->fd, dst + peer->cur_off, room, MSG_DONTWAIT);
             if (n > 0) {
                 peer->cur_off += (size_t)n;
@@ -437,6 +439,8 @@ void tcp_lane_read(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, int *moved
             if (x->req) {
                 dst = (uint8_t *)x->req->buf + beg + *got;
                 want = (size_t)n - *got;
+                if (sealed && want > CT_BYTES)
+                    want = CT_BYTES;   /* opened while in cache */
             } else if ((dst = lane_room(tp, peer, x->unexp, (size_t)beg + *got, (size_t)n - *got,
                                         &want)) == NULL) {
                 return;

@@ -141,7 +141,9 @@ loom_status_t tcp_flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
             iov[niov++] = (struct iovec){peer->ct + (req->off - peer->ct_beg),
                                          peer->ct_beg + peer->ct_len - req->off};
         else if (req->off < plen)
-            iov[niov++] = (struct iovec){(uint8_t *)req->buf + req->off, plen - req->off};
+            iov[niov++] = (struct iovec){(uint8_t *)req->buf + req->off,
+                                         sealed && plen - req->off > CT_BYTES ? CT_BYTES
+                                                                             : plen - req->off};
         if (peer->stag_ready && peer->stag_off < LOOM_MAC_BYTES)
             iov[niov++] = (struct iovec){peer->stag + peer->stag_off,
                                          LOOM_MAC_BYTES - peer->stag_off};
@@ -276,7 +278,8 @@ loom_status_t tcp_lane_flush(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, 
             iov[niov++] = (struct iovec){lane->ct + (*off - lane->ct_beg),
                                          lane->ct_beg + lane->ct_len - *off};
         else if (*off < n)
-            iov[niov++] = (struct iovec){(uint8_t *)base + *off, n - *off};
+            iov[niov++] = (struct iovec){(uint8_t *)base + *off,
+                                         sealed && n - *off > CT_BYTES ? CT_BYTES : n - *off};
         else if (lane->stag_off < LOOM_MAC_BYTES)
             iov[niov++] = (struct iovec){lane->stag + lane->stag_off,
                                          LOOM_MAC_BYTES - lane->stag_off};
