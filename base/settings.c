@@ -39,7 +39,8 @@ static loom_status_t parse_transport(const loom_setting_t *, const char *, void 
                                      void *, loom_err_t *);
 static loom_status_t parse_spin_us(const loom_setting_t *, const char *, void *, loom_getenv_fn,
                                    void *, loom_err_t *);
-static const char *const auth_mac_choices[] = {"full", "headers", NULL};
+static const char *const auth_mac_choices[] = {"full", "headers", "encrypt", NULL};
+static const char *const auth_cipher_choices[] = {"auto", "aes-256-gcm", "chacha20-poly1305", NULL};
 
 /* Every LOOM_* variable Loom reads, in the order loom-info prints them; each
  * group is loaded in this order too (LOOM_AUTH_KEY before its _FILE). */
@@ -58,12 +59,14 @@ const loom_setting_t loom_settings_table[] = {
      COMM(job_id), CUSTOM(parse_job_id)},
     {"LOOM_TIMEOUT", "300", "seconds a call may wait without progress before LOOM_ERR_TIMEOUT",
      COMM(timeout_s), SECONDS},
-    {"LOOM_AUTH_KEY", NULL, "shared secret: connections between ranks and to the tcp:// store must prove it, TCP frames and published store values carry MACs under it; never printed",
+    {"LOOM_AUTH_KEY", NULL, "shared secret: connections between ranks and to the tcp:// store must prove it, TCP frames and published store values carry tags under it; never printed",
      COMM(auth_key), CUSTOM(parse_auth_key), .flags = LOOM_SETTING_SECRET},
     {"LOOM_AUTH_KEY_FILE", NULL, "file holding that secret (a trailing newline is dropped); LOOM_AUTH_KEY wins when both are set",
      COMM(auth_key), CUSTOM(parse_auth_key_file)},
-    {"LOOM_AUTH_MAC", "full", "with a key, what TCP frames' MACs cover: full (headers and payload) or headers (cheaper, payload bytes unprotected); the same on every rank",
-     COMM(auth_mac_headers_only), CHOICE(auth_mac_choices)},
+    {"LOOM_AUTH_MAC", "full", "with a key, what TCP frames' tags cover: full (headers and payload), encrypt (full, and payloads encrypted) or headers (cheaper, payload bytes unprotected); the same on every rank",
+     COMM(auth_mac), CHOICE(auth_mac_choices)},
+    {"LOOM_AUTH_CIPHER", "auto", "with a key, the AEAD that seals TCP frames: aes-256-gcm, chacha20-poly1305, or auto (AES-GCM where the CPU has AES instructions, else ChaCha20-Poly1305; loom-info names the choice); the same on every rank",
+     COMM(auth_cipher), CHOICE(auth_cipher_choices)},
     {"LOOM_EARLY_MAX_BYTES", "1073741824", "TCP: most bytes of messages from one peer held before their receive is posted",
      COMM(early_max_bytes), INT(0, LONG_MAX)},
     {"LOOM_STORE_MAX_BYTES", "268435456", "tcp:// store server (rank 0, loomrun, loom-store): bytes of keys, values and requests it holds at once; a SET beyond is refused",

@@ -75,6 +75,9 @@ loom_status_t loom_settings_load_group(loom_setting_group_t group, void *base,
  * hello's stream field carries up to this many (transports/wire.h). */
 #define LOOM_MAX_STREAMS 16
 
+/* LOOM_AUTH_MAC's values (the order of its choices). */
+enum { LOOM_AUTH_MAC_FULL = 0, LOOM_AUTH_MAC_HEADERS = 1, LOOM_AUTH_MAC_ENCRYPT = 2 };
+
 typedef struct loom_settings {
     double timeout_s;
     char transport[16];        /* "auto", "tcp" or "ibverbs" (lower case) */
@@ -82,7 +85,8 @@ typedef struct loom_settings {
     int shm_cma;               /* large shm messages by cross-memory attach */
     char auth_key[1024];       /* LOOM_AUTH_KEY(_FILE); auth_keylen 0: none */
     size_t auth_keylen;
-    int auth_mac_headers_only; /* LOOM_AUTH_MAC=headers: payload bytes go unsealed */
+    int auth_mac;              /* LOOM_AUTH_MAC: LOOM_AUTH_MAC_FULL, _HEADERS or _ENCRYPT */
+    int auth_cipher;           /* LOOM_AUTH_CIPHER: 0 auto, 1 AES-256-GCM, 2 ChaCha20-Poly1305 */
     size_t early_max_bytes;    /* LOOM_EARLY_MAX_BYTES: early messages held per TCP peer */
     int sockets_per_peer;      /* LOOM_SOCKETS_PER_PEER: TCP streams per pair of ranks */
     size_t stripe_min_bytes;   /* LOOM_STRIPE_MIN_BYTES: smallest message striped over them */

@@ -6,7 +6,7 @@
 #endif
 #include <string.h>
 
-#include "base/sha256.h"
+#include "base/crypto.h"
 #include "store.h"
 #include "proto.h"
 #include "tcp_int.h"

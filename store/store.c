@@ -15,7 +15,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "base/sha256.h"
+#include "base/crypto.h"
 #include "store.h"
 
 /* Used when the caller passes no timeout, as LOOM_TIMEOUT's default. */

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
-#include "base/sha256.h"
+#include "base/crypto.h"
 #include "store.h"
 #include "proto.h"
 #include "tcp_int.h"

@@ -18,7 +18,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "base/sha256.h"
+#include "base/crypto.h"
 #include "store.h"
 #include "proto.h"
 #include "tcp_int.h"

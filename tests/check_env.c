@@ -239,10 +239,15 @@ START_TEST(test_settings_auth_key)
     /* What the frame MACs cover: full by default, headers on request, nothing else. */
     loom_err_clear(&err);
     ck_assert_int_eq(loom_settings_load(&s, fake_get, &direct, &err), LOOM_SUCCESS);
-    ck_assert_int_eq(s.auth_mac_headers_only, 0);
+    ck_assert_int_eq(s.auth_mac, 0);
     fake_env_t headers = {{"LOOM_AUTH_KEY", "k", "LOOM_AUTH_MAC", "headers", NULL}};
     ck_assert_int_eq(loom_settings_load(&s, fake_get, &headers, &err), LOOM_SUCCESS);
-    ck_assert_int_eq(s.auth_mac_headers_only, 1);
+    ck_assert_int_eq(s.auth_mac, 1);
+    fake_env_t enc = {{"LOOM_AUTH_KEY", "k", "LOOM_AUTH_MAC", "encrypt", "LOOM_AUTH_CIPHER",
+                       "chacha20-poly1305", NULL}};
+    ck_assert_int_eq(loom_settings_load(&s, fake_get, &enc, &err), LOOM_SUCCESS);
+    ck_assert_int_eq(s.auth_mac, LOOM_AUTH_MAC_ENCRYPT);
+    ck_assert_int_eq(s.auth_cipher, 2);
     fake_env_t bad = {{"LOOM_AUTH_KEY", "k", "LOOM_AUTH_MAC", "none", NULL}};
     ck_assert_int_eq(loom_settings_load(&s, fake_get, &bad, &err), LOOM_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(err.msg, "LOOM_AUTH_MAC"));
@@ -334,7 +339,7 @@ START_TEST(test_settings_elastic_cuda)
     ck_assert_int_eq(s.cuda_overlap, 0);
     ck_assert_int_eq(s.ib_gid_index, 3);
     ck_assert_int_eq(s.net_gdr, 0);
-    ck_assert_int_eq(s.auth_mac_headers_only, 1);
+    ck_assert_int_eq(s.auth_mac, 1);
 
     /* Each a malformed value, named in the message with the range it missed. */
     static const char *const bad[][3] = {

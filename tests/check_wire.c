@@ -6,7 +6,7 @@
 
 #include "algorithms/algorithms.h"
 #include "check_suites.h"
-#include "base/sha256.h"
+#include "base/crypto.h"
 #include "transports/wire.h"
 
 START_TEST(test_hello_roundtrip)
@@ -303,8 +303,6 @@ static void hex(const uint8_t *b, size_t n, char *out)
 
 START_TEST(test_sha256_vectors)
 {
-    /* _i 0: the implementation the CPU picks (SHA-NI where present), 1: portable. */
-    loom_sha256_use_generic(_i);
     /* FIPS 180-4 examples, and a message that spans the padding boundary. */
     uint8_t d[32];
     char h[65];
@@ -333,7 +331,88 @@ START_TEST(test_sha256_vectors)
     loom_sha256_final(&s, d);
     hex(d, 32, h);
     ck_assert_str_eq(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-    loom_sha256_use_generic(0);
+}
+END_TEST
+
+static void unhex(const char *h, uint8_t *out)
+{
+    for (size_t i = 0; h[2 * i]; i++) {
+        unsigned v;
+        ck_assert_int_eq(sscanf(h + 2 * i, "%2x", &v), 1);
+        out[i] = (uint8_t)v;
+    }
+}
+
+/* One AEAD known answer: encrypt p in two pieces (AAD in two pieces too),
+ * compare with c and t, decrypt back, and refuse a changed byte. */
+static void aead_kat(loom_aead_alg_t alg, const char *k, const char *iv, const char *a,
+                     const char *p, const char *c, const char *t)
+{
+    uint8_t key[32], nonce[12], aad[64], pt[128], ct[128], want[128], tag[16], wtag[16];
+    size_t alen = strlen(a) / 2, plen = strlen(p) / 2;
+    unhex(k, key);
+    unhex(iv, nonce);
+    unhex(a, aad);
+    unhex(p, pt);
+    unhex(c, want);
+    unhex(t, wtag);
+    loom_aead_t e, d;
+    ck_assert_int_eq(loom_aead_init(&e, alg, key, 1), 0);
+    ck_assert_int_eq(loom_aead_init(&d, alg, key, 0), 0);
+    for (int round = 0; round < 2; round++) {   /* a keyed context is reusable */
+        ck_assert_int_eq(loom_aead_start(&e, nonce), 0);
+        ck_assert_int_eq(loom_aead_aad(&e, aad, alen / 2), 0);
+        ck_assert_int_eq(loom_aead_aad(&e, aad + alen / 2, alen - alen / 2), 0);
+        ck_assert_int_eq(loom_aead_crypt(&e, pt, ct, plen / 3), 0);
+        ck_assert_int_eq(loom_aead_crypt(&e, pt + plen / 3, ct + plen / 3, plen - plen / 3), 0);
+        ck_assert_int_eq(loom_aead_seal_tag(&e, tag), 0);
+        ck_assert(memcmp(ct, want, plen) == 0);
+        ck_assert(memcmp(tag, wtag, 16) == 0);
+        ck_assert_int_eq(loom_aead_start(&d, nonce), 0);
+        ck_assert_int_eq(loom_aead_aad(&d, aad, alen), 0);
+        ck_assert_int_eq(loom_aead_crypt(&d, ct, ct, plen), 0);
+        ck_assert_int_eq(loom_aead_open_tag(&d, tag), 0);
+        ck_assert(memcmp(ct, pt, plen) == 0);
+    }
+    memcpy(ct, want, plen);
+    ct[0] ^= 1;
+    ck_assert_int_eq(loom_aead_start(&d, nonce), 0);
+    ck_assert_int_eq(loom_aead_aad(&d, aad, alen), 0);
+    ck_assert_int_eq(loom_aead_crypt(&d, ct, ct, plen), 0);
+    ck_assert_int_eq(loom_aead_open_tag(&d, tag), -1);
+    loom_aead_fini(&e);
+    loom_aead_fini(&d);
+}
+
+START_TEST(test_aead_vectors)
+{
+    /* AES-256-GCM: the GCM specification's test cases 14 and 16 (McGrew and Viega,
+     * as NIST's GCM validation lists them). */
+    aead_kat(LOOM_AEAD_AES_256_GCM, "0000000000000000000000000000000000000000000000000000000000000000",
+             "000000000000000000000000", "", "00000000000000000000000000000000",
+             "cea7403d4d606b6e074ec5d3baf39d18", "d0d1c8a799996bf0265b98b5d48ab919");
+    aead_kat(LOOM_AEAD_AES_256_GCM, "feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308",
+             "cafebabefacedbaddecaf888", "feedfacedeadbeeffeedfacedeadbeefabaddad2",
+             "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a72"
+             "1c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b39",
+             "522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa"
+             "8cb08e48590dbb3da7b08b1056828838c5f61e6393ba7a0abcc9f662",
+             "76fc6ece0f4e1768cddf8853bb2d551b");
+    /* ChaCha20-Poly1305: RFC 8439 section 2.8.2. */
+    aead_kat(LOOM_AEAD_CHACHA20_POLY1305,
+             "808182838485868788898a8b8c8d8e8f909192939495969798999a9b9c9d9e9f",
+             "070000004041424344454647", "50515253c0c1c2c3c4c5c6c7",
+             "4c616469657320616e642047656e746c656d656e206f662074686520636c6173"
+             "73206f66202739393a204966204920636f756c64206f6666657220796f75206f"
+             "6e6c79206f6e652074697020666f7220746865206675747572652c2073756e73"
+             "637265656e20776f756c642062652069742e",
+             "d31a8d34648e60db7b86afbc53ef7ec2a4aded51296e08fea9e2b5a736ee62d6"
+             "3dbea45e8ca9671282fafb69da92728b1a71de0a9e060b2905d6a5b67ecd3b36"
+             "92ddbd7f2d778b8c9803aee328091b58fab324e4fad675945585808b4831d7bc"
+             "3ff4def08e4b7a9de576d26586cec64b6116",
+             "1ae10b594f09e26a7e902ecbd0600691");
+    ck_assert_str_eq(loom_aead_name(LOOM_AEAD_AES_256_GCM), "aes-256-gcm");
+    ck_assert_str_eq(loom_aead_name(LOOM_AEAD_CHACHA20_POLY1305), "chacha20-poly1305");
 }
 END_TEST
 
@@ -382,6 +461,7 @@ START_TEST(test_hmac_keyed_and_hkdf)
         hex(d, 32, h);
         ck_assert_str_eq(h, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
     }
+    loom_hmac_key_fini(&k);
     /* RFC 5869 test case 1. */
     uint8_t ikm[22], salt[13], info[10];
     memset(ikm, 0x0b, sizeof(ikm));
@@ -433,15 +513,41 @@ START_TEST(test_auth_messages)
     loom_session_keys("key", 3, nc, na, bind, c2a2, a2c2);
     ck_assert(memcmp(c2a, c2a2, 32) != 0);  /* every connection its own keys */
     /* Frame tags depend on the sequence number: a frame cannot be replayed or moved. */
-    loom_hmac_key_t hk;
-    uint8_t hdr[LOOM_FRAME_BYTES] = {0}, t1[LOOM_MAC_BYTES], t2[LOOM_MAC_BYTES];
-    loom_hmac_key_init(&hk, c2a, 32);
-    loom_frame_tag_header(&hk, 5, hdr, t1);
-    loom_frame_tag_header(&hk, 6, hdr, t2);
-    ck_assert(memcmp(t1, t2, sizeof(t1)) != 0);
-    hdr[30] = 1;
-    loom_frame_tag_header(&hk, 5, hdr, t2);
-    ck_assert(memcmp(t1, t2, sizeof(t1)) != 0);
+    for (int alg = 0; alg < 2; alg++) {
+        loom_seal_t tx, rx;
+        uint8_t hdr[LOOM_FRAME_BYTES] = {0}, t1[LOOM_MAC_BYTES], t2[LOOM_MAC_BYTES];
+        ck_assert_int_eq(loom_seal_init(&tx, (loom_aead_alg_t)alg, c2a, 1), 0);
+        ck_assert_int_eq(loom_seal_init(&rx, (loom_aead_alg_t)alg, c2a, 0), 0);
+        ck_assert_int_eq(loom_frame_seal_header(&tx, 5, hdr, t1), 0);
+        ck_assert_int_eq(loom_frame_seal_header(&tx, 6, hdr, t2), 0);
+        ck_assert(memcmp(t1, t2, sizeof(t1)) != 0);
+        ck_assert_int_eq(loom_frame_open_header(&rx, 5, hdr, t1), 0);
+        ck_assert_int_eq(loom_frame_open_header(&rx, 6, hdr, t1), -1);   /* replayed */
+        hdr[30] = 1;
+        ck_assert_int_eq(loom_frame_open_header(&rx, 5, hdr, t1), -1);   /* altered */
+        ck_assert_int_eq(loom_frame_seal_header(&tx, 5, hdr, t2), 0);
+        ck_assert(memcmp(t1, t2, sizeof(t1)) != 0);
+        /* A payload, sealed in pieces and opened in other pieces, in place. */
+        uint8_t pay[1000], orig[1000], tag[LOOM_MAC_BYTES];
+        for (size_t i = 0; i < sizeof(pay); i++)
+            pay[i] = orig[i] = (uint8_t)(i * 7);
+        ck_assert_int_eq(loom_frame_payload_start(&tx, 5), 0);
+        ck_assert_int_eq(loom_aead_crypt(&tx.pay, pay, pay, 300), 0);
+        ck_assert_int_eq(loom_aead_crypt(&tx.pay, pay + 300, pay + 300, 700), 0);
+        ck_assert_int_eq(loom_aead_seal_tag(&tx.pay, tag), 0);
+        ck_assert(memcmp(pay, orig, sizeof(pay)) != 0);
+        ck_assert_int_eq(loom_frame_payload_start(&rx, 5), 0);
+        ck_assert_int_eq(loom_aead_crypt(&rx.pay, pay, pay, 999), 0);
+        ck_assert_int_eq(loom_aead_crypt(&rx.pay, pay + 999, pay + 999, 1), 0);
+        ck_assert_int_eq(loom_aead_open_tag(&rx.pay, tag), 0);
+        ck_assert(memcmp(pay, orig, sizeof(pay)) == 0);
+        /* The header's nonce is not the payload's: a header tag is no payload tag. */
+        ck_assert_int_eq(loom_frame_payload_start(&rx, 5), 0);
+        ck_assert_int_eq(loom_aead_aad(&rx.pay, hdr, sizeof(hdr)), 0);
+        ck_assert_int_eq(loom_aead_open_tag(&rx.pay, t2), -1);
+        loom_seal_fini(&tx);
+        loom_seal_fini(&rx);
+    }
 
     uint8_t msg[LOOM_CHAL_BYTES], nonce[LOOM_NONCE_BYTES], proof[32];
     loom_chal_encode(na, a, msg);
@@ -477,7 +583,8 @@ Suite *loom_wire_suite(void)
     tcase_add_test(tc, test_stripe_slices);
     tcase_add_test(tc, test_frame_striped_kinds);
     tcase_add_test(tc, test_hello_streams);
-    tcase_add_loop_test(tc, test_sha256_vectors, 0, 2);
+    tcase_add_test(tc, test_sha256_vectors);
+    tcase_add_test(tc, test_aead_vectors);
     tcase_add_test(tc, test_hmac_rfc4231);
     tcase_add_test(tc, test_hmac_keyed_and_hkdf);
     tcase_add_test(tc, test_auth_messages);

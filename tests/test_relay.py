@@ -20,7 +20,13 @@ Scenarios (2 ranks over TCP, tests/relay_rank runs 5 allreduces of 1024 int32):
            connection to rank 0 (an LD_PRELOAD shim stands in for a network
            device that redirects it) and alters payload the same way; once
            more with 4 streams per peer and every payload striped, the relay
-           altering the slices on every stream.
+           altering the slices on every stream. With a key, the network relay
+           runs in each LOOM_AUTH_MAC mode that protects payloads (full and
+           encrypt), and with ChaCha20-Poly1305 as well as AES-256-GCM;
+  capture  the relay only records rank 1's traffic, and a job with
+           LOOM_AUTH_MAC=encrypt must leave none of its payloads readable in
+           it (the same capture with full must show them, or the test proves
+           nothing).
 
 With LOOM_AUTH_KEY every rank must fail with LOOM_ERR_AUTH or
 LOOM_ERR_TRANSPORT and no call may return a wrong element. Without a key the
@@ -106,9 +112,11 @@ class Pump(threading.Thread):
     (header, header tag, payload, payload tag with a key) and adds 999 to the
     first int32 of every payload."""
 
-    def __init__(self, src, dst, skip, keyed, streams=1, alter=None, payload_tags=True):
+    def __init__(self, src, dst, skip, keyed, streams=1, alter=None, payload_tags=True,
+                 record=None):
         super().__init__(daemon=True)
         self.src, self.dst, self.skip, self.keyed = src, dst, skip, keyed
+        self.record = record   # a bytearray: every byte that passes, as it came
         self.streams = streams
         self.alter = alter or add_999
         self.payload_tags = keyed and payload_tags
@@ -122,6 +130,8 @@ class Pump(threading.Thread):
                 data = self.src.recv(1 << 16)
                 if not data:
                     break
+                if self.record is not None:
+                    self.record += data
                 buf += data
                 out = b""
                 while buf and (state == "skip" or len(buf) >= need):
@@ -185,6 +195,7 @@ class Relay(threading.Thread):
     def __init__(self, keyed, port=0, streams=1, alter=None, payload_tags=True, preamble=False):
         super().__init__(daemon=True)
         self.keyed = keyed
+        self.record = bytearray()   # what passed, both ways
         self.preamble = preamble   # each connection names its target (relay_shim's RELAY_ANY_TO_PORT)
         self.streams = streams
         self.alter, self.payload_tags = alter, payload_tags
@@ -230,9 +241,9 @@ class Relay(threading.Thread):
                 c.close()
                 continue
             up = Pump(c, u, HELLO + NONCE + PROOF if self.keyed else HELLO, self.keyed,
-                      self.streams, self.alter, self.payload_tags)
+                      self.streams, self.alter, self.payload_tags, self.record)
             down = Pump(u, c, CHAL + ACK if self.keyed else ACK, self.keyed, self.streams,
-                        self.alter, self.payload_tags)
+                        self.alter, self.payload_tags, self.record)
             self.pumps += [up, down]
             up.start()
             down.start()
@@ -244,7 +255,7 @@ class Relay(threading.Thread):
 # ---- a job ------------------------------------------------------------------------
 def rank_env(rank, port, keyed, job, extra=None, size=2):
     env = dict(os.environ)
-    for v in ("LOOM_AUTH_KEY", "LOOM_AUTH_KEY_FILE", "LOOM_AUTH_MAC"):
+    for v in ("LOOM_AUTH_KEY", "LOOM_AUTH_KEY_FILE", "LOOM_AUTH_MAC", "LOOM_AUTH_CIPHER"):
         env.pop(v, None)
     env.update(LOOM_RANK=str(rank), LOOM_SIZE=str(size), LOOM_STORE="tcp://127.0.0.1:%d" % port,
                LOOM_SHM="0", LOOM_TRANSPORT="tcp", LOOM_TIMEOUT="8", LOOM_JOB_ID=job)
@@ -359,16 +370,22 @@ def replay_attack():
         store.wait()
 
 
-def network_attack(keyed, streams=1):
+def network_attack(keyed, streams=1, mode=None, cipher=None, alter=None):
     """streams > 1: LOOM_SOCKETS_PER_PEER with every payload striped, so the relay
-    alters slices on every stream (each has its own session keys)."""
+    alters slices on every stream (each has its own session keys). mode, cipher:
+    LOOM_AUTH_MAC and LOOM_AUTH_CIPHER (None: the default). Returns the wrong
+    elements, or with alter=record the relay itself."""
     store, port = start_store()
-    job = "relay-net-%d-%d-%d" % (keyed, streams, os.getpid())
+    job = "relay-net-%d-%d-%s-%s-%d" % (keyed, streams, mode, cipher, os.getpid())
     extra = {}
     if streams > 1:
         extra = {"LOOM_SOCKETS_PER_PEER": str(streams), "LOOM_STRIPE_MIN_BYTES": "1"}
+    if mode:
+        extra["LOOM_AUTH_MAC"] = mode
+    if cipher:
+        extra["LOOM_AUTH_CIPHER"] = cipher
     try:
-        relay = Relay(keyed, streams=streams)
+        relay = Relay(keyed, streams=streams, alter=alter)
         relay.start()
         r0 = start_rank(0, port, keyed, job, extra)
         real = Store(port).get(addr_key(job))
@@ -385,10 +402,38 @@ def network_attack(keyed, streams=1):
             global failures
             failures += 1
         name = "network relay" + (", %d streams striped" % streams if streams > 1 else "")
+        name += "".join(", %s" % v for v in (mode, cipher) if v)
+        if alter is record:
+            return relay, res
         return check(name, keyed, res, relay)
     finally:
         store.kill()
         store.wait()
+
+
+def record(payload):
+    """The relay's alter for a capture: change nothing."""
+    return None
+
+
+def capture_test():
+    """With encrypt none of the payloads (each rank's contribution, rank + 1,
+    and the sums, 3, as int32 runs) may be readable on the wire; the same
+    capture with full shows the contributions, so the search works."""
+    global failures
+    patterns = [struct.pack("<i", v) * 64 for v in (1, 2, 3)]
+    for mode in ("full", "encrypt"):
+        for streams in (1, 4):
+            relay, res = network_attack(True, streams, mode, alter=record)
+            found = [v for v, pat in zip((1, 2, 3), patterns) if pat in relay.record]
+            ran = all(r[0] == "SUCCESS" and r[1] == 0 for r in res)
+            ok = ran and (not found if mode == "encrypt" else {1, 2} <= set(found))
+            print("%s capture of %d bytes, LOOM_AUTH_MAC=%s, %d stream(s): int32 runs of the "
+                  "values %s found in it (%s); %s"
+                  % ("PASS" if ok else "FAIL", len(relay.record), mode, streams, found or "none",
+                     "must be none" if mode == "encrypt" else "must include 1 and 2",
+                     "; ".join(r[2] for r in res)))
+            failures += not ok
 
 
 def evil_pickle(marker):
@@ -511,10 +556,20 @@ def huge_announcement():
         host, rport = raw.split(b"\n")[1].decode().rsplit(":", 1)
         st.set("loom/%s/world0/addr/1" % job, raw.split(b"\n")[0] + b"\n127.0.0.1:1\n" +
                raw.split(b"\n")[2] + b"\n-")
+        ids = struct.pack("<QQ", fnv1a(job), fnv1a("loom/%s/world0" % job))
+        # A rank of the release before (wire version 4) is refused as such:
+        # LOOM_ACK_BAD_VERSION (2), whose reason names the wire protocol version.
+        old = socket.create_connection((host, int(rport)), timeout=10)
+        old.sendall(b"LOOMHELO" + struct.pack("<IIII", 4, 1, 2, 0x100) + ids)
+        ack = old.recv(16)
+        old.close()
+        ok = ack[:8] == b"LOOMACK!" and struct.unpack("<I", ack[8:12])[0] == 2
+        print("%s a hello of wire version 4 is refused as another version: %r"
+              % ("PASS" if ok else "FAIL", ack))
+        failures += not ok
         c = socket.create_connection((host, int(rport)), timeout=10)
-        # wire version 4; stream 0 of 1 (transports/wire.h: LOOM_HELLO_STREAMS(0, 1))
-        hello = b"LOOMHELO" + struct.pack("<IIII", 4, 1, 2, 0x100) + \
-            struct.pack("<QQ", fnv1a(job), fnv1a("loom/%s/world0" % job))
+        # wire version 5; stream 0 of 1 (transports/wire.h: LOOM_HELLO_STREAMS(0, 1))
+        hello = b"LOOMHELO" + struct.pack("<IIII", 5, 1, 2, 0x100) + ids
         c.sendall(hello)
         ack = c.recv(16)
         if ack[:8] != b"LOOMACK!" or struct.unpack("<I", ack[8:12])[0] != 0:
@@ -569,4 +624,9 @@ if network_attack(False, 4) == 0:
           "case proves nothing")
     failures += 1
 network_attack(True, 4)
+network_attack(True, 1, "encrypt")
+network_attack(True, 4, "encrypt")
+network_attack(True, 1, "full", "chacha20-poly1305")
+network_attack(True, 4, "encrypt", "chacha20-poly1305")
+capture_test()
 sys.exit(1 if failures else 0)

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "algorithms/algorithms.h"
+#include "base/crypto.h"
 #include "base/reduce.h"
 #include "base/settings.h"
 #include "loom.h"
@@ -17,7 +18,8 @@
 static void usage(void)
 {
     printf("usage: loom-info [-h] [--markdown]\n"
-           "Prints the build (version, transports, CPU reduction code), what each\n"
+           "Prints the build (version, transports, CPU reduction code, the cipher of\n"
+           "LOOM_AUTH_KEY), what each\n"
            "transport finds on this machine, the algorithms, and every LOOM_* setting\n"
            "with its value in this environment. --markdown prints the settings table\n"
            "alone, as docs/settings.md holds it.\n");
@@ -69,6 +71,15 @@ int main(int argc, char **argv)
     printf("#   stores:          tcp file\n");
 #endif
     printf("#   CPU reductions:  %s\n", loom_reduce_isa());
+    /* The AEAD that seals TCP frames under LOOM_AUTH_KEY (LOOM_AUTH_CIPHER, else the CPU's pick). */
+    const char *cipher = getenv("LOOM_AUTH_CIPHER");
+    const char *mac = getenv("LOOM_AUTH_MAC");
+    if (!cipher || (strcmp(cipher, "aes-256-gcm") != 0 && strcmp(cipher, "chacha20-poly1305") != 0))
+        cipher = loom_aead_name(loom_aead_default());
+    printf("#   LOOM_AUTH_KEY:   frames sealed by %s (%s, LOOM_AUTH_MAC=%s), %s\n", cipher,
+           loom_aead_default() == LOOM_AEAD_AES_256_GCM ? "CPU has AES instructions"
+                                                        : "CPU lacks AES instructions",
+           mac && *mac ? mac : "full", loom_crypto_version());
     char accel[512];
     loom_accel->describe(accel, sizeof(accel));
     printf("#   accelerator:     %s\n", accel);

@@ -13,7 +13,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "base/sha256.h"
+#include "base/crypto.h"
 #include "tp_handshake.h"
 #include "tp_addr.h"
 #include "tp_fail.h"
@@ -376,7 +376,10 @@ static uint32_t hello_auth_bits(const loom_hs_self_t *s)
 {
     if (!s->key)
         return 0;
-    return LOOM_HELLO_AUTH | (s->mac_headers ? LOOM_HELLO_MAC_HEADERS : 0);
+    return LOOM_HELLO_AUTH |
+           (s->mac_mode == LOOM_AUTH_MAC_HEADERS ? LOOM_HELLO_MAC_HEADERS : 0) |
+           (s->mac_mode == LOOM_AUTH_MAC_ENCRYPT ? LOOM_HELLO_MAC_ENCRYPT : 0) |
+           (s->chacha ? LOOM_HELLO_CHACHA : 0);
 }
 
 static loom_status_t send_hello(const loom_hs_self_t *s, loom_hs_conn_t *c)
@@ -487,9 +490,11 @@ static loom_ack_code_t check_hello(const loom_hs_self_t *s, loom_hs_conn_t *c, i
         return LOOM_ACK_DUPLICATE;
     if (*authed != (s->key != NULL))
         return LOOM_ACK_AUTH;
-    if (*authed && (h.stream & LOOM_HELLO_MAC_HEADERS) != (hello_auth_bits(s) &
-                                                           LOOM_HELLO_MAC_HEADERS))
+    const uint32_t modes = LOOM_HELLO_MAC_HEADERS | LOOM_HELLO_MAC_ENCRYPT;
+    if (*authed && (h.stream & modes) != (hello_auth_bits(s) & modes))
         return LOOM_ACK_MAC_MODE;
+    if (*authed && (h.stream & LOOM_HELLO_CHACHA) != (hello_auth_bits(s) & LOOM_HELLO_CHACHA))
+        return LOOM_ACK_CIPHER;
     return LOOM_ACK_OK;
 }
 

@@ -163,7 +163,8 @@ typedef struct loom_hs_self {
     uint64_t job_hash, comm_hash;
     const char *key;               /* LOOM_AUTH_KEY, or NULL */
     size_t keylen;
-    int mac_headers;               /* LOOM_AUTH_MAC=headers (both ends must agree) */
+    int mac_mode;                  /* LOOM_AUTH_MAC (LOOM_AUTH_MAC_*; both ends must agree) */
+    int chacha;                    /* ChaCha20-Poly1305, else AES-256-GCM (both must agree) */
     int nstreams;                  /* connections per pair */
     const char *my_addr;           /* ours as published: the binding names it */
     char *const *addrs;            /* every rank's as published; NULL: another transport's */

@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "base/coll_kind.h"
-#include "base/sha256.h"
+#include "base/crypto.h"
 #include "base/types.h"
 #include "base/byteorder.h"
 #include "wire.h"
@@ -52,7 +52,7 @@ int loom_ack_decode(const uint8_t in[LOOM_ACK_BYTES], loom_ack_code_t *code, uin
     if (memcmp(in, LOOM_ACK_MAGIC, 8) != 0)
         return -1;
     uint32_t c = loom_get32(in + 8);
-    if (c > LOOM_ACK_STREAMS)
+    if (c > LOOM_ACK_CIPHER)
         return -1;
     *code = (loom_ack_code_t)c;
     *rank = loom_get32(in + 12);
@@ -64,7 +64,9 @@ const char *loom_ack_reason(loom_ack_code_t code)
     switch (code) {
     case LOOM_ACK_OK: return "accepted";
     case LOOM_ACK_BAD_MAGIC: return "not a Loom handshake";
-    case LOOM_ACK_BAD_VERSION: return "different Loom wire protocol version";
+    case LOOM_ACK_BAD_VERSION:
+        return "different Loom wire protocol version (a rank of another Loom release: every rank "
+               "must run the same one)";
     case LOOM_ACK_OTHER_JOB: return "belongs to another job or communicator";
     case LOOM_ACK_BAD_RANK: return "rank out of range or equal to the acceptor's";
     case LOOM_ACK_BAD_SIZE: return "disagrees on the communicator size";
@@ -72,9 +74,12 @@ const char *loom_ack_reason(loom_ack_code_t code)
     case LOOM_ACK_AUTH:
         return "authentication failed: LOOM_AUTH_KEY differs, or is set on one side only";
     case LOOM_ACK_MAC_MODE:
-        return "LOOM_AUTH_MAC differs (full on one side, headers on the other)";
+        return "LOOM_AUTH_MAC differs (full, headers or encrypt: set it the same on every rank)";
     case LOOM_ACK_STREAMS:
         return "LOOM_SOCKETS_PER_PEER differs (or a stream index out of range)";
+    case LOOM_ACK_CIPHER:
+        return "the ranks chose different ciphers (LOOM_AUTH_CIPHER, or auto on CPUs with and "
+               "without AES instructions): set LOOM_AUTH_CIPHER the same on every rank";
     }
     return "unknown reason";
 }
@@ -225,27 +230,56 @@ void loom_session_keys(const void *key, size_t keylen, const uint8_t nonce_c[LOO
     memcpy(a2c, okm + 32, 32);
 }
 
-void loom_frame_tag_header(const loom_hmac_key_t *k, uint64_t seq,
-                           const uint8_t hdr[LOOM_FRAME_BYTES], uint8_t tag[LOOM_MAC_BYTES])
+int loom_seal_init(loom_seal_t *s, loom_aead_alg_t alg, const uint8_t key[LOOM_AEAD_KEY_BYTES],
+                   int sending)
 {
-    uint8_t pre[9], full[LOOM_SHA256_BYTES];
-    pre[0] = 'H';
-    loom_put64(pre + 1, seq);
-    loom_hmac_t m;
-    loom_hmac_start(&m, k);
-    loom_hmac_update(&m, pre, sizeof(pre));
-    loom_hmac_update(&m, hdr, LOOM_FRAME_BYTES);
-    loom_hmac_final(&m, full);
-    memcpy(tag, full, LOOM_MAC_BYTES);
+    if (loom_aead_init(&s->hdr, alg, key, sending) != 0)
+        return -1;
+    if (loom_aead_init(&s->pay, alg, key, sending) != 0) {
+        loom_aead_fini(&s->hdr);
+        return -1;
+    }
+    return 0;
 }
 
-void loom_frame_tag_payload_start(loom_hmac_t *m, const loom_hmac_key_t *k, uint64_t seq)
+void loom_seal_fini(loom_seal_t *s)
 {
-    uint8_t pre[9];
-    pre[0] = 'P';
-    loom_put64(pre + 1, seq);
-    loom_hmac_start(m, k);
-    loom_hmac_update(m, pre, sizeof(pre));
+    loom_aead_fini(&s->pay);
+    loom_aead_fini(&s->hdr);
+}
+
+/* The nonce of frame seq's header ('H') or payload ('P'). */
+static void frame_nonce(char what, uint64_t seq, uint8_t nonce[LOOM_AEAD_NONCE_BYTES])
+{
+    loom_put32(nonce, (uint32_t)(uint8_t)what);
+    loom_put64(nonce + 4, seq);
+}
+
+int loom_frame_seal_header(loom_seal_t *s, uint64_t seq, const uint8_t hdr[LOOM_FRAME_BYTES],
+                           uint8_t tag[LOOM_MAC_BYTES])
+{
+    uint8_t nonce[LOOM_AEAD_NONCE_BYTES];
+    frame_nonce('H', seq, nonce);
+    if (loom_aead_start(&s->hdr, nonce) != 0 || loom_aead_aad(&s->hdr, hdr, LOOM_FRAME_BYTES) != 0)
+        return -1;
+    return loom_aead_seal_tag(&s->hdr, tag);
+}
+
+int loom_frame_open_header(loom_seal_t *s, uint64_t seq, const uint8_t hdr[LOOM_FRAME_BYTES],
+                           const uint8_t tag[LOOM_MAC_BYTES])
+{
+    uint8_t nonce[LOOM_AEAD_NONCE_BYTES];
+    frame_nonce('H', seq, nonce);
+    if (loom_aead_start(&s->hdr, nonce) != 0 || loom_aead_aad(&s->hdr, hdr, LOOM_FRAME_BYTES) != 0)
+        return -1;
+    return loom_aead_open_tag(&s->hdr, tag);
+}
+
+int loom_frame_payload_start(loom_seal_t *s, uint64_t seq)
+{
+    uint8_t nonce[LOOM_AEAD_NONCE_BYTES];
+    frame_nonce('P', seq, nonce);
+    return loom_aead_start(&s->pay, nonce);
 }
 
 void loom_chal_encode(const uint8_t nonce_a[LOOM_NONCE_BYTES], const uint8_t proof[32],

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include "base/error.h"
 #include "base/settings.h"
-#include "base/sha256.h"
+#include "base/crypto.h"
 #include "transport.h"
 
 /* 2: proofs bind both endpoints' published addresses, and with a key every
@@ -16,8 +16,11 @@
  * 3: several TCP streams per peer (the hello names its stream and the count),
  * large messages striped across them (STRIPED and SLICE frames).
  * 4: GAVE_UP names the rank to blame, and a peer that gave up fails every
- * rank it reaches, whatever they wait on; KEEPALIVE frames while waiting. */
-#define LOOM_WIRE_VERSION 4
+ * rank it reaches, whatever they wait on; KEEPALIVE frames while waiting.
+ * 5: frames are sealed by an AEAD (AES-256-GCM or ChaCha20-Poly1305) instead
+ * of HMAC-SHA256, and LOOM_AUTH_MAC=encrypt encrypts payloads; the hello
+ * names the mode and the cipher. */
+#define LOOM_WIRE_VERSION 5
 
 /* ---- handshake ------------------------------------------------------------ */
 #define LOOM_HELLO_MAGIC "LOOMHELO"
@@ -38,7 +41,7 @@ typedef struct loom_hello {
 typedef enum {
     LOOM_ACK_OK = 0, LOOM_ACK_BAD_MAGIC, LOOM_ACK_BAD_VERSION, LOOM_ACK_OTHER_JOB,
     LOOM_ACK_BAD_RANK, LOOM_ACK_BAD_SIZE, LOOM_ACK_DUPLICATE, LOOM_ACK_AUTH,
-    LOOM_ACK_MAC_MODE, LOOM_ACK_STREAMS
+    LOOM_ACK_MAC_MODE, LOOM_ACK_STREAMS, LOOM_ACK_CIPHER
 } loom_ack_code_t;
 
 /* The hello's stream field: the connection's stream index in the low byte,
@@ -63,14 +66,16 @@ typedef enum {
  * one per direction, and seal every frame with them (LOOM_MAC_BYTES tags). */
 #define LOOM_HELLO_AUTH  0x80000000u
 #define LOOM_HELLO_MAC_HEADERS 0x40000000u   /* LOOM_AUTH_MAC=headers */
+#define LOOM_HELLO_MAC_ENCRYPT 0x20000000u   /* LOOM_AUTH_MAC=encrypt */
+#define LOOM_HELLO_CHACHA      0x10000000u   /* ChaCha20-Poly1305, else AES-256-GCM */
 #define LOOM_NONCE_BYTES 16
 #define LOOM_CHAL_MAGIC  "LOOMCHAL"
 #define LOOM_CHAL_BYTES  (8 + LOOM_NONCE_BYTES + 32)
 #define LOOM_PROOF_MAGIC "LOOMPROF"
 #define LOOM_PROOF_BYTES (8 + 32)
 #define LOOM_BIND_BYTES  32
-/* A frame's tags are HMAC-SHA256 truncated to 128 bits (RFC 2104 section 5). */
-#define LOOM_MAC_BYTES   16
+/* A frame's tags are the AEAD's (128 bits). */
+#define LOOM_MAC_BYTES   LOOM_AEAD_TAG_BYTES
 
 /* SHA-256 over the job, the communicator and both endpoints: the connector's
  * rank and published identity (an address, or a QP record), the acceptor's. */
@@ -142,12 +147,28 @@ void loom_frame_encode(const loom_frame_t *f, uint8_t out[LOOM_FRAME_BYTES]);
  * (a reporter out of range: peer itself). */
 void loom_gave_up_encode(const loom_tp_fault_t *fault, loom_frame_t *f);
 void loom_gave_up_decode(const loom_frame_t *f, int peer, int size, loom_tp_fault_t *fault);
-/* The tags of a sealed frame, under one direction's session key: the header's
- * covers its sequence number and the header, the payload's (full mode) the
- * sequence number and the payload, fed in pieces as they travel. */
-void loom_frame_tag_header(const loom_hmac_key_t *k, uint64_t seq,
-                           const uint8_t hdr[LOOM_FRAME_BYTES], uint8_t tag[LOOM_MAC_BYTES]);
-void loom_frame_tag_payload_start(loom_hmac_t *m, const loom_hmac_key_t *k, uint64_t seq);
+/* One direction of a sealed connection: the AEAD under that direction's
+ * session key, one context for headers and one for payloads (a payload may
+ * still be sealing while the next header is). Frame seq's header is sealed
+ * with the nonce ('H', seq), its payload with ('P', seq): the header is the
+ * associated data of its own tag; the payload is associated data
+ * (LOOM_AUTH_MAC=full) or encrypted (encrypt), fed in pieces as it travels
+ * (loom_aead_aad or loom_aead_crypt on pay), and its tag follows it. A
+ * sequence number is never used twice: a sender stops before it wraps. */
+typedef struct loom_seal {
+    loom_aead_t hdr, pay;
+} loom_seal_t;
+/* sending 1: seals (the sender's side), 0: opens. 0, or -1 (libcrypto failed). */
+int loom_seal_init(loom_seal_t *s, loom_aead_alg_t alg, const uint8_t key[LOOM_AEAD_KEY_BYTES],
+                   int sending);
+void loom_seal_fini(loom_seal_t *s);
+/* The header's tag (seal), or whether tag is right (open: 0, else -1). */
+int loom_frame_seal_header(loom_seal_t *s, uint64_t seq, const uint8_t hdr[LOOM_FRAME_BYTES],
+                           uint8_t tag[LOOM_MAC_BYTES]);
+int loom_frame_open_header(loom_seal_t *s, uint64_t seq, const uint8_t hdr[LOOM_FRAME_BYTES],
+                           const uint8_t tag[LOOM_MAC_BYTES]);
+/* Start frame seq's payload on s->pay. */
+int loom_frame_payload_start(loom_seal_t *s, uint64_t seq);
 /* Parse a header from peer; on garbage return LOOM_ERR_TRANSPORT with a message. */
 loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, loom_frame_t *f,
                                 loom_err_t *err);

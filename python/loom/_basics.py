@@ -420,8 +420,8 @@ _objects_warned = False
 def _warn_objects_trusted():
     """broadcast_object and allgather_object unpickle what other ranks send,
     as Horovod's do, so whoever can change those bytes on the way can run
-    code in this process. Only LOOM_AUTH_KEY with LOOM_AUTH_MAC=full (every
-    TCP payload tagged) keeps a stranger's bytes out; say once when that is
+    code in this process. Only LOOM_AUTH_KEY with LOOM_AUTH_MAC=full or encrypt
+    (every TCP payload tagged) keeps a stranger's bytes out; say once when that is
     not set, so that nobody relies on it unawares (docs/security.md, "Threat model")."""
     global _objects_warned
     if _objects_warned:

@@ -3,7 +3,8 @@
  * connection: a hello, then frames. Rank 0 is a real transport instance; it
  * accepts, answers the hello, and, when the handshake passes, reads frames
  * against two posted receives. The first input byte chooses LOOM_AUTH_KEY (a
- * keyed rank must refuse whatever cannot prove the key) and LOOM_AUTH_MAC.
+ * keyed rank must refuse whatever cannot prove the key), LOOM_AUTH_MAC and
+ * LOOM_AUTH_CIPHER.
  * The transport's source is included to reach its ops without the mux. */
 #include "transports/tcp/tcp.c"
 
@@ -16,7 +17,9 @@ static const char *fuzz_env(const char *name, void *arg)
     if (strcmp(name, "LOOM_AUTH_KEY") == 0)
         return (mode & 1) ? "fuzz key" : NULL;
     if (strcmp(name, "LOOM_AUTH_MAC") == 0)
-        return (mode & 2) ? "headers" : NULL;
+        return (mode & 2) ? "headers" : (mode & 4) ? "encrypt" : NULL;
+    if (strcmp(name, "LOOM_AUTH_CIPHER") == 0)
+        return (mode & 8) ? "chacha20-poly1305" : "aes-256-gcm";
     if (strcmp(name, "LOOM_EARLY_MAX_BYTES") == 0)
         return "65536";   /* reach the cap on early messages */
     return NULL;

@@ -7,7 +7,7 @@
 #
 # Environment: FUZZ_SECONDS, FUZZ_TARGETS (default: every fuzz_*.c and
 # fuzz_*.py here), FUZZ_CC (default: clang, else clang-18 .. clang-14),
-# HIREDIS_LIBS. A new target is one file, tests/fuzz/fuzz_<name>.c defining
+# HIREDIS_LIBS, LIBCRYPTO_LIBS. A new target is one file, tests/fuzz/fuzz_<name>.c defining
 # LLVMFuzzerTestOneInput (or fuzz_<name>.py taking libFuzzer's arguments, run
 # under atheris where /opt/loom-fuzz has it), plus a seed corpus in tests/fuzz/corpus/<name>/; it
 # links with the whole library, instrumented (a target that #includes a
@@ -88,7 +88,7 @@ cmp -s "$out/config.h.new" "$out/config.h" || mv "$out/config.h.new" "$out/confi
 cppflags="-include $out/config.h -DLOOM_BUILDING -I$srcdir -I$srcdir/include -I$builddir"
 common=$(cd "$srcdir" && ls base/*.c store/*.c src/*.c algorithms/*.c transports/*.c transports/tcp/*.c \
     transports/shm/*.c transports/ibverbs/ib_util.c transports/ibverbs/ib_regcache.c)
-libs="-lpthread -lm -ldl"
+libs="-lpthread -lm -ldl ${LIBCRYPTO_LIBS:--lcrypto}"
 if grep -q '^#define HAVE_HIREDIS 1' "$out/config.h"; then
     libs="$libs ${HIREDIS_LIBS:--lhiredis}"
 else

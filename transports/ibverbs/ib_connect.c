@@ -21,7 +21,7 @@
 #include "base/clock.h"
 #include "ib_int.h"
 #include "base/log.h"
-#include "base/sha256.h"
+#include "base/crypto.h"
 #include "transports/tp_handshake.h"
 #include "transports/wire.h"
 

@@ -50,7 +50,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/settings.h"
-#include "base/sha256.h"
+#include "base/crypto.h"
 #include "shm_int.h"
 
 /* ---- setup ---------------------------------------------------------------- */
@@ -151,6 +151,7 @@ static void binding_of(const loom_tp_t *tp, const char *const *view, int owner,
     if (b.keyed) {
         loom_hmac_key_init(&k, tp->key, tp->keylen);
         loom_hmac_start(&b.mac, &k);
+        loom_hmac_key_fini(&k);
     } else {
         loom_sha256_init(&b.sha);
     }
@@ -167,7 +168,6 @@ static void binding_of(const loom_tp_t *tp, const char *const *view, int owner,
         loom_hmac_final(&b.mac, out);
     else
         loom_sha256_final(&b.sha, out);
-    explicit_bzero(&k, sizeof(k));
 }
 
 /* Can we read the peer's memory? Read its probe word and compare. */

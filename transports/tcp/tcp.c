@@ -22,11 +22,13 @@
  *
  * LOOM_AUTH_KEY: the handshake proves the key both ways over both ends'
  * published addresses and derives session keys (wire.h); every frame then
- * carries a tag over its header, right after it, and (LOOM_AUTH_MAC=full) one
- * over its payload, right after that, each under the sender's direction key
- * and the frame's sequence number. A header is checked before it is acted on;
- * payload bytes may land in the posted buffer before their tag arrives, but
- * the receive completes only once it matched.
+ * carries an AEAD tag over its header, right after it, and (LOOM_AUTH_MAC=full
+ * or encrypt) one over its payload, right after that, each under the sender's
+ * direction key with the frame's sequence number in the nonce; with encrypt
+ * the payload travels encrypted (sealed in CT_BYTES pieces as the socket
+ * takes them, opened in place as it arrives). A header is checked before it
+ * is acted on; payload bytes may land in the posted buffer before their tag
+ * arrives, but the receive completes only once it matched.
  *
  * Failure: any error (a peer vanishing, a protocol violation, a mismatch) is
  * sticky for the instance: every later call returns it, and the requests that
@@ -117,7 +119,12 @@ static loom_status_t tcp_create(const loom_tp_params_t *p, char *addr, size_t ad
         if (p->settings->auth_keylen > 0) {
             tp->auth_key = p->settings->auth_key;
             tp->auth_keylen = p->settings->auth_keylen;
-            tp->mac_mode = p->settings->auth_mac_headers_only ? MAC_HEADERS : MAC_FULL;
+            tp->mac_mode = p->settings->auth_mac == LOOM_AUTH_MAC_HEADERS   ? MAC_HEADERS
+                           : p->settings->auth_mac == LOOM_AUTH_MAC_ENCRYPT ? MAC_ENCRYPT
+                                                                            : MAC_FULL;
+            tp->cipher = p->settings->auth_cipher == 1   ? LOOM_AEAD_AES_256_GCM
+                         : p->settings->auth_cipher == 2 ? LOOM_AEAD_CHACHA20_POLY1305
+                                                         : loom_aead_default();
         }
     }
     tp->err = p->err;
@@ -205,14 +212,17 @@ static int peer_connected(loom_tp_t *tp, int j)
 /* Both ends proved the key: every frame from now on is sealed. Each stream
  * has keys of its own (its own nonces), so no frame of one stream passes for
  * another's. */
-static void session_start(const loom_tp_t *tp, tcp_peer_t *peer, const loom_hs_conn_t *c,
-                          int connector)
+static int session_start(const loom_tp_t *tp, tcp_peer_t *peer, const loom_hs_conn_t *c,
+                         int connector)
 {
     uint8_t c2a[32], a2c[32];
     tcp_lane_t *lane = c->stream ? &peer->lanes[c->stream - 1] : NULL;
+    loom_seal_t *tx = lane ? &lane->tx_seal : &peer->tx_seal, *rx = lane ? &lane->rx_seal : &peer->rx_seal;
     loom_session_keys(tp->auth_key, tp->auth_keylen, c->nonce_c, c->nonce_a, c->bind, c2a, a2c);
-    loom_hmac_key_init(lane ? &lane->tx_key : &peer->tx_key, connector ? c2a : a2c, sizeof(c2a));
-    loom_hmac_key_init(lane ? &lane->rx_key : &peer->rx_key, connector ? a2c : c2a, sizeof(c2a));
+    loom_seal_fini(tx);
+    loom_seal_fini(rx);
+    int bad = loom_seal_init(tx, tp->cipher, connector ? c2a : a2c, 1) != 0 ||
+              loom_seal_init(rx, tp->cipher, connector ? a2c : c2a, 0) != 0;
     if (lane) {
         lane->mac = tp->mac_mode;
         lane->tx_seq = lane->rx_seq = 0;
@@ -222,6 +232,7 @@ static void session_start(const loom_tp_t *tp, tcp_peer_t *peer, const loom_hs_c
     }
     explicit_bzero(c2a, sizeof(c2a));
     explicit_bzero(a2c, sizeof(a2c));
+    return bad ? -1 : 0;
 }
 
 /* One connect: who we are to the hello handshake, and why we last refused a
@@ -247,8 +258,11 @@ static int hs_step(void *arg, loom_hs_table_t *t, loom_hs_conn_t *c, double now)
     (void)t;
     if (loom_hs_hello_step(&h->self, c, now, &up, &h->refused) != LOOM_SUCCESS || !up)
         return 0;
-    if (tp->auth_key)
-        session_start(tp, &tp->peers[c->peer], c, !c->accepted);
+    if (tp->auth_key && session_start(tp, &tp->peers[c->peer], c, !c->accepted) != 0) {
+        tp_fail(tp, LOOM_ERR_NO_MEMORY, "libcrypto could not set up the %s keys of the "
+                "connection to rank %d", loom_aead_name(tp->cipher), c->peer);
+        return 0;
+    }
     *stream_fd(tp, c->peer, c->stream) = c->fd;
     c->fd = -1;
     return 1;
@@ -306,6 +320,14 @@ static loom_status_t register_peers(loom_tp_t *tp, char *const *addrs)
     return LOOM_SUCCESS;
 }
 
+/* The handshake's name for our LOOM_AUTH_MAC. */
+static int p_mac_mode(const loom_tp_t *tp)
+{
+    return tp->mac_mode == MAC_HEADERS ? LOOM_AUTH_MAC_HEADERS
+           : tp->mac_mode == MAC_ENCRYPT ? LOOM_AUTH_MAC_ENCRYPT
+                                         : LOOM_AUTH_MAC_FULL;
+}
+
 static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeout_s)
 {
     static const loom_hs_ops_t ops = {.step = hs_step, .drop = hs_drop,
@@ -320,7 +342,8 @@ static loom_status_t tcp_connect(loom_tp_t *tp, char *const *addrs, double timeo
     tcp_hs_t h = {.tp = tp,
                   .self = {.rank = tp->rank, .size = tp->size, .job_hash = tp->job_hash,
                            .comm_hash = tp->comm_hash, .key = tp->auth_key,
-                           .keylen = tp->auth_keylen, .mac_headers = tp->mac_mode == MAC_HEADERS,
+                           .keylen = tp->auth_keylen, .mac_mode = p_mac_mode(tp),
+                           .chacha = tp->cipher == LOOM_AEAD_CHACHA20_POLY1305,
                            .nstreams = nstreams, .my_addr = tp->my_addr, .addrs = addrs,
                            .taken = hs_taken, .arg = tp, .failed = &tp->failed, .err = tp->err,
                            .subsys = "tcp"}};
@@ -403,7 +426,8 @@ static void announce_failure(loom_tp_t *tp)
         int between = !peer->shdr_ready || (peer->shdr_off == 0 && peer->sq.head->off == 0);
         if (!between)
             goto shut;
-        /* A frame prepared but not started never goes out: this one takes its number. */
+        /* A frame prepared but not started never goes out: this one takes its
+         * number (its nonce was never seen on the wire: nothing of it left). */
         if (peer->shdr_ready)
             peer->tx_seq = peer->shdr_seq;
         uint64_t seq;
@@ -662,6 +686,14 @@ static void tcp_destroy(loom_tp_t *tp, double timeout_s)
         for (tcp_xfer_t *x = peer->rx_head, *next; x; x = next) {
             next = x->next;
             free(x);
+        }
+        loom_seal_fini(&peer->tx_seal);
+        loom_seal_fini(&peer->rx_seal);
+        free(peer->ct);
+        for (int k = 1; k < tp->nstreams && peer->lanes; k++) {
+            loom_seal_fini(&peer->lanes[k - 1].tx_seal);
+            loom_seal_fini(&peer->lanes[k - 1].rx_seal);
+            free(peer->lanes[k - 1].ct);
         }
         free(peer->lanes);
     }

@@ -35,7 +35,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/settings.h"
-#include "base/sha256.h"
+#include "base/crypto.h"
 #include "transports/tp_handshake.h"
 #include "transports/tp_addr.h"
 #include "transports/tp_fail.h"
@@ -57,10 +57,18 @@
  * bytes arrive: an announced length alone never allocates much. */
 #define EARLY_FIRST_BYTES (4u << 20)
 
-enum { MAC_NONE = 0, MAC_HEADERS = 1, MAC_FULL = 2 };
-/* Payloads up to this size are hashed before they are sent (their tag goes
+/* With a key, frames are sealed (wire.h): MAC_HEADERS their headers only,
+ * MAC_FULL payloads too (as associated data), MAC_ENCRYPT payloads encrypted. */
+enum { MAC_NONE = 0, MAC_HEADERS = 1, MAC_FULL = 2, MAC_ENCRYPT = 3 };
+/* Payloads up to this size are tagged before they are sent (their tag goes
  * out with them); larger ones as they are sent, while still in cache. */
 #define TAG_FIRST_BYTES (64 * 1024)
+/* A sealed payload moves in pieces of at most this size, each tagged or
+ * encrypted (send) and tagged or decrypted (receive) right as it moves, while
+ * still in cache: protection keeps step with the socket instead of running
+ * over a whole large message at once. MAC_ENCRYPT: a send encrypts a piece
+ * into the connection's own buffer (the user's stays untouched). */
+#define CT_BYTES (256 * 1024)
 
 typedef struct tcp_xfer tcp_xfer_t;
 
@@ -92,7 +100,7 @@ typedef struct tcp_lane {
     int eof;            /* the peer shut it while it carried nothing for us */
     int out_blocked;
     int mac;
-    loom_hmac_key_t tx_key, rx_key;
+    loom_seal_t tx_seal, rx_seal;   /* with a key: each direction's AEAD */
     uint64_t tx_seq, rx_seq;
     /* send: slice idx of sx */
     tcp_xfer_t *sx;
@@ -100,7 +108,8 @@ typedef struct tcp_lane {
     size_t shdr_len, shdr_off;
     int shdr_ready;
     uint64_t shdr_seq;
-    loom_hmac_t tx_mac;
+    uint8_t *ct;        /* MAC_ENCRYPT: ciphertext of the slice's bytes [ct_beg, ct_beg + ct_len) */
+    size_t ct_beg, ct_len;
     uint8_t stag[LOOM_MAC_BYTES];
     size_t stag_off;
     int stag_ready;
@@ -109,7 +118,6 @@ typedef struct tcp_lane {
     uint8_t rhdr[LOOM_FRAME_BYTES + LOOM_MAC_BYTES];
     size_t rhdr_have;
     int rhdr_done;
-    loom_hmac_t rx_mac;
     uint8_t rtag[LOOM_MAC_BYTES];
     size_t rtag_have;
 } tcp_lane_t;
@@ -123,8 +131,8 @@ typedef struct tcp_peer {
     int held;           /* a frame waits in the socket for its receive (set_held) */
     double heard_at;    /* when anything (a byte, a keepalive) last came from it */
     /* LOOM_AUTH_KEY: this connection's keys, one per direction, and counters */
-    int mac;            /* MAC_NONE, MAC_HEADERS or MAC_FULL */
-    loom_hmac_key_t tx_key, rx_key;
+    int mac;            /* MAC_NONE, MAC_HEADERS, MAC_FULL or MAC_ENCRYPT */
+    loom_seal_t tx_seal, rx_seal;   /* with a key: each direction's AEAD */
     uint64_t tx_seq, rx_seq;
     /* send side */
     loom_req_queue_t sq;
@@ -133,8 +141,9 @@ typedef struct tcp_peer {
     int shdr_ready;
     size_t shdr_off;
     uint64_t shdr_seq;
-    loom_hmac_t tx_mac; /* over the payload sent so far (MAC_FULL) */
-    size_t tx_hashed;
+    size_t tx_hashed;   /* MAC_FULL: payload bytes tagged so far */
+    uint8_t *ct;        /* MAC_ENCRYPT: ciphertext of the payload's [ct_beg, ct_beg + ct_len) */
+    size_t ct_beg, ct_len;
     uint8_t stag[LOOM_MAC_BYTES];
     int stag_ready;
     size_t stag_off;
@@ -147,7 +156,6 @@ typedef struct tcp_peer {
     loom_tp_req_t *cur_req;
     tcp_unexp_t *cur_unexp;
     uint64_t cur_seq;
-    loom_hmac_t rx_mac;  /* over the payload received so far (MAC_FULL) */
     loom_req_queue_t rq;
     loom_unexp_queue_t uq;
     size_t early_bytes;  /* held in uq buffers, at most tp->early_max */
@@ -167,7 +175,8 @@ struct loom_tp {
     int sockbuf;
     const char *auth_key;          /* LOOM_AUTH_KEY, or NULL */
     size_t auth_keylen;
-    int mac_mode;                  /* with a key: MAC_FULL or MAC_HEADERS */
+    int mac_mode;                  /* with a key: MAC_FULL, MAC_HEADERS or MAC_ENCRYPT */
+    loom_aead_alg_t cipher;        /* with a key: the AEAD (LOOM_AUTH_CIPHER) */
     size_t early_max;              /* LOOM_EARLY_MAX_BYTES */
     int nstreams;                  /* LOOM_SOCKETS_PER_PEER */
     size_t stripe_min;             /* LOOM_STRIPE_MIN_BYTES */
@@ -247,26 +256,41 @@ static inline void set_held(loom_tp_t *tp, tcp_peer_t *peer, int held)
 }
 
 /* Encode f into out with its header tag when the connection is sealed; the
- * length on the wire. The frame takes the next sequence number. */
-static inline size_t seal_header_with(int mac, const loom_hmac_key_t *key, uint64_t *tx_seq,
-                               const loom_frame_t *f, uint8_t *out, uint64_t *seq_p)
+ * length on the wire, or 0 when it cannot be sealed (libcrypto failed, or
+ * the sequence numbers are spent: a nonce is never used twice, and with
+ * 2^64 of them per connection and direction this is never reached in
+ * practice, so a connection fails there instead of rekeying). The frame
+ * takes the next sequence number. */
+static inline size_t seal_header_with(int mac, loom_seal_t *seal, uint64_t *tx_seq,
+                                      const loom_frame_t *f, uint8_t *out, uint64_t *seq_p)
 {
     loom_frame_encode(f, out);
     if (mac == MAC_NONE)
         return LOOM_FRAME_BYTES;
+    if (*tx_seq == UINT64_MAX)
+        return 0;
     *seq_p = (*tx_seq)++;
-    loom_frame_tag_header(key, *seq_p, out, out + LOOM_FRAME_BYTES);
+    if (loom_frame_seal_header(seal, *seq_p, out, out + LOOM_FRAME_BYTES) != 0)
+        return 0;
     return LOOM_FRAME_BYTES + LOOM_MAC_BYTES;
 }
 
 static inline size_t seal_header(tcp_peer_t *peer, const loom_frame_t *f, uint8_t *out, uint64_t *seq_p)
 {
-    return seal_header_with(peer->mac, &peer->tx_key, &peer->tx_seq, f, out, seq_p);
+    return seal_header_with(peer->mac, &peer->tx_seal, &peer->tx_seq, f, out, seq_p);
 }
 
 static inline int payload_sealed(const tcp_peer_t *peer, uint64_t len)
 {
-    return peer->mac == MAC_FULL && len > 0;
+    return peer->mac >= MAC_FULL && len > 0;
+}
+
+/* Bytes [at, at + len) of a sealed payload just placed in dst (received):
+ * into the tag (MAC_FULL), or decrypted where they lie (MAC_ENCRYPT). */
+static inline int open_payload_bytes(int mac, loom_seal_t *rx, uint8_t *dst, size_t len)
+{
+    return mac == MAC_ENCRYPT ? loom_aead_crypt(&rx->pay, dst, dst, len)
+                              : loom_aead_aad(&rx->pay, dst, len);
 }
 
 static inline int tag_matches(const loom_tp_req_t *req, const loom_frame_t *f)

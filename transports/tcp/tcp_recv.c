@@ -307,10 +307,9 @@ void tcp_handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
             }
             const uint8_t *hdr = peer->stage + peer->stage_beg;
             if (peer->mac) {
-                uint8_t want[LOOM_MAC_BYTES];
                 peer->cur_seq = peer->rx_seq++;
-                loom_frame_tag_header(&peer->rx_key, peer->cur_seq, hdr, want);
-                if (!loom_equal_ct(want, hdr + LOOM_FRAME_BYTES, sizeof(want))) {
+                if (loom_frame_open_header(&peer->rx_seal, peer->cur_seq, hdr,
+                                           hdr + LOOM_FRAME_BYTES) != 0) {
                     mac_fail(tp, peer, 0, "header");
                     return;
                 }
@@ -323,8 +322,11 @@ void tcp_handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
             peer->stage_beg += hdr_bytes;
             if (f.kind != LOOM_FRAME_KEEPALIVE)
                 *moved = 1;
-            if (payload_sealed(peer, f.len))
-                loom_frame_tag_payload_start(&peer->rx_mac, &peer->rx_key, peer->cur_seq);
+            if (payload_sealed(peer, f.len) &&
+                loom_frame_payload_start(&peer->rx_seal, peer->cur_seq) != 0) {
+                mac_fail(tp, peer, 0, "payload");
+                return;
+            }
             if (start_frame(tp, peer, &f) != LOOM_SUCCESS)
                 return;
             if (peer->in_frame && !peer->held && peer->cur_plen == 0)
@@ -343,9 +345,7 @@ void tcp_handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
                     return;
                 continue;
             }
-            uint8_t full[LOOM_SHA256_BYTES];
-            loom_hmac_final(&peer->rx_mac, full);
-            if (!loom_equal_ct(full, peer->stage + peer->stage_beg, LOOM_MAC_BYTES)) {
+            if (loom_aead_open_tag(&peer->rx_seal.pay, peer->stage + peer->stage_beg) != 0) {
                 mac_fail(tp, peer, 0, "payload");
                 return;
             }
@@ -370,6 +370,8 @@ void tcp_handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
             peer->cur_off += k;
             *moved = 1;
         } else if (room >= DIRECT_READ_MIN) {
+            if (payload_sealed(peer, peer->cur_plen) && room > CT_BYTES)
+                room = CT_BYTES;   /* opened while in cache */
             ssize_t n = recv(peer->fd, dst + peer->cur_off, room, MSG_DONTWAIT);
             if (n > 0) {
                 peer->cur_off += (size_t)n;
@@ -390,8 +392,11 @@ void tcp_handle_read(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
         } else if (fill_stage(tp, peer, &staged) <= 0) {
             return;
         }
-        if (peer->cur_off > before && payload_sealed(peer, peer->cur_plen))
-            loom_hmac_update(&peer->rx_mac, dst + before, peer->cur_off - before);
+        if (peer->cur_off > before && payload_sealed(peer, peer->cur_plen) &&
+            open_payload_bytes(peer->mac, &peer->rx_seal, dst + before, peer->cur_off - before) != 0) {
+            mac_fail(tp, peer, 0, "payload");
+            return;
+        }
         if (peer->cur_req)
             peer->cur_req->off = peer->cur_off;
         else
@@ -424,7 +429,7 @@ void tcp_lane_read(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, int *moved
         uint64_t beg, n;
         loom_stripe_slice(x->frame.len, tp->nstreams, lane->idx, &beg, &n);
         size_t *got = &x->got[lane->idx];
-        int sealed = lane->mac == MAC_FULL && n > 0;
+        int sealed = lane->mac >= MAC_FULL && n > 0;
         uint8_t *dst = NULL;
         size_t want = 0;
         if (!lane->rhdr_done) {
@@ -434,6 +439,8 @@ void tcp_lane_read(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, int *moved
             if (x->req) {
                 dst = (uint8_t *)x->req->buf + beg + *got;
                 want = (size_t)n - *got;
+                if (sealed && want > CT_BYTES)
+                    want = CT_BYTES;   /* opened while in cache */
             } else if ((dst = lane_room(tp, peer, x->unexp, (size_t)beg + *got, (size_t)n - *got,
                                         &want)) == NULL) {
                 return;
@@ -462,10 +469,9 @@ void tcp_lane_read(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, int *moved
                     continue;
                 uint64_t seq = 0;
                 if (lane->mac) {
-                    uint8_t tag[LOOM_MAC_BYTES];
                     seq = lane->rx_seq++;
-                    loom_frame_tag_header(&lane->rx_key, seq, lane->rhdr, tag);
-                    if (!loom_equal_ct(tag, lane->rhdr + LOOM_FRAME_BYTES, sizeof(tag))) {
+                    if (loom_frame_open_header(&lane->rx_seal, seq, lane->rhdr,
+                                               lane->rhdr + LOOM_FRAME_BYTES) != 0) {
                         mac_fail(tp, peer, lane->idx, "header");
                         return;
                     }
@@ -485,13 +491,17 @@ void tcp_lane_read(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, int *moved
                     return;
                 }
                 lane->rhdr_done = 1;
-                if (sealed)
-                    loom_frame_tag_payload_start(&lane->rx_mac, &lane->rx_key, seq);
+                if (sealed && loom_frame_payload_start(&lane->rx_seal, seq) != 0) {
+                    mac_fail(tp, peer, lane->idx, "payload");
+                    return;
+                }
                 continue;
             }
             if (*got < n) {
-                if (sealed)
-                    loom_hmac_update(&lane->rx_mac, dst, (size_t)r);
+                if (sealed && open_payload_bytes(lane->mac, &lane->rx_seal, dst, (size_t)r) != 0) {
+                    mac_fail(tp, peer, lane->idx, "payload");
+                    return;
+                }
                 *got += (size_t)r;
                 x->moved += (size_t)r;
                 continue;
@@ -499,9 +509,7 @@ void tcp_lane_read(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, int *moved
             lane->rtag_have += (size_t)r;
             if (lane->rtag_have < LOOM_MAC_BYTES)
                 continue;
-            uint8_t full[LOOM_SHA256_BYTES];
-            loom_hmac_final(&lane->rx_mac, full);
-            if (!loom_equal_ct(full, lane->rtag, LOOM_MAC_BYTES)) {
+            if (loom_aead_open_tag(&lane->rx_seal.pay, lane->rtag) != 0) {
                 mac_fail(tp, peer, lane->idx, "payload");
                 return;
             }

@@ -42,6 +42,37 @@ static tcp_xfer_t *stripe_send(loom_tp_t *tp, tcp_peer_t *peer, loom_tp_req_t *r
     return x;
 }
 
+/* A frame that cannot be sealed is not sent. */
+static loom_status_t seal_fail(loom_tp_t *tp, const tcp_peer_t *peer)
+{
+    return tp_fail(tp, LOOM_ERR_INTERNAL, "cannot seal a frame to rank %d: libcrypto failed, or "
+                   "the connection's 2^64 sequence numbers are spent", peer->rank);
+}
+
+/* MAC_ENCRYPT: the next piece of a payload (bytes [off, n) of base still to
+ * go) encrypted into *ct, once the previous piece is written out; the tag
+ * once the last piece is in. 0, or -1 when libcrypto failed. */
+static int encrypt_next(loom_seal_t *tx, uint8_t **ct, size_t *ct_beg, size_t *ct_len,
+                        const uint8_t *base, size_t off, size_t n, uint8_t stag[LOOM_MAC_BYTES],
+                        int *stag_ready)
+{
+    if (off != *ct_beg + *ct_len || off >= n)
+        return 0;
+    if (!*ct && !(*ct = malloc(CT_BYTES)))
+        return -1;
+    size_t k = n - off < CT_BYTES ? n - off : CT_BYTES;
+    if (loom_aead_crypt(&tx->pay, base + off, *ct, k) != 0)
+        return -1;
+    *ct_beg = off;
+    *ct_len = k;
+    if (off + k == n) {
+        if (loom_aead_seal_tag(&tx->pay, stag) != 0)
+            return -1;
+        *stag_ready = 1;
+    }
+    return 0;
+}
+
 /* Write as much of the send queue as the socket takes. */
 loom_status_t tcp_flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
 {
@@ -65,33 +96,40 @@ loom_status_t tcp_flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
         /* Stream 0 moves the first splen bytes: all of a plain frame, slice 0 of a striped one. */
         size_t plen = peer->splen;
         int sealed = payload_sealed(peer, plen);
+        int encrypt = sealed && peer->mac == MAC_ENCRYPT;
         if (!peer->shdr_ready) {
             loom_frame_t f = {.kind = peer->s_x ? LOOM_FRAME_STRIPED : LOOM_FRAME_DATA,
                               .match = req->match, .len = req->len};
             peer->shdr_len = seal_header(peer, &f, peer->shdr, &peer->shdr_seq);
+            if (peer->shdr_len == 0)
+                return seal_fail(tp, peer);
             peer->shdr_ready = 1;
             peer->shdr_off = 0;
             peer->stag_ready = 0;
             peer->stag_off = 0;
             if (sealed) {
-                loom_frame_tag_payload_start(&peer->tx_mac, &peer->tx_key, peer->shdr_seq);
+                if (loom_frame_payload_start(&peer->tx_seal, peer->shdr_seq) != 0)
+                    return seal_fail(tp, peer);
                 peer->tx_hashed = req->off;   /* 0: a send starts at its beginning */
-                if (plen <= TAG_FIRST_BYTES) {
-                    /* Small: hashed now, so the tag leaves in the same segment as the
+                peer->ct_beg = req->off;
+                peer->ct_len = 0;
+                if (!encrypt && plen <= TAG_FIRST_BYTES) {
+                    /* Small: tagged now, so the tag leaves in the same segment as the
                      * payload instead of costing the receiver another wake-up. */
-                    uint8_t full[LOOM_SHA256_BYTES];
-                    loom_hmac_update(&peer->tx_mac, req->buf, plen);
-                    loom_hmac_final(&peer->tx_mac, full);
-                    memcpy(peer->stag, full, LOOM_MAC_BYTES);
+                    if (loom_aead_aad(&peer->tx_seal.pay, req->buf, plen) != 0 ||
+                        loom_aead_seal_tag(&peer->tx_seal.pay, peer->stag) != 0)
+                        return seal_fail(tp, peer);
                     peer->stag_ready = 1;
                     peer->tx_hashed = plen;
                 }
             }
         }
-        if (sealed && req->off == plen && !peer->stag_ready) {
-            uint8_t full[LOOM_SHA256_BYTES];
-            loom_hmac_final(&peer->tx_mac, full);
-            memcpy(peer->stag, full, LOOM_MAC_BYTES);
+        if (encrypt && encrypt_next(&peer->tx_seal, &peer->ct, &peer->ct_beg, &peer->ct_len, req->buf,
+                                    req->off, plen, peer->stag, &peer->stag_ready) != 0)
+            return seal_fail(tp, peer);
+        if (sealed && !encrypt && req->off == plen && !peer->stag_ready) {
+            if (loom_aead_seal_tag(&peer->tx_seal.pay, peer->stag) != 0)
+                return seal_fail(tp, peer);
             peer->stag_ready = 1;
         }
         struct iovec iov[3];
@@ -99,8 +137,13 @@ loom_status_t tcp_flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
         if (peer->shdr_off < peer->shdr_len)
             iov[niov++] = (struct iovec){peer->shdr + peer->shdr_off,
                                          peer->shdr_len - peer->shdr_off};
-        if (req->off < plen)
-            iov[niov++] = (struct iovec){(uint8_t *)req->buf + req->off, plen - req->off};
+        if (req->off < plen && encrypt)
+            iov[niov++] = (struct iovec){peer->ct + (req->off - peer->ct_beg),
+                                         peer->ct_beg + peer->ct_len - req->off};
+        else if (req->off < plen)
+            iov[niov++] = (struct iovec){(uint8_t *)req->buf + req->off,
+                                         sealed && plen - req->off > CT_BYTES ? CT_BYTES
+                                                                             : plen - req->off};
         if (peer->stag_ready && peer->stag_off < LOOM_MAC_BYTES)
             iov[niov++] = (struct iovec){peer->stag + peer->stag_off,
                                          LOOM_MAC_BYTES - peer->stag_off};
@@ -128,10 +171,11 @@ loom_status_t tcp_flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
         req->off += p;
         left -= p;
         peer->stag_off += left;
-        if (sealed && req->off > peer->tx_hashed) {
+        if (sealed && !encrypt && req->off > peer->tx_hashed) {
             /* The bytes just sent, still in cache. */
-            loom_hmac_update(&peer->tx_mac, (const uint8_t *)req->buf + peer->tx_hashed,
-                             req->off - peer->tx_hashed);
+            if (loom_aead_aad(&peer->tx_seal.pay, (const uint8_t *)req->buf + peer->tx_hashed,
+                              req->off - peer->tx_hashed) != 0)
+                return seal_fail(tp, peer);
             peer->tx_hashed = req->off;
         }
         if (peer->shdr_off == peer->shdr_len && req->off == plen &&
@@ -200,22 +244,29 @@ loom_status_t tcp_lane_flush(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, 
         loom_stripe_slice(x->frame.len, tp->nstreams, lane->idx, &beg, &n);
         const uint8_t *base = (const uint8_t *)x->req->buf + beg;
         size_t *off = &x->got[lane->idx];
-        int sealed = lane->mac == MAC_FULL && n > 0;
+        int sealed = lane->mac >= MAC_FULL && n > 0;
+        int encrypt = sealed && lane->mac == MAC_ENCRYPT;
         if (!lane->shdr_ready) {
             loom_frame_t f = {.kind = LOOM_FRAME_SLICE, .match = x->frame.match, .len = n};
-            lane->shdr_len = seal_header_with(lane->mac, &lane->tx_key, &lane->tx_seq, &f,
+            lane->shdr_len = seal_header_with(lane->mac, &lane->tx_seal, &lane->tx_seq, &f,
                                               lane->shdr, &lane->shdr_seq);
+            if (lane->shdr_len == 0)
+                return seal_fail(tp, peer);
             lane->shdr_ready = 1;
             lane->shdr_off = 0;
             lane->stag_off = sealed ? 0 : LOOM_MAC_BYTES;
             lane->stag_ready = 0;
-            if (sealed)
-                loom_frame_tag_payload_start(&lane->tx_mac, &lane->tx_key, lane->shdr_seq);
+            lane->ct_beg = *off;
+            lane->ct_len = 0;
+            if (sealed && loom_frame_payload_start(&lane->tx_seal, lane->shdr_seq) != 0)
+                return seal_fail(tp, peer);
         }
-        if (sealed && *off == n && !lane->stag_ready) {
-            uint8_t full[LOOM_SHA256_BYTES];
-            loom_hmac_final(&lane->tx_mac, full);
-            memcpy(lane->stag, full, LOOM_MAC_BYTES);
+        if (encrypt && encrypt_next(&lane->tx_seal, &lane->ct, &lane->ct_beg, &lane->ct_len, base,
+                                    *off, (size_t)n, lane->stag, &lane->stag_ready) != 0)
+            return seal_fail(tp, peer);
+        if (sealed && !encrypt && *off == n && !lane->stag_ready) {
+            if (loom_aead_seal_tag(&lane->tx_seal.pay, lane->stag) != 0)
+                return seal_fail(tp, peer);
             lane->stag_ready = 1;
         }
         struct iovec iov[3];
@@ -223,8 +274,12 @@ loom_status_t tcp_lane_flush(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, 
         if (lane->shdr_off < lane->shdr_len)
             iov[niov++] = (struct iovec){lane->shdr + lane->shdr_off,
                                          lane->shdr_len - lane->shdr_off};
-        if (*off < n)
-            iov[niov++] = (struct iovec){(uint8_t *)base + *off, n - *off};
+        if (*off < n && encrypt)
+            iov[niov++] = (struct iovec){lane->ct + (*off - lane->ct_beg),
+                                         lane->ct_beg + lane->ct_len - *off};
+        else if (*off < n)
+            iov[niov++] = (struct iovec){(uint8_t *)base + *off,
+                                         sealed && n - *off > CT_BYTES ? CT_BYTES : n - *off};
         else if (lane->stag_off < LOOM_MAC_BYTES)
             iov[niov++] = (struct iovec){lane->stag + lane->stag_off,
                                          LOOM_MAC_BYTES - lane->stag_off};
@@ -251,8 +306,9 @@ loom_status_t tcp_lane_flush(loom_tp_t *tp, tcp_peer_t *peer, tcp_lane_t *lane, 
             }
             if (*off < n) {
                 size_t p = n - *off < left ? (size_t)n - *off : left;
-                if (sealed)   /* the bytes just sent, still in cache */
-                    loom_hmac_update(&lane->tx_mac, base + *off, p);
+                if (sealed && !encrypt &&   /* the bytes just sent, still in cache */
+                    loom_aead_aad(&lane->tx_seal.pay, base + *off, p) != 0)
+                    return seal_fail(tp, peer);
                 *off += p;
                 x->moved += p;
                 left -= p;
