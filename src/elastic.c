@@ -63,7 +63,6 @@ struct loom_elastic {
     double timeout_s;           /* LOOM_ELASTIC_TIMEOUT */
     int min_np;                 /* LOOM_ELASTIC_MIN_NP */
     int derived;                /* a split of an elastic communicator: watched, not rebuilt */
-    double short_since;         /* when fewer processes waited to join than were starting */
     loom_store_t *watch_store;
     pthread_t watcher;
     int watcher_started;
@@ -887,17 +886,16 @@ LOOM_API loom_status_t loom_comm_join_pending(loom_comm_t c, int *pending)
     loom_status_t st = join_count(c, "loom_comm_join_pending", &mine);
     if (st != LOOM_SUCCESS)
         return st;
-    if (mine > 0 && mine < starting_joiners(c)) {
-        /* The launcher started more processes than wait yet (the others are
-         * still loading): one reset takes them all in, as Horovod's does, unless
-         * they keep the members waiting past LOOM_ELASTIC_TIMEOUT. */
-        double now = loom_now_s();
-        if (c->elastic->short_since == 0)
-            c->elastic->short_since = now;
-        if (now - c->elastic->short_since < c->elastic->timeout_s)
-            mine = 0;
-    } else {
-        c->elastic->short_since = 0;
+    /* The launcher started more processes than wait yet (the others are still
+     * loading): wait for them here, so that one reset takes them all in, as
+     * Horovod's does; for LOOM_TIMEOUT at most, then the reset goes on without
+     * the late ones (they join at a later commit point). */
+    double deadline = loom_now_s() + c->cfg.timeout_s;
+    while (mine > 0 && mine < starting_joiners(c) && loom_now_s() < deadline) {
+        struct timespec nap = {0, 10 * 1000 * 1000};
+        nanosleep(&nap, NULL);
+        if ((st = join_count(c, "loom_comm_join_pending", &mine)) != LOOM_SUCCESS)
+            return st;
     }
     /* Ranks read the store at different moments: agree on one answer. */
     st = loom_allreduce(&mine, &all, 1, LOOM_INT32, LOOM_MAX, c);

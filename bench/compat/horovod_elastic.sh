@@ -27,30 +27,12 @@ top=$(cd "$here/../.." && pwd)
 dir=$(cd "$1" && pwd) || exit 2
 shift
 suite=${SUITE:-test_elastic_torch.py}
-if [ -f "$dir/test/integration/$suite" ]; then
-    tdir=$dir/test
-elif [ -f "$dir/integration/$suite" ]; then
-    tdir=$dir
-else
-    echo "horovod_elastic: no test/integration/$suite under $dir" >&2
-    exit 2
-fi
 name=horovod_elastic
+. "$here/horovod_common.sh"
+horovod_find "$dir" integration "$suite"
 top_srcdir=$top
 top_builddir=${BUILD:-$top}
-case $suite in
-*tensorflow*|*keras*)
-    if [ -z "${PYTHON:-}" ]; then
-        for cand in ${LOOM_TF_PYTHON:-} /opt/loom-tf/bin/python; do
-            if "$cand" -c 'import tensorflow, keras' 2>/dev/null; then
-                PYTHON=$cand
-                break
-            fi
-        done
-    fi
-    py_need='import numpy, tensorflow, keras'
-    export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3} ;;
-esac
+horovod_python "$suite"
 . "$top/tests/python_build.sh"
 for m in pytest mock psutil cloudpickle; do
     "$py" -c "import $m" 2>/dev/null ||
@@ -58,28 +40,12 @@ for m in pytest mock psutil cloudpickle; do
 done
 
 shim=$tmp/shim
-mkdir -p "$shim/horovod/torch" "$shim/horovod/tensorflow/keras" "$shim/horovod/keras" \
-    "$shim/horovod/runner/elastic" "$shim/horovod/runner/common/util"
-echo '__version__ = "0.28.1"' > "$shim/horovod/__init__.py"
-echo 'from loom.torch import *  # noqa: F401,F403' > "$shim/horovod/torch/__init__.py"
+horovod_shim "$shim"
+mkdir -p "$shim/horovod/runner/elastic" "$shim/horovod/runner/common/util"
 echo 'from loom.tensorflow import *  # noqa: F401,F403' > "$shim/horovod/tensorflow/__init__.py"
-printf '%s\n' 'from loom.keras import *  # noqa: F401,F403' 'from loom.keras import callbacks, elastic  # noqa: F401' |
-    tee "$shim/horovod/keras/__init__.py" > "$shim/horovod/tensorflow/keras/__init__.py"
-: > "$shim/horovod/runner/__init__.py"
 : > "$shim/horovod/runner/common/__init__.py"
 : > "$shim/horovod/runner/common/util/__init__.py"
 : > "$shim/horovod/runner/elastic/__init__.py"
-mkdir -p "$shim/horovod/runner/util"
-: > "$shim/horovod/runner/util/__init__.py"
-cat > "$shim/horovod/runner/util/threads.py" <<'PY'
-import threading
-
-
-def in_thread(target, args=(), name=None, daemon=True, silent=False):
-    t = threading.Thread(target=target, args=args, name=name, daemon=daemon)
-    t.start()
-    return t
-PY
 cat > "$shim/horovod/runner/common/util/config_parser.py" <<'PY'
 def set_env_from_args(env, args):
     """loom.runner turns the arguments into loomrun's flags and environment itself."""

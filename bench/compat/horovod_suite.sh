@@ -43,31 +43,12 @@ if [ "${1:-}" = "-np" ]; then
     shift 2
 fi
 suite=${SUITE:-test_torch.py}
-if [ -f "$dir/test/parallel/$suite" ]; then
-    tdir=$dir/test
-elif [ -f "$dir/parallel/$suite" ]; then
-    tdir=$dir
-else
-    echo "horovod_suite: no test/parallel/$suite under $dir" >&2
-    exit 2
-fi
-
 name=horovod_suite
+. "$here/horovod_common.sh"
+horovod_find "$dir" parallel "$suite"
 top_srcdir=$top
 top_builddir=${BUILD:-$top}
-case $suite in
-*tensorflow*|*keras*)
-    if [ -z "${PYTHON:-}" ]; then
-        for cand in ${LOOM_TF_PYTHON:-} /opt/loom-tf/bin/python; do
-            if "$cand" -c 'import tensorflow, keras' 2>/dev/null; then
-                PYTHON=$cand
-                break
-            fi
-        done
-    fi
-    py_need='import numpy, tensorflow, keras'
-    export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3} ;;
-esac
+horovod_python "$suite"
 . "$top/tests/python_build.sh"
 export PYTHONPATH="$PYTHONPATH${SUITE_PYTHONPATH:+:$SUITE_PYTHONPATH}"
 for m in pytest mock cloudpickle packaging parameterized; do
@@ -76,13 +57,8 @@ for m in pytest mock cloudpickle packaging parameterized; do
 done
 
 shim=$tmp/shim
-mkdir -p "$shim/horovod/torch" "$shim/horovod/runner/util" "$shim/horovod/tensorflow/keras" \
-    "$shim/horovod/keras" "$shim/horovod/common"
-cat > "$shim/horovod/__init__.py" <<'PY'
-# Shim: the horovod package as far as Horovod's tests import it.
-__version__ = "0.28.1"
-PY
-echo 'from loom.torch import *  # noqa: F401,F403' > "$shim/horovod/torch/__init__.py"
+horovod_shim "$shim"
+mkdir -p "$shim/horovod/common"
 cat > "$shim/horovod/tensorflow/__init__.py" <<'PY'
 from loom.tensorflow import *  # noqa: F401,F403
 from loom.tensorflow import _executing_eagerly  # noqa: F401
@@ -90,8 +66,6 @@ from loom.tensorflow import elastic  # noqa: F401
 from . import util  # noqa: F401
 PY
 echo 'from loom.tensorflow import _executing_eagerly  # noqa: F401' > "$shim/horovod/tensorflow/util.py"
-printf '%s\n' 'from loom.keras import *  # noqa: F401,F403' 'from loom.keras import callbacks, elastic  # noqa: F401' |
-    tee "$shim/horovod/keras/__init__.py" > "$shim/horovod/tensorflow/keras/__init__.py"
 cat > "$shim/horovod/common/util.py" <<'PY'
 from packaging import version
 
@@ -100,18 +74,6 @@ def is_version_greater_equal_than(ver, target):
     return version.parse(ver) >= version.parse(target)
 PY
 : > "$shim/horovod/common/__init__.py"
-: > "$shim/horovod/runner/__init__.py"
-: > "$shim/horovod/runner/util/__init__.py"
-cat > "$shim/horovod/runner/util/threads.py" <<'PY'
-import threading
-
-
-def in_thread(target, args=(), name=None, daemon=True, silent=False):
-    """Start target(*args) in a daemon thread and return it."""
-    t = threading.Thread(target=target, args=args, name=name, daemon=daemon)
-    t.start()
-    return t
-PY
 # Run from a copy of the suite's folder so pytest's rootdir and caches stay out of DIR.
 cp -r "$tdir/parallel" "$tdir/utils" "$tmp/"
 # Not tests/python: its common.py would shadow the suite's.

@@ -650,6 +650,7 @@ class Engine:
                 self.shut.add(r)
         joined = set(self.join_round)
         ready, failed = [], []
+        lost = set()   # names that failed because ranks left
         for name, slot in self.table.items():
             kind = next(m for m in slot if m is not None)[0]
             if joined and name != JOIN and kind != "allreduce":
@@ -666,6 +667,7 @@ class Engine:
             elif all(r in self.shut for r in missing):
                 failed.append((name, "loom: tensor '%s' was submitted by ranks %s, but ranks %s shut "
                                "down without submitting it" % (name, _ranks(slot), missing)))
+                lost.add(name)
         if not ready and not any_new and self.table and all(w for _, _, w in msgs):
             self.stalled += 1
         else:
@@ -681,11 +683,14 @@ class Engine:
                                    (name, _ranks(slot), missing,
                                     sorted({x for r in missing for x in waits[r]}) or "nothing")))
             self.stalled = 0
+        # In an elastic job a rank that left is what hvd.elastic.run recovers
+        # from: Horovod's HorovodInternalError, as for a lost connection.
+        retry = LoomInternalError if _basics._elastic() else LoomError
         for name, text in failed:
             del self.table[name]
             e = self.local.pop(name, None)
             if e is not None:
-                self._complete(e, error=LoomError(text))
+                self._complete(e, error=(retry if name in lost else LoomError)(text))
         self.idle = not (ready or failed or any_new)
         self._execute([(name, self.table.pop(name)) for name in ready], joined)
         if len(self.shut) == self.n:
