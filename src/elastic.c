@@ -856,12 +856,12 @@ static int32_t starting_joiners(loom_comm_t c)
 {
     char k[320];
     snprintf(k, sizeof(k), "%s/joining", c->elastic->base);
-    const char *keys[1] = {k};
     loom_err_t err = {0};
     void *val = NULL;
     size_t len = 0;
-    if (loom_store_wait(c->store->store, keys, 1, 0.0, &err) != LOOM_SUCCESS ||
-        loom_store_get(c->store->store, k, &val, &len, 1.0, &err) != LOOM_SUCCESS)
+    int found = 0;
+    if (loom_store_try_get(c->store->store, k, &val, &len, &found, &err) != LOOM_SUCCESS ||
+        !found)
         return 0;
     long n = len > 0 && len < 16 ? strtol(val, NULL, 10) : 0;
     free(val);

@@ -530,6 +530,24 @@ loom_status_t loom_store_get(loom_store_t *s, const char *key, void **val_p, siz
     return st;
 }
 
+loom_status_t loom_store_try_get(loom_store_t *s, const char *key, void **val_p, size_t *len_p,
+                                 int *found_p, loom_err_t *err)
+{
+    loom_status_t st;
+
+    if (s == NULL || val_p == NULL || len_p == NULL || found_p == NULL)
+        return loom_err_set(err, LOOM_ERR_INVALID_ARG, "store handle or output pointer is NULL");
+    if ((st = check_key(key, err)) != LOOM_SUCCESS)
+        return st;
+    loom_err_t inner;
+    loom_err_clear(&inner);
+    *found_p = 0;
+    pthread_mutex_lock(&s->mu);
+    st = s->ops->try_get(s->impl, key, val_p, len_p, found_p, &inner);
+    pthread_mutex_unlock(&s->mu);
+    return st == LOOM_SUCCESS ? st : forward(err, &inner, st);
+}
+
 loom_status_t loom_store_wait(loom_store_t *s, const char *const *keys, size_t nkeys,
                               double timeout_s, loom_err_t *err)
 {

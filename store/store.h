@@ -42,6 +42,11 @@ loom_status_t loom_store_set(loom_store_t *s, const char *key, const void *val, 
  * value (caller frees) with an extra NUL byte after it for convenience. */
 loom_status_t loom_store_get(loom_store_t *s, const char *key, void **val_p, size_t *len_p,
                              double timeout_s, loom_err_t *err);
+/* One look, no waiting (one round trip where get would take two): *found_p
+ * says whether key exists; if so, *val_p is as for loom_store_get. For
+ * callers that poll a value now and then. */
+loom_status_t loom_store_try_get(loom_store_t *s, const char *key, void **val_p, size_t *len_p,
+                                 int *found_p, loom_err_t *err);
 /* Wait until every key exists. On timeout the message lists the missing keys. */
 loom_status_t loom_store_wait(loom_store_t *s, const char *const *keys, size_t nkeys,
                               double timeout_s, loom_err_t *err);

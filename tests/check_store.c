@@ -182,6 +182,36 @@ START_TEST(test_get_missing_times_out)
 }
 END_TEST
 
+/* try_get looks once: absent is not an error and costs no wait. */
+START_TEST(test_try_get)
+{
+    backend_t b;
+    BACKEND_UP(b, _i);
+    loom_store_t *s = open_uri(b.uri);
+    loom_err_t err;
+    loom_err_clear(&err);
+    void *val = NULL;
+    size_t len = 0;
+    int found = 1;
+    double t0 = loom_now_s();
+    ck_assert_int_eq(loom_store_try_get(s, "loom/job/epoch", &val, &len, &found, &err),
+                     LOOM_SUCCESS);
+    ck_assert_int_eq(found, 0);
+    ck_assert_ptr_null(val);
+    put_str(s, "loom/job/epoch", "3");
+    ck_assert_int_eq(loom_store_try_get(s, "loom/job/epoch", &val, &len, &found, &err),
+                     LOOM_SUCCESS);
+    ck_assert_int_eq(found, 1);
+    ck_assert_uint_eq(len, 1);
+    ck_assert_str_eq((char *)val, "3");   /* NUL-terminated as get's */
+    free(val);
+    ck_assert_msg(loom_now_s() - t0 < 5.0, "try_get waited");
+    ck_assert_int_eq(loom_store_try_get(s, "", &val, &len, &found, &err), LOOM_ERR_INVALID_ARG);
+    loom_store_close(s);
+    backend_down(&b);
+}
+END_TEST
+
 START_TEST(test_wait_several)
 {
     backend_t b;
@@ -1429,6 +1459,7 @@ Suite *loom_store_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_set_get, 0, BK_COUNT);
     tcase_add_loop_test(tc, test_get_missing_times_out, 0, BK_COUNT);
+    tcase_add_loop_test(tc, test_try_get, 0, BK_COUNT);
     tcase_add_loop_test(tc, test_wait_several, 0, BK_COUNT);
     tcase_add_loop_test(tc, test_wait_lists_missing, 0, BK_COUNT);
     tcase_add_loop_test(tc, test_wait_wakes_many, 0, BK_COUNT);

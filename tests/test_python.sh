@@ -97,7 +97,9 @@ torch_tests() {
         grep -q '^\[0\]<stdout>: runner 0 0 2$' "$tmp/out" && grep -q '^\[1\]<stdout>: runner 1 1 2$' "$tmp/out" &&
         "$py" -c 'import json, sys; [json.load(open(f)) for f in sys.argv[1:]]' "$tmp/tl.json" "$tmp/tl.1.json" &&
         grep -q '"NEGOTIATE' "$tmp/tl.json" &&
-        "$py" -m loom.runner -np 3 --mpi --min-np 2 --print-command "$py" x.py | grep -q -- '--elastic -np 3 --min-np 2 -- '; then
+        "$py" -m loom.runner -np 3 --mpi --min-np 2 --print-command "$py" x.py | grep -q -- '--elastic -np 3 --min-np 2 -- ' &&
+        "$py" -m loom.runner -np 2 -H a:2,b:2 --min-np 2 --print-command "$py" x.py |
+            grep -q -- '--elastic -np 2 -H a:2,b:2 --max-np 999999999 --min-np 2 -- '; then
         echo "ok: python -m loom.runner"
         passes=$((passes + 1))
     else

@@ -98,9 +98,11 @@ def _run_elastic(args):
 PY
 cp -r "$tdir/integration" "$tdir/utils" "$tmp/"
 [ -f "$tdir/conftest.py" ] && cp "$tdir/conftest.py" "$tmp/"
-# The tests start `python SCRIPT`: the interpreter chosen here.
+# The tests start `python SCRIPT`: the interpreter chosen here, by its own path
+# (a symlink elsewhere would lose a virtual environment, found next to it).
 mkdir -p "$tmp/bin"
-ln -s "$(command -v "$py")" "$tmp/bin/python"
+printf '#!/bin/sh\nexec "%s" "$@"\n' "$(command -v "$py")" >"$tmp/bin/python"
+chmod +x "$tmp/bin/python"
 export PATH="$tmp/bin:$PATH"
 export PYTHONPATH="$shim:$tmp/lib:$tmp/utils"
 export LOOMRUN

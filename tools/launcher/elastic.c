@@ -142,6 +142,12 @@ typedef struct ejob {
     envv_t env, xenv;      /* of local ranks (and ssh) / of remote ranks */
     int exit_code, finishing, changes, nfailed, nremoved, nstarted0;
     int joining_published;  /* the last count of <base>/joining, -1: none yet */
+    /* What the store said of the ranks' epochs: read once per turn of the
+     * loop; the members only when the epoch changed (a signed list). */
+    long long epoch;        /* -1: none formed yet */
+    long long members_epoch;
+    long long *members;
+    int nmembers;           /* of members_epoch; -1: not read */
     long long below_since, next_discovery;
     evloop_t loop;
 } ejob_t;
@@ -235,27 +241,25 @@ static long long current_epoch(loom_store_t *st, const char *base)
     char key[300];
     void *val = NULL;
     size_t len;
+    int found = 0;
     loom_err_t err;
     loom_err_clear(&err);
     snprintf(key, sizeof(key), "%s/epoch", base);
-    const char *k = key;
-    if (loom_store_wait(st, &k, 1, 0.0, &err) != LOOM_SUCCESS ||
-        loom_store_get(st, key, &val, &len, 1.0, &err) != LOOM_SUCCESS)
+    if (loom_store_try_get(st, key, &val, &len, &found, &err) != LOOM_SUCCESS || !found)
         return -1;
     long long epoch = strtoll(val, NULL, 10);
     free(val);
     return epoch;
 }
 
-/* ids of the last epoch's members, from the store; -1 when there is none. */
-static int final_members(loom_store_t *st, const char *base, long long **ids_p)
+/* ids of the members of an epoch, from the store; -1 when there is none. */
+static int read_members(loom_store_t *st, const char *base, long long epoch, long long **ids_p)
 {
     char key[300];
     void *val = NULL;
     size_t len;
     loom_err_t err;
     loom_err_clear(&err);
-    long long epoch = current_epoch(st, base);
     if (epoch < 0)
         return -1;
     snprintf(key, sizeof(key), "%s/e%lld/members", base, epoch);
@@ -440,13 +444,25 @@ static void elastic_exit(int r, const siginfo_t *si, int code, void *arg)
     }
 }
 
+/* The latest epoch and its members, as the store says now. */
+static void read_epoch(ejob_t *j)
+{
+    j->epoch = current_epoch(j->store, j->base);
+    if (j->epoch >= 0 && (j->members_epoch != j->epoch || j->nmembers < 0)) {
+        free(j->members);
+        j->members = NULL;
+        j->nmembers = read_members(j->store, j->base, j->epoch, &j->members);
+        j->members_epoch = j->epoch;
+    }
+}
+
 /* As Horovod counts them: resets, the epochs the ranks formed after the first
  * (one reset takes in every change that happened meanwhile). */
 static void reset_limit_check(ejob_t *j)
 {
     if (j->o->reset_limit < 0 || j->exit_code)
         return;
-    long long resets = current_epoch(j->store, j->base);
+    long long resets = j->epoch;
     if (resets > j->o->reset_limit) {
         fprintf(stderr, "loomrun: elastic job failed: %lld reset(s) exceed --reset-limit %d\n",
                 resets, j->o->reset_limit);
@@ -525,8 +541,8 @@ static void elastic_check_answers(ejob_t *j, long long now)
  * waits for all of them, so one reset takes them in together. */
 static void publish_joining(ejob_t *j)
 {
-    long long *ids = NULL;
-    int nmembers = final_members(j->store, j->base, &ids);
+    const long long *ids = j->members;
+    int nmembers = j->nmembers;
     int joining = 0;
     for (int r = 0; r < g_run.np; r++) {
         if (!g_run.ranks[r].running || g_ep[r].removed)
@@ -536,7 +552,6 @@ static void publish_joining(ejob_t *j)
             member = ids[i] == r;
         joining += !member;
     }
-    free(ids);
     if (nmembers > 0 && joining != j->joining_published) {
         char key[300], val[24];
         snprintf(key, sizeof(key), "%s/joining", j->base);
@@ -564,8 +579,10 @@ static void elastic_loop(ejob_t *j)
                 signal_rank(&g_run.ranks[r], SIGKILL);
                 g_ep[r].kill_at = -1;
             }
-        if (!j->finishing && !j->exit_code && !j->loop.got_signal)
+        if (!j->finishing && !j->exit_code && !j->loop.got_signal) {
+            read_epoch(j);
             elastic_health(j, now);
+        }
         if (!j->finishing && !j->exit_code && !j->loop.got_signal && now >= j->next_discovery)
             elastic_rediscover(j, now);
         if (!j->finishing && !j->exit_code && !j->loop.got_signal)
@@ -579,9 +596,10 @@ static void elastic_loop(ejob_t *j)
 /* The verdict (every member of the last epoch exited 0) and a summary. */
 static void elastic_verdict(ejob_t *j)
 {
-    long long *ids = NULL;
+    read_epoch(j);
     reset_limit_check(j);
-    int nmembers = final_members(j->store, j->base, &ids);
+    const long long *ids = j->members;
+    int nmembers = j->epoch >= 0 ? j->nmembers : -1;
     int bad = 0;
     for (int i = 0; i < nmembers; i++)
         if (ids[i] >= 0 && ids[i] < g_run.np && g_ep[ids[i]].code != 0) {
@@ -600,7 +618,6 @@ static void elastic_verdict(ejob_t *j)
         if (g_eh[h].banned_until > 0)
             fprintf(stderr, "%s%s", nbl++ ? ", " : "; blacklisted: ", g_run.hosts[h].name);
     fprintf(stderr, "\n");
-    free(ids);
 }
 
 int elastic_main(options_t *o)
@@ -609,6 +626,8 @@ int elastic_main(options_t *o)
     memset(&j, 0, sizeof(j));
     j.o = o;
     j.joining_published = -1;
+    j.epoch = j.members_epoch = -1;
+    j.nmembers = -1;
     elastic_hosts(&j);
     remote_wdir(o->wdir, &j.wdir);
     block_signals();
@@ -628,6 +647,7 @@ int elastic_main(options_t *o)
     env_free(&j.xenv);
     sb_free(&j.wdir);
     free(j.local_store);
+    free(j.members);
     free(o->xvars);
     free(g_ep);
     free(g_eh);
