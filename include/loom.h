@@ -216,7 +216,8 @@ LOOM_API uint64_t loom_comm_epoch(loom_comm_t c);
  *  the next epoch, the same on every rank; call it at a commit point and
  *  rebuild when it is > 0. 0 for a communicator that is not elastic. */
 LOOM_API loom_status_t loom_comm_join_pending(loom_comm_t c, int *pending);
-/** Not collective: the number of processes waiting to join the next epoch
+/** Not collective: the number of processes waiting to join the next epoch,
+ *  or on their way (started by the launcher: loomrun --elastic says how many),
  *  as this rank reads the store now (ranks may read different numbers; decide
  *  with loom_comm_join_pending). A rank may poll it while it waits for new
  *  hosts. Thread-safe against calls running on c. 0 when c is not elastic. */

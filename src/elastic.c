@@ -874,7 +874,11 @@ LOOM_API loom_status_t loom_comm_join_waiting(loom_comm_t c, int *waiting)
         return loom_global_fail(LOOM_ERR_INVALID_ARG, "loom_comm_join_waiting: NULL argument");
     int32_t n = 0;
     loom_status_t st = join_count(c, "loom_comm_join_waiting", &n);
-    *waiting = n;
+    /* Processes the launcher has started count as soon as it started them, as
+     * Horovod's driver notifies on discovery: a framework can take seconds to
+     * load before the process registers. */
+    int32_t starting = st == LOOM_SUCCESS && c->elastic ? starting_joiners(c) : 0;
+    *waiting = n > starting ? n : starting;
     return st;
 }
 

@@ -61,8 +61,9 @@ def reset():
 class _HostMessages:
     """What Horovod's State._host_messages (the driver's notifications) tells a
     rank: whether the membership is about to change. Here: whether processes
-    wait to join, as this rank reads the store now (not collective: a rank may
-    poll it while it waits for new hosts; commit() decides for all ranks)."""
+    wait to join or the launcher has started some (loom_comm_join_waiting), as
+    this rank reads the store now (not collective: a rank may poll it while it
+    waits for new hosts; commit() decides for all ranks)."""
 
     def qsize(self):
         world = _basics._world

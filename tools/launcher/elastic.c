@@ -470,11 +470,37 @@ static void reset_limit_check(ejob_t *j)
     }
 }
 
-/* Whether the job can go on: the reset limit, and not below --min-np for too
- * long (or for good). A failed job starts ending. */
+/* Whether every member of the latest epoch has exited, one of them failing:
+ * processes still waiting to join then have no one to take the state from. */
+static int members_all_failed(const ejob_t *j)
+{
+    if (j->epoch < 0 || j->nmembers <= 0)
+        return 0;
+    int failed = 0;
+    for (int i = 0; i < j->nmembers; i++) {
+        long long id = j->members[i];
+        if (id < 0 || id >= g_run.np || g_run.ranks[id].running)
+            return 0;
+        failed += g_ep[id].code != 0;
+    }
+    return failed > 0;
+}
+
+/* Whether the job can go on: the reset limit, a member left to carry the
+ * state, and not below --min-np for too long (or for good). A failed job
+ * starts ending. */
 static void elastic_health(ejob_t *j, long long now)
 {
     reset_limit_check(j);
+    if (!j->exit_code && live_ranks() > 0 && members_all_failed(j)) {
+        read_epoch(j);   /* not an epoch that formed since this turn began */
+        if (members_all_failed(j)) {
+            fprintf(stderr, "loomrun: elastic job failed: every member of epoch %lld exited "
+                    "and one failed; the %d process(es) waiting to join have no one to take "
+                    "the state from\n", j->epoch, live_ranks());
+            j->exit_code = 1;
+        }
+    }
     int live = live_ranks();
     int usable = 0;
     for (int h = 0; h < g_run.nhosts; h++)
