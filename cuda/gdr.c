@@ -88,6 +88,30 @@ static int gdr_dmabuf_export(const void *p, size_t len, int *fd_p, uint64_t *off
     return 0;
 }
 
+typedef CUresult (*cu_attrs_fn)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
+
+/* The allocation's range (what cuMemGetAddressRange gives) and its buffer id,
+ * which the driver never gives two allocations of a process: the key of the
+ * transport's registration cache, as in NCCL's. One call for all three. */
+static int gdr_alloc_range(const void *p, uintptr_t *base_p, size_t *size_p, uint64_t *id_p)
+{
+    cu_attrs_fn attrs = (cu_attrs_fn)loom_cuda_driver_sym("cuPointerGetAttributes");
+    void *base = NULL;
+    size_t size = 0;
+    unsigned long long id = 0;
+    CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                    CU_POINTER_ATTRIBUTE_BUFFER_ID};
+    void *values[3] = {&base, &size, &id};
+    if (!attrs || attrs(3, which, values, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS || !base ||
+        !size || !id)
+        return -1;
+    *base_p = (uintptr_t)base;
+    *size_p = size;
+    *id_p = id;
+    return 0;
+}
+
 static int gdr_copy_in(void *dst, const void *src, size_t len)
 {
     return cudaMemcpy(dst, src, len, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
@@ -97,6 +121,7 @@ const loom_tp_devmem_t loom_cuda_devmem = {
     .dmabuf_supported = gdr_dmabuf_supported,
     .dmabuf_export = gdr_dmabuf_export,
     .copy_in = gdr_copy_in,
+    .alloc_range = gdr_alloc_range,
 };
 
 /* A blocking send/recv on GPU memory handed to the transport reads or writes

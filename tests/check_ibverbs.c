@@ -278,6 +278,58 @@ START_TEST(test_rcache_revoke)
 }
 END_TEST
 
+/* GPU memory: entries keyed on the allocation and its identity. A range freed
+ * and allocated again at the same address (a new buffer id) must get a new
+ * registration, never the old one, whose pages are no longer the program's. */
+START_TEST(test_rcache_keyed)
+{
+    fake_reg_t f = {0};
+    loom_rcache_t rc;
+    const size_t pg = page();
+    loom_rcache_init(&rc, 8 * pg, 4, fake_reg_fn, fake_dereg_fn, &f);
+    uint8_t *b = region(16);
+    loom_rc_entry_t *a, *a2, *n, *z;
+    ck_assert_int_eq(loom_rcache_get_keyed(&rc, b, 2 * pg, 7, &a), 0);
+    ck_assert_int_eq(f.regs, 1);
+    ck_assert_uint_eq(f.last_start, (uintptr_t)b);
+    ck_assert_uint_eq(f.last_len, 2 * pg);
+    loom_rcache_put(&rc, a);
+    /* Same allocation, same identity: the one registration, kept while idle. */
+    ck_assert_int_eq(loom_rcache_get_keyed(&rc, b, 2 * pg, 7, &a2), 0);
+    ck_assert_ptr_eq(a2, a);
+    ck_assert_int_eq(f.regs, 1);
+    loom_rcache_put(&rc, a2);
+    ck_assert_int_eq(f.live, 1);
+    /* Freed and allocated again at the same address: a new identity. */
+    ck_assert_int_eq(loom_rcache_get_keyed(&rc, b, 2 * pg, 8, &n), 0);
+    ck_assert_int_eq(f.regs, 2);
+    ck_assert_int_eq(f.deregs, 1);   /* the stale one went at once */
+    ck_assert_uint_eq(n->id, 8);
+    /* A plain (unkeyed) lookup never gets a keyed entry. */
+    loom_rcache_put(&rc, n);
+    ck_assert_int_eq(loom_rcache_get(&rc, b, pg, &z), 0);
+    ck_assert_ptr_ne(z, n);
+    loom_rcache_put(&rc, z);
+    /* Identity unknown (0): registered for this use only. */
+    uint8_t *c = b + 8 * pg;
+    int live = f.live;
+    ck_assert_int_eq(loom_rcache_get_keyed(&rc, c, pg, 0, &z), 0);
+    ck_assert_int_eq(f.live, live + 1);
+    loom_rcache_put(&rc, z);
+    ck_assert_int_eq(f.live, live);
+    /* Bounded: idle keyed entries are evicted least recently used first. */
+    for (uint64_t id = 100; id < 110; id++) {
+        ck_assert_int_eq(loom_rcache_get_keyed(&rc, b + (id - 90) * pg, pg, id, &z), 0);
+        loom_rcache_put(&rc, z);
+    }
+    ck_assert_uint_le(rc.entries, 4);
+    ck_assert_uint_le(rc.bytes, 8 * pg);
+    ck_assert_ptr_eq(rc.head, z);
+    loom_rcache_fini(&rc);
+    ck_assert_int_eq(f.live, 0);
+}
+END_TEST
+
 START_TEST(test_rcache_failure_evicts_and_retries)
 {
     fake_reg_t f = {0};
@@ -525,6 +577,7 @@ Suite *loom_ibverbs_suite(void)
     tcase_add_test(tc, test_rcache_failure_evicts_and_retries);
     tcase_add_test(tc, test_rcache_get_new);
     tcase_add_test(tc, test_rcache_revoke);
+    tcase_add_test(tc, test_rcache_keyed);
     suite_add_tcase(s, tc);
     tc = tcase_create("config");
     tcase_add_test(tc, test_hca_parse);

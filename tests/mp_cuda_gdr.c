@@ -13,6 +13,12 @@
  *           call gives on host buffers, and no byte crosses between host and
  *           device during a call (the double's copy counters), dma-bufs exported;
  *  staged:  the same results, staged through host memory, no dma-buf;
+ *           and GPU memory registered once per allocation, not per call: the
+ *           dma-bufs exported over the whole matrix are at most the
+ *           allocations the calls used; a buffer freed and allocated again at
+ *           the same address is registered anew (a registration kept from
+ *           before would move the bytes to the freed pages: wrong results),
+ *           and once only;
  *  refused: LOOM_NET_GDR=1 where nothing can register GPU memory (the GPU
  *           exports no dma-buf, no nvidia-peermem): a GPU call fails saying why.
  * The inputs are small integers, exact in every type, so the order of reduction
@@ -236,6 +242,41 @@ static void send_recv(loom_comm_t c, bufs_t *b, mode_t_ mode, cuda_double_counts
     }
 }
 
+/* The registration cache of GPU memory (direct mode): b->r freed and
+ * allocated again at the same address, with a new buffer id; the next calls
+ * must be right (the HCA writes into the new allocation, not the freed one)
+ * and export one dma-buf for it, the call after that none. */
+static void realloc_same_address(loom_comm_t c, bufs_t *b)
+{
+    cuda_double_counts_t before, after, moved = {0};
+    char *old = b->r;
+    cuda_double_counts(&before);
+    if (!cuda_ok(c, cudaFree(b->r), "cudaFree") ||
+        !cuda_ok(c, cuda_double_malloc_at((void **)&b->r, b->bytes, old), "cudaMalloc again"))
+        return;
+    cuda_double_counts(&after);
+    if (b->r != old || after.frees != before.frees + 1) {
+        mp_bad(c, "the double did not free and allocate again at %p", (void *)old);
+        return;
+    }
+    long exports[2], allocs[2];
+    for (int round = 0; round < 2; round++) {
+        cuda_double_counts_t m0 = moved;
+        for (int x = ALLREDUCE; x <= REDUCE; x++) {
+            case_t k = {.coll = x, .dti = 0, .op = LOOM_SUM, .count = 20011, .root = 0};
+            one_case(c, &k, b, MODE_DIRECT, &moved);
+        }
+        exports[round] = moved.dmabuf_exports - m0.dmabuf_exports;
+        allocs[round] = moved.allocs - m0.allocs;
+    }
+    /* Every rank's allreduce writes into its r; what the calls allocate
+     * themselves is registered too. */
+    if (exports[0] < 1 || exports[1] > allocs[1])
+        mp_bad(c, "GPU registration cache: %ld dma-bufs exported after a free and allocation "
+               "at the same address (want at least 1), %ld in the calls after (want %ld: "
+               "one per allocation they made)", exports[0], exports[1], allocs[1]);
+}
+
 static int rank_main(loom_comm_t c, void *arg)
 {
     const mode_t_ mode = *(const mode_t_ *)arg;
@@ -290,15 +331,24 @@ static int rank_main(loom_comm_t c, void *arg)
     if (mode == MODE_DIRECT && (moved.dmabuf_exports == 0 || moved.kernels == 0))
         mp_bad(c, "GPUDirect: %ld dma-bufs exported, %ld kernels run", moved.dmabuf_exports,
                moved.kernels);
+    /* Registered once per allocation: s, r, the communicator's scratch, and
+     * whatever the calls allocated. */
+    if (mode == MODE_DIRECT && moved.dmabuf_exports > 3 + moved.allocs)
+        mp_bad(c, "GPUDirect: %ld dma-bufs exported for %ld allocations made during the calls "
+               "(and 3 before): GPU memory registered per call, not per allocation",
+               moved.dmabuf_exports, moved.allocs);
+    if (mode == MODE_DIRECT)
+        realloc_same_address(c, &b);
     if (mode == MODE_STAGED && (moved.h2d == 0 || moved.d2h == 0 || moved.dmabuf_exports != 0 ||
                                 (loom_comm_rank(c) < 2 && p2p.h2d + p2p.d2h == 0)))
         mp_bad(c, "staged: %ld copies up, %ld down, %ld dma-bufs", moved.h2d, moved.d2h,
                moved.dmabuf_exports);
     printf("rank %d/%d: during the GPU collectives: %ld copies host to device, %ld device to "
-           "host, %ld kernels, %ld dma-bufs exported; send/recv: %ld copies up, %ld down (with "
-           "GPUDirect: only small messages sent from host memory go up)\n",
-           loom_comm_rank(c), P, moved.h2d, moved.d2h, moved.kernels, moved.dmabuf_exports, p2p.h2d,
-           p2p.d2h);
+           "host, %ld kernels, %ld dma-bufs exported, %ld cudaMalloc, %ld cudaFree; send/recv: "
+           "%ld copies up, %ld down (with GPUDirect: only small messages sent from host memory "
+           "go up)\n",
+           loom_comm_rank(c), P, moved.h2d, moved.d2h, moved.kernels, moved.dmabuf_exports,
+           moved.allocs, moved.frees, p2p.h2d, p2p.d2h);
     fflush(stdout);
     cudaFree(b.s);
     cudaFree(b.r);

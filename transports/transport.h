@@ -77,6 +77,11 @@ typedef struct loom_tp_devmem {
      * message a peer sent from host memory, for a receive into GPU memory
      * (send/recv between a staged and a direct rank); 0, or -1. */
     int (*copy_in)(void *dst, const void *src, size_t len);
+    /* The allocation holding GPU pointer p: its start, size and an identity
+     * that no later allocation shares, even at the same address (the driver's
+     * buffer id), so a registration of it can be kept while it lives; 0, or
+     * -1 when unknown. */
+    int (*alloc_range)(const void *p, uintptr_t *base_p, size_t *size_p, uint64_t *id_p);
 } loom_tp_devmem_t;
 
 typedef struct loom_tp_params {
