@@ -26,8 +26,11 @@
  *    so floating-point sums may differ from a staged call in the last bits.
  *    Steps are not overlapped with each other: a step's reductions are waited
  *    for before the next step sends them.
- * The accumulator is recvbuf (allreduce) or a device buffer allocated for the
- * call (reduce_scatter: size * count elements; reduce: count).
+ * The accumulator is recvbuf (allreduce) or the communicator's gdr_acc
+ * (reduce_scatter: size * count elements; reduce: count), grown when a call
+ * needs more and kept until destroy: a call that allocated its own would make
+ * the transport register a new allocation every time (and cudaMalloc and
+ * cudaFree synchronize the device).
  *
  * Not covered (staged as before): alltoall(v) in place, a communicator with a
  * peer on a transport that takes host memory only (shared memory inside a
@@ -418,6 +421,28 @@ static loom_status_t ring_reduce_scatter(gdr_t *g, char *acc, size_t blk)
     return s;
 }
 
+/* st->gdr_acc holds at least bytes. Grown by half again beyond the request,
+ * so counts that creep up a little at a time do not reallocate every call. */
+static loom_status_t grow_acc(loom_cuda_state_t *st, size_t bytes, loom_err_t *err)
+{
+    if (bytes <= st->gdr_acc_bytes && st->gdr_acc)
+        return LOOM_SUCCESS;
+    size_t want = bytes + bytes / 2;
+    want = want > 256 ? want : 256;
+    if (st->gdr_acc) {
+        cudaFree(st->gdr_acc);
+        st->gdr_acc = NULL;
+        st->gdr_acc_bytes = 0;
+    }
+    cudaError_t e = cudaMalloc((void **)&st->gdr_acc, want);
+    if (e != cudaSuccess) {
+        st->gdr_acc = NULL;
+        return loom_cuda_fail(err, e, "cudaMalloc (GPUDirect accumulator)");
+    }
+    st->gdr_acc_bytes = want;
+    return LOOM_SUCCESS;
+}
+
 static loom_status_t run_reducing(gdr_t *g)
 {
     const loom_coll_args_t *a = g->a;
@@ -432,12 +457,12 @@ static loom_status_t run_reducing(gdr_t *g)
     loom_coll_args_t ra = *a;
     ra.count = total;
     ring.a = &ra;
-    char *acc = a->recvbuf, *tmp = NULL;
+    char *acc = a->recvbuf;
     if (a->coll != LOOM_COLL_ALLREDUCE) {
-        cudaError_t e = cudaMalloc((void **)&tmp, total * es > 0 ? total * es : 1);
-        if (e != cudaSuccess)
-            return loom_cuda_fail(g->err, e, "cudaMalloc (GPUDirect accumulator)");
-        acc = tmp;
+        loom_status_t s = grow_acc(g->st, total * es, g->err);
+        if (s != LOOM_SUCCESS)
+            return s;
+        acc = g->st->gdr_acc;
     }
     loom_status_t s = dcopy(g, acc, a->sendbuf, total * es);
     if (s == LOOM_SUCCESS)
@@ -480,8 +505,6 @@ static loom_status_t run_reducing(gdr_t *g)
             s = dsync(g);
         free(x);
     }
-    if (tmp)
-        cudaFree(tmp);
     return s;
 }
 

@@ -18,7 +18,9 @@
  *           allocations the calls used; a buffer freed and allocated again at
  *           the same address is registered anew (a registration kept from
  *           before would move the bytes to the freed pages: wrong results),
- *           and once only;
+ *           and once only; once the matrix ran, allreduce, reduce and
+ *           reduce_scatter allocate nothing and register nothing (the double's
+ *           allocation and dma-buf counters);
  *  refused: LOOM_NET_GDR=1 where nothing can register GPU memory (the GPU
  *           exports no dma-buf, no nvidia-peermem): a GPU call fails saying why.
  * The inputs are small integers, exact in every type, so the order of reduction
@@ -277,6 +279,23 @@ static void realloc_same_address(loom_comm_t c, bufs_t *b)
                "one per allocation they made)", exports[0], exports[1], allocs[1]);
 }
 
+/* Steady state (direct mode): once the matrix ran the largest calls, the
+ * reducing collectives allocate nothing (the accumulator is the
+ * communicator's) and export no dma-buf (every buffer is registered). */
+static void steady_state(loom_comm_t c, bufs_t *b)
+{
+    cuda_double_counts_t moved = {0};
+    for (int x = ALLREDUCE; x < NCOLLS; x++) {
+        case_t k = {.coll = x, .dti = 0, .op = LOOM_SUM, .count = 20011, .root = 1};
+        if (x == ALLREDUCE || x == REDUCE || x == REDUCE_SCATTER)
+            one_case(c, &k, b, MODE_DIRECT, &moved);
+    }
+    if (moved.allocs || moved.frees || moved.dmabuf_exports)
+        mp_bad(c, "steady state: allreduce, reduce and reduce_scatter of 20011 elements made %ld "
+               "cudaMalloc, %ld cudaFree, %ld dma-bufs (want none)", moved.allocs, moved.frees,
+               moved.dmabuf_exports);
+}
+
 static int rank_main(loom_comm_t c, void *arg)
 {
     const mode_t_ mode = *(const mode_t_ *)arg;
@@ -337,8 +356,10 @@ static int rank_main(loom_comm_t c, void *arg)
         mp_bad(c, "GPUDirect: %ld dma-bufs exported for %ld allocations made during the calls "
                "(and 3 before): GPU memory registered per call, not per allocation",
                moved.dmabuf_exports, moved.allocs);
-    if (mode == MODE_DIRECT)
+    if (mode == MODE_DIRECT) {
+        steady_state(c, &b);
         realloc_same_address(c, &b);
+    }
     if (mode == MODE_STAGED && (moved.h2d == 0 || moved.d2h == 0 || moved.dmabuf_exports != 0 ||
                                 (loom_comm_rank(c) < 2 && p2p.h2d + p2p.d2h == 0)))
         mp_bad(c, "staged: %ld copies up, %ld down, %ld dma-bufs", moved.h2d, moved.d2h,
