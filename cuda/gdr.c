@@ -115,6 +115,16 @@ static int gdr_alloc_range(const void *p, uintptr_t *base_p, size_t *size_p, uin
     return 0;
 }
 
+static int gdr_pci_bus_id(char *buf, size_t len)
+{
+    int dev = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+                   cudaDeviceGetPCIBusId(buf, len < INT32_MAX ? (int)len : INT32_MAX, dev) ==
+                       cudaSuccess
+               ? 0
+               : -1;
+}
+
 static int gdr_copy_in(void *dst, const void *src, size_t len)
 {
     return cudaMemcpy(dst, src, len, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
@@ -125,6 +135,7 @@ const loom_tp_devmem_t loom_cuda_devmem = {
     .dmabuf_export = gdr_dmabuf_export,
     .copy_in = gdr_copy_in,
     .alloc_range = gdr_alloc_range,
+    .pci_bus_id = gdr_pci_bus_id,
 };
 
 /* A blocking send/recv on GPU memory handed to the transport reads or writes

@@ -239,10 +239,12 @@ if [ -x "$gdr" ]; then
     result $? "LOOM_NET_GDR=0, 2 ranks: the matrix staged through host memory"
     [ $rc = 0 ] && [ $ok = 0 ] || tail -40 "$tmp/out"
 
-    # Unset: GPU and HCA are not known to be close, so auto stages (as NCCL does).
+    # Unset: the distance between GPU and HCA is measured from sysfs, where
+    # neither double has a PCI device, so auto stages (as NCCL does when it
+    # cannot tell) and says so.
     LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=ibverbs "$gdr" staged 2 > "$tmp/out" 2>&1
     rc=$?
-    grep -q "staging (GPU and HCA are not under one PCIe switch" "$tmp/out"
+    grep -q "staging (distance unknown: staging through host memory (.* has no PCI device in sysfs" "$tmp/out"
     ok=$?
     [ $rc = 0 ] && [ $ok = 0 ]
     result $? "LOOM_NET_GDR unset: staged, the INFO log says why"

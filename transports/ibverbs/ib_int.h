@@ -168,7 +168,7 @@ struct loom_tp {
     const loom_tp_devmem_t *devmem;
     int gdr_net;             /* LOOM_NET_GDR: -1 auto, 0 off, 1 on */
     int gdr_path;            /* loom_gdr_path_t; -1 until decided */
-    char gdr_why[200];
+    char gdr_why[400];
     int reg_pinned;          /* the next registration pins (loom_comm_register_buffer) */
     size_t pinned_cache;     /* LOOM_IB_REG_CACHE */
     uint8_t qp_timeout, qp_retry_cnt, qp_rnr_retry;
