@@ -34,7 +34,8 @@
  *
  * Not covered (staged as before): alltoall(v) in place, a communicator with a
  * peer on a transport that takes host memory only (shared memory inside a
- * node). Blocking send/recv on GPU memory go direct through the core (coll.c).
+ * node). Send/recv on GPU memory, blocking or not, go direct through the core
+ * (coll.c).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -138,7 +139,7 @@ const loom_tp_devmem_t loom_cuda_devmem = {
     .pci_bus_id = gdr_pci_bus_id,
 };
 
-/* A blocking send/recv on GPU memory handed to the transport reads or writes
+/* A send/recv on GPU memory handed to the transport (blocking or not) reads or writes
  * it after the work the caller queued on the legacy default stream (and so on
  * every blocking stream), as the staged path's copies do; a stream-ordered
  * call is already ordered after its stream. */

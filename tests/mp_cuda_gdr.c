@@ -8,11 +8,12 @@
  * LOOM_CUDA_IPC=0) and LOOM_NET_GDR.
  *
  * Usage: mp_cuda_gdr direct|staged|refused NRANKS
- *  direct:  every collective and blocking send/recv, element types (float16 and bfloat16 among them),
+ *  direct:  every collective, blocking send/recv and isend/irecv, element types (float16 and bfloat16 among them),
  *           counts (0, 1, odd, large), in place and not, gives the bytes the same
  *           call gives on host buffers, and no byte crosses between host and
  *           device during a call (the double's copy counters), dma-bufs exported;
- *  staged:  the same results, staged through host memory, no dma-buf;
+ *  staged:  the same results, staged through host memory, no dma-buf
+ *           (isend/irecv of GPU buffers refused: staging needs a blocking call);
  *           and GPU memory registered once per allocation, not per call: the
  *           dma-bufs exported over the whole matrix are at most the
  *           allocations the calls used; a buffer freed and allocated again at
@@ -296,6 +297,60 @@ static void steady_state(loom_comm_t c, bufs_t *b)
                moved.dmabuf_exports);
 }
 
+/* Non-blocking send/recv of GPU buffers: ranks 0 and 1 each post a receive
+ * from and a send to the other at once (a blocking pair would deadlock on
+ * large messages), small and large, then wait. Direct: the bytes arrive, no
+ * copy between host and device. Staged: refused, saying what to use. */
+static void isend_irecv(loom_comm_t c, bufs_t *b, mode_t_ mode)
+{
+    const int me = loom_comm_rank(c), other = 1 - me;
+    static const size_t sizes[] = {1, 100, 70001};
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]) && me < 2; si++) {
+        const size_t n = sizes[si];
+        int32_t *h = (int32_t *)b->hs;
+        for (size_t i = 0; i < n; i++)
+            h[i] = (int32_t)(i * 5 + n + (size_t)me * 1000);
+        if (!cuda_ok(c, cudaMemcpy(b->s, h, n * 4, cudaMemcpyHostToDevice), "upload") ||
+            !cuda_ok(c, cudaMemset(b->r, 0x6b, n * 4), "memset"))
+            return;
+        cuda_double_counts_t before, after;
+        cuda_double_counts(&before);
+        loom_request_t rq = NULL, sq = NULL;
+        loom_status_t st = loom_irecv(b->r, n, LOOM_INT32, other, 9, c, &rq);
+        if (st == LOOM_SUCCESS)
+            st = loom_isend(b->s, n, LOOM_INT32, other, 9, c, &sq);
+        if (mode != MODE_DIRECT) {
+            if (st == LOOM_SUCCESS || !strstr(loom_comm_last_error(c), "GPU buffers without "
+                                                                      "GPUDirect RDMA"))
+                mp_bad(c, "irecv/isend of GPU buffers, staged: %s (%s), want a refusal",
+                       loom_strerror(st), loom_comm_last_error(c));
+            if (rq)
+                loom_wait(rq);
+            return;
+        }
+        if (st != LOOM_SUCCESS) {
+            mp_bad(c, "irecv/isend %zu: %s", n, loom_comm_last_error(c));
+            return;
+        }
+        loom_status_t sr = loom_wait(rq), ss = loom_wait(sq);
+        cuda_double_counts(&after);
+        if (sr != LOOM_SUCCESS || ss != LOOM_SUCCESS) {
+            mp_bad(c, "irecv/isend %zu: wait: %s", n, loom_comm_last_error(c));
+            return;
+        }
+        if (after.h2d != before.h2d || after.d2h != before.d2h)
+            mp_bad(c, "irecv/isend %zu with GPUDirect RDMA: %ld copies up, %ld down", n,
+                   after.h2d - before.h2d, after.d2h - before.d2h);
+        if (!cuda_ok(c, cudaMemcpy(h, b->r, n * 4, cudaMemcpyDeviceToHost), "download"))
+            return;
+        for (size_t i = 0; i < n; i++)
+            if (h[i] != (int32_t)(i * 5 + n + (size_t)other * 1000)) {
+                mp_bad(c, "irecv %zu from rank %d: element %zu is %d", n, other, i, h[i]);
+                break;
+            }
+    }
+}
+
 static int rank_main(loom_comm_t c, void *arg)
 {
     const mode_t_ mode = *(const mode_t_ *)arg;
@@ -347,6 +402,8 @@ static int rank_main(loom_comm_t c, void *arg)
                 }
     cuda_double_counts_t p2p = {0};
     send_recv(c, &b, mode, &p2p);
+    if (P > 1)
+        isend_irecv(c, &b, mode);
     if (mode == MODE_DIRECT && (moved.dmabuf_exports == 0 || moved.kernels == 0))
         mp_bad(c, "GPUDirect: %ld dma-bufs exported, %ld kernels run", moved.dmabuf_exports,
                moved.kernels);
