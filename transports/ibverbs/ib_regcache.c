@@ -107,6 +107,17 @@ static int insert_new(loom_rcache_t *rc, uintptr_t start, uintptr_t end, uintptr
     return 0;
 }
 
+/* e serves a request: one more reference, first in the use order. */
+static int hit(loom_rcache_t *rc, loom_rc_entry_t *e, loom_rc_entry_t **e_p)
+{
+    rc->hits++;
+    e->refs++;
+    unlink_entry(rc, e);
+    push_front(rc, e);
+    *e_p = e;
+    return 0;
+}
+
 int loom_rcache_get_new(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_entry_t **e_p)
 {
     uintptr_t start, end;
@@ -131,14 +142,8 @@ int loom_rcache_get(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_ent
     uintptr_t start, end;
     page_range(rc, addr, len, &start, &end);
     for (loom_rc_entry_t *e = rc->head; e; e = e->next) {
-        if (e->mr && !e->once && !e->id && e->start <= start && e->end >= end) {
-            rc->hits++;
-            e->refs++;
-            unlink_entry(rc, e);
-            push_front(rc, e);
-            *e_p = e;
-            return 0;
-        }
+        if (e->mr && !e->once && !e->id && e->start <= start && e->end >= end)
+            return hit(rc, e, e_p);
     }
     rc->misses++;
     uintptr_t own_start = start, own_end = end;
@@ -164,14 +169,8 @@ int loom_rcache_get_keyed(loom_rcache_t *rc, const void *base, size_t len, uint6
     page_range(rc, base, len, &start, &end);
     if (id) {
         for (loom_rc_entry_t *e = rc->head; e; e = e->next) {
-            if (e->mr && e->id == id && e->start <= start && e->end >= end) {
-                rc->hits++;
-                e->refs++;
-                unlink_entry(rc, e);
-                push_front(rc, e);
-                *e_p = e;
-                return 0;
-            }
+            if (e->mr && e->id == id && e->start <= start && e->end >= end)
+                return hit(rc, e, e_p);
         }
     }
     rc->misses++;
