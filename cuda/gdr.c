@@ -377,6 +377,9 @@ static loom_status_t post_slice(gdr_t *g, slice_t *sl, uint32_t step, int left, 
         x[nx++] = (loom_dev_xfer_t){
             .peer = right, .is_send = 1, .buf = at(acc, soff + k * slice, es), .bytes = sk * es};
     }
+    /* dev_post fills only the nx it posts; the wait covers both, so the
+     * other must read as done and fine, not as what the stack held. */
+    memset(sl->reqs, 0, sizeof(sl->reqs));
     sl->reqs[0].done = sl->reqs[1].done = 1;
     return loom_comm_dev_post(g->st->comm, step, x, nx, sl->reqs);
 }
