@@ -262,8 +262,15 @@ static int reg_get(loom_tp_t *tp, const loom_tp_req_t *req, loom_rcache_t **rc_p
     uint64_t id = 0;
     if (tp->devmem && tp->devmem->alloc_range &&
         tp->devmem->alloc_range(req->buf, &base, &size, &id) == 0 && id && base <= at &&
-        at + req->len <= base + size)
+        at + req->len <= base + size) {
+        /* An allocation that would crowd the cache (a whole model's flat
+         * buffer): only the message's pages, still under its identity. */
+        if (size > tp->dcache.max_bytes / 4) {
+            base = at;
+            size = req->len;
+        }
         return loom_rcache_get_keyed(&tp->dcache, (void *)base, size, id, e_p);
+    }
     return loom_rcache_get_keyed(&tp->dcache, req->buf, req->len, 0, e_p);
 }
 
