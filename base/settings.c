@@ -123,7 +123,7 @@ const loom_setting_t loom_settings_table[] = {
      COMM(ib_hca), STRING},
     {"LOOM_IB_GID_INDEX", NULL, "RoCE GID index (else the RoCE v2 GID carrying the interface's address)",
      COMM(ib_gid_index), INT(0, 255), .unset = -1},
-    {"LOOM_NET_GDR", NULL, "GPUDirect RDMA for GPU buffers over ibverbs: 1 forces (a GPU call fails where it cannot), 0 stages through host memory (unset: staged, the GPU-HCA distance is not measured yet)",
+    {"LOOM_NET_GDR", NULL, "GPUDirect RDMA for GPU buffers over ibverbs: 1 forces (a GPU call fails where it cannot), 0 stages through host memory (unset: direct where GPU and HCA share a PCIe switch, as NCCL; else, or when sysfs cannot tell, staged)",
      COMM(net_gdr), INT(0, 1), .unset = -1},
     {"LOOM_CUDA_CHUNK_BYTES", "4194304", "GPU buffers: bytes per pass through the pinned host staging buffers, the same on every rank (builds with CUDA)",
      COMM(cuda_chunk_bytes), INT(1, 1L << 32)},

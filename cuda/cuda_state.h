@@ -33,6 +33,9 @@ typedef struct loom_cuda_state {
     unsigned char logged[LOOM_COLL_COUNT];   /* paths named in the log: 1 IPC, 2 staged, 4 GDR */
     int gdr;                          /* GPUDirect RDMA (gdr.c): 0 not asked yet, 1 direct,
                                          2 staged, 3 insisted on but impossible */
+    char *gdr_acc;                    /* GPUDirect reduce and reduce_scatter's accumulator,
+                                         grown to the largest call, kept until destroy */
+    size_t gdr_acc_bytes;
 
     /* The stream-ordered worker (stream.c), under lock. */
     pthread_mutex_t lock;

@@ -225,6 +225,8 @@ static void state_free(loom_cuda_state_t *st)
     loom_cuda_ipc_release(st);
     if (st->dev_scratch)
         cudaFree(st->dev_scratch);
+    if (st->gdr_acc)
+        cudaFree(st->gdr_acc);
     if (st->pinned)
         cudaFreeHost(st->pinned);
     for (int i = 0; i < LOOM_STAGING_MARKS; i++)

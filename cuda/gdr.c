@@ -26,12 +26,16 @@
  *    so floating-point sums may differ from a staged call in the last bits.
  *    Steps are not overlapped with each other: a step's reductions are waited
  *    for before the next step sends them.
- * The accumulator is recvbuf (allreduce) or a device buffer allocated for the
- * call (reduce_scatter: size * count elements; reduce: count).
+ * The accumulator is recvbuf (allreduce) or the communicator's gdr_acc
+ * (reduce_scatter: size * count elements; reduce: count), grown when a call
+ * needs more and kept until destroy: a call that allocated its own would make
+ * the transport register a new allocation every time (and cudaMalloc and
+ * cudaFree synchronize the device).
  *
  * Not covered (staged as before): alltoall(v) in place, a communicator with a
  * peer on a transport that takes host memory only (shared memory inside a
- * node). Blocking send/recv on GPU memory go direct through the core (coll.c).
+ * node). Send/recv on GPU memory, blocking or not, go direct through the core
+ * (coll.c).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -88,6 +92,40 @@ static int gdr_dmabuf_export(const void *p, size_t len, int *fd_p, uint64_t *off
     return 0;
 }
 
+typedef CUresult (*cu_attrs_fn)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
+
+/* The allocation's range (what cuMemGetAddressRange gives) and its buffer id,
+ * which the driver never gives two allocations of a process: the key of the
+ * transport's registration cache, as in NCCL's. One call for all three. */
+static int gdr_alloc_range(const void *p, uintptr_t *base_p, size_t *size_p, uint64_t *id_p)
+{
+    cu_attrs_fn attrs = (cu_attrs_fn)loom_cuda_driver_sym("cuPointerGetAttributes");
+    void *base = NULL;
+    size_t size = 0;
+    unsigned long long id = 0;
+    CUpointer_attribute which[3] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                    CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                    CU_POINTER_ATTRIBUTE_BUFFER_ID};
+    void *values[3] = {&base, &size, &id};
+    if (!attrs || attrs(3, which, values, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS || !base ||
+        !size || !id)
+        return -1;
+    *base_p = (uintptr_t)base;
+    *size_p = size;
+    *id_p = id;
+    return 0;
+}
+
+static int gdr_pci_bus_id(char *buf, size_t len)
+{
+    int dev = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+                   cudaDeviceGetPCIBusId(buf, len < INT32_MAX ? (int)len : INT32_MAX, dev) ==
+                       cudaSuccess
+               ? 0
+               : -1;
+}
+
 static int gdr_copy_in(void *dst, const void *src, size_t len)
 {
     return cudaMemcpy(dst, src, len, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
@@ -97,9 +135,11 @@ const loom_tp_devmem_t loom_cuda_devmem = {
     .dmabuf_supported = gdr_dmabuf_supported,
     .dmabuf_export = gdr_dmabuf_export,
     .copy_in = gdr_copy_in,
+    .alloc_range = gdr_alloc_range,
+    .pci_bus_id = gdr_pci_bus_id,
 };
 
-/* A blocking send/recv on GPU memory handed to the transport reads or writes
+/* A send/recv on GPU memory handed to the transport (blocking or not) reads or writes
  * it after the work the caller queued on the legacy default stream (and so on
  * every blocking stream), as the staged path's copies do; a stream-ordered
  * call is already ordered after its stream. */
@@ -337,6 +377,9 @@ static loom_status_t post_slice(gdr_t *g, slice_t *sl, uint32_t step, int left, 
         x[nx++] = (loom_dev_xfer_t){
             .peer = right, .is_send = 1, .buf = at(acc, soff + k * slice, es), .bytes = sk * es};
     }
+    /* dev_post fills only the nx it posts; the wait covers both, so the
+     * other must read as done and fine, not as what the stack held. */
+    memset(sl->reqs, 0, sizeof(sl->reqs));
     sl->reqs[0].done = sl->reqs[1].done = 1;
     return loom_comm_dev_post(g->st->comm, step, x, nx, sl->reqs);
 }
@@ -393,6 +436,28 @@ static loom_status_t ring_reduce_scatter(gdr_t *g, char *acc, size_t blk)
     return s;
 }
 
+/* st->gdr_acc holds at least bytes. Grown by half again beyond the request,
+ * so counts that creep up a little at a time do not reallocate every call. */
+static loom_status_t grow_acc(loom_cuda_state_t *st, size_t bytes, loom_err_t *err)
+{
+    if (bytes <= st->gdr_acc_bytes && st->gdr_acc)
+        return LOOM_SUCCESS;
+    size_t want = bytes + bytes / 2;
+    want = want > 256 ? want : 256;
+    if (st->gdr_acc) {
+        cudaFree(st->gdr_acc);
+        st->gdr_acc = NULL;
+        st->gdr_acc_bytes = 0;
+    }
+    cudaError_t e = cudaMalloc((void **)&st->gdr_acc, want);
+    if (e != cudaSuccess) {
+        st->gdr_acc = NULL;
+        return loom_cuda_fail(err, e, "cudaMalloc (GPUDirect accumulator)");
+    }
+    st->gdr_acc_bytes = want;
+    return LOOM_SUCCESS;
+}
+
 static loom_status_t run_reducing(gdr_t *g)
 {
     const loom_coll_args_t *a = g->a;
@@ -407,12 +472,12 @@ static loom_status_t run_reducing(gdr_t *g)
     loom_coll_args_t ra = *a;
     ra.count = total;
     ring.a = &ra;
-    char *acc = a->recvbuf, *tmp = NULL;
+    char *acc = a->recvbuf;
     if (a->coll != LOOM_COLL_ALLREDUCE) {
-        cudaError_t e = cudaMalloc((void **)&tmp, total * es > 0 ? total * es : 1);
-        if (e != cudaSuccess)
-            return loom_cuda_fail(g->err, e, "cudaMalloc (GPUDirect accumulator)");
-        acc = tmp;
+        loom_status_t s = grow_acc(g->st, total * es, g->err);
+        if (s != LOOM_SUCCESS)
+            return s;
+        acc = g->st->gdr_acc;
     }
     loom_status_t s = dcopy(g, acc, a->sendbuf, total * es);
     if (s == LOOM_SUCCESS)
@@ -455,8 +520,6 @@ static loom_status_t run_reducing(gdr_t *g)
             s = dsync(g);
         free(x);
     }
-    if (tmp)
-        cudaFree(tmp);
     return s;
 }
 

@@ -9,7 +9,9 @@
  * call takes all host or all GPU buffers (mixing is LOOM_ERR_INVALID_ARG), and
  * every rank of a call must pass the same kind, since the two kinds move in
  * different passes. Non-blocking point-to-point (loom_isend, loom_irecv) on GPU
- * buffers is LOOM_ERR_UNSUPPORTED; use loom_send/loom_recv or the _stream forms.
+ * buffers goes GPU to network with GPUDirect RDMA (LOOM_NET_GDR, docs/gpu.md),
+ * after the work queued on the legacy default stream; without it, it is
+ * LOOM_ERR_UNSUPPORTED: use loom_send/loom_recv or the _stream forms.
  * Non-blocking collectives (loom_iallreduce...) on GPU buffers read them when
  * they run, on the communicator's worker, without waiting for any stream:
  * synchronize the stream that produced the inputs before the call.

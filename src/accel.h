@@ -99,9 +99,10 @@ typedef struct loom_accel_ops {
 
     /* GPU memory for the transports (GPUDirect RDMA), or NULL. */
     const loom_tp_devmem_t *devmem;
-    /* Before a blocking send/recv hands device memory to the transport
-     * (GPUDirect RDMA): wait for the device work queued before the call, as
-     * run_p2p's copies would; NULL: such calls are always staged. */
+    /* Before a send/recv (blocking or not) hands device memory to the
+     * transport (GPUDirect RDMA): wait for the device work queued before the
+     * call, as run_p2p's copies would; NULL: such calls are always staged
+     * (and the non-blocking ones refused). */
     loom_status_t (*device_ready)(loom_comm_t c, int device, loom_err_t *err);
 } loom_accel_ops_t;
 

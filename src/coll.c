@@ -811,13 +811,12 @@ static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_d
         if (any)
             return loom_comm_fail(c, LOOM_ERR_UNSUPPORTED, "recv_any: GPU buffers need a "
                                   "known source (loom_recv)");
-        if (req)
-            return loom_comm_fail(c, LOOM_ERR_UNSUPPORTED,
-                                  "i%s: GPU buffers need the blocking loom_%s or loom_%s_stream",
-                                  fn, fn, fn);
         /* GPUDirect RDMA: the transport moves the GPU buffer itself, once the
-         * device work queued before the call is done; else it is staged. */
-        char why[256];
+         * device work queued before the call is done; else it is staged, which
+         * only a blocking call can do (the copies are the call). A non-blocking
+         * one goes direct as a host buffer would: after the wait, the bytes are
+         * there (received) or may be reused (sent). */
+        char why[256] = "the accelerator hands no GPU memory to transports";
         int gdr = peer != c->rank &&
                   loom_accel->size > offsetof(loom_accel_ops_t, device_ready) &&
                   loom_accel->device_ready ? gdr_to(c, peer, why, sizeof(why)) : 0;
@@ -828,6 +827,11 @@ static loom_status_t do_p2p(loom_op_kind_t kind, void *buf, size_t count, loom_d
             if ((st = loom_accel->device_ready(c, device, &err)) != LOOM_SUCCESS)
                 return loom_comm_fail(c, st, "%s: %s", fn, err.msg);
             direct = 1;
+        } else if (req) {
+            return loom_comm_fail(c, LOOM_ERR_UNSUPPORTED,
+                                  "i%s: GPU buffers without GPUDirect RDMA (%s) need the "
+                                  "blocking loom_%s or loom_%s_stream",
+                                  fn, peer == c->rank ? "a message to self" : why, fn, fn);
         } else {
             struct p2p_host h = {kind, count, dt, peer, tag, c};
             st = loom_accel->run_p2p(c, device, kind == LOOM_OP_SEND, buf, count * es,

@@ -278,6 +278,58 @@ START_TEST(test_rcache_revoke)
 }
 END_TEST
 
+/* GPU memory: entries keyed on the allocation and its identity. A range freed
+ * and allocated again at the same address (a new buffer id) must get a new
+ * registration, never the old one, whose pages are no longer the program's. */
+START_TEST(test_rcache_keyed)
+{
+    fake_reg_t f = {0};
+    loom_rcache_t rc;
+    const size_t pg = page();
+    loom_rcache_init(&rc, 8 * pg, 4, fake_reg_fn, fake_dereg_fn, &f);
+    uint8_t *b = region(16);
+    loom_rc_entry_t *a, *a2, *n, *z;
+    ck_assert_int_eq(loom_rcache_get_keyed(&rc, b, 2 * pg, 7, &a), 0);
+    ck_assert_int_eq(f.regs, 1);
+    ck_assert_uint_eq(f.last_start, (uintptr_t)b);
+    ck_assert_uint_eq(f.last_len, 2 * pg);
+    loom_rcache_put(&rc, a);
+    /* Same allocation, same identity: the one registration, kept while idle. */
+    ck_assert_int_eq(loom_rcache_get_keyed(&rc, b, 2 * pg, 7, &a2), 0);
+    ck_assert_ptr_eq(a2, a);
+    ck_assert_int_eq(f.regs, 1);
+    loom_rcache_put(&rc, a2);
+    ck_assert_int_eq(f.live, 1);
+    /* Freed and allocated again at the same address: a new identity. */
+    ck_assert_int_eq(loom_rcache_get_keyed(&rc, b, 2 * pg, 8, &n), 0);
+    ck_assert_int_eq(f.regs, 2);
+    ck_assert_int_eq(f.deregs, 1);   /* the stale one went at once */
+    ck_assert_uint_eq(n->id, 8);
+    /* A plain (unkeyed) lookup never gets a keyed entry. */
+    loom_rcache_put(&rc, n);
+    ck_assert_int_eq(loom_rcache_get(&rc, b, pg, &z), 0);
+    ck_assert_ptr_ne(z, n);
+    loom_rcache_put(&rc, z);
+    /* Identity unknown (0): registered for this use only. */
+    uint8_t *c = b + 8 * pg;
+    int live = f.live;
+    ck_assert_int_eq(loom_rcache_get_keyed(&rc, c, pg, 0, &z), 0);
+    ck_assert_int_eq(f.live, live + 1);
+    loom_rcache_put(&rc, z);
+    ck_assert_int_eq(f.live, live);
+    /* Bounded: idle keyed entries are evicted least recently used first. */
+    for (uint64_t id = 100; id < 110; id++) {
+        ck_assert_int_eq(loom_rcache_get_keyed(&rc, b + (id - 90) * pg, pg, id, &z), 0);
+        loom_rcache_put(&rc, z);
+    }
+    ck_assert_uint_le(rc.entries, 4);
+    ck_assert_uint_le(rc.bytes, 8 * pg);
+    ck_assert_ptr_eq(rc.head, z);
+    loom_rcache_fini(&rc);
+    ck_assert_int_eq(f.live, 0);
+}
+END_TEST
+
 START_TEST(test_rcache_failure_evicts_and_retries)
 {
     fake_reg_t f = {0};
@@ -466,6 +518,19 @@ START_TEST(test_gdr_decision)
     c.near = 0;
     ck_assert_int_eq(loom_gdr_decide(&c, why, sizeof(why)), LOOM_GDR_STAGING);
     ck_assert_ptr_nonnull(strstr(why, "PCIe"));
+    /* Not measurable (the doubles, no sysfs): staging, and the reason. */
+    c.near = -1;
+    c.distance = "no PCI path for the HCA (none)";
+    ck_assert_int_eq(loom_gdr_decide(&c, why, sizeof(why)), LOOM_GDR_STAGING);
+    ck_assert_ptr_nonnull(strstr(why, "distance unknown: staging"));
+    ck_assert_ptr_nonnull(strstr(why, "no PCI path for the HCA"));
+    /* Near: GPUDirect by itself, saying why. */
+    c.near = 1;
+    c.distance = "GPU 0000:03:00.0 and HCA 0000:04:00.0 share a PCIe switch";
+    ck_assert_int_eq(loom_gdr_decide(&c, why, sizeof(why)), LOOM_GDR_PEERMEM);
+    ck_assert_ptr_nonnull(strstr(why, "share a PCIe switch"));
+    c.near = 0;
+    c.distance = NULL;
     c.forced = 1;
     ck_assert_int_eq(loom_gdr_decide(&c, why, sizeof(why)), LOOM_GDR_PEERMEM);
     /* LOOM_NET_GDR=0 wins over every capability. */
@@ -478,6 +543,61 @@ START_TEST(test_gdr_decision)
 END_TEST
 
 /* ---- headers ---------------------------------------------------------------- */
+
+/* GPU-HCA distance from sysfs paths, as realpath resolves them on real
+ * machines (a two-level PCIe switch under one root port, as on DGX-class
+ * boards; a second root port; a second socket's root complex; a VM whose
+ * devices sit on the root bus; soft-RoCE with no PCI device). */
+START_TEST(test_gdr_pci_near)
+{
+    char what[256];
+    const char *gpu = "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:08.0/"
+                      "0000:03:00.0";
+    /* Same switch, another downstream port. */
+    ck_assert_int_eq(loom_gdr_pci_near(gpu, "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/"
+                                            "0000:02:10.0/0000:04:00.0", what, sizeof(what)), 1);
+    ck_assert_ptr_nonnull(strstr(what, "share a PCIe switch below root port 0000:00:01.0"));
+    ck_assert_ptr_nonnull(strstr(what, "0000:03:00.0"));
+    ck_assert_ptr_nonnull(strstr(what, "0000:04:00.0"));
+    /* Two levels of switches, meeting at the upper one (NCCL's PXB). */
+    ck_assert_int_eq(loom_gdr_pci_near("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/"
+                                       "0000:02:00.0/0000:03:00.0/0000:04:10.0/0000:05:00.0",
+                                       "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/"
+                                       "0000:02:04.0/0000:06:00.0/0000:07:00.1", what,
+                                       sizeof(what)), 1);
+    /* Two functions of one device (a multi-function adapter). */
+    ck_assert_int_eq(loom_gdr_pci_near("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0",
+                                       "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.1/", what,
+                                       sizeof(what)), 1);
+    /* Different root ports of one root complex: through the CPU (PHB). */
+    ck_assert_int_eq(loom_gdr_pci_near(gpu, "/sys/devices/pci0000:00/0000:00:03.1/0000:21:00.0",
+                                       what, sizeof(what)), 0);
+    ck_assert_ptr_nonnull(strstr(what, "root ports 0000:00:01.0, 0000:00:03.1"));
+    /* Another root complex (a second socket, or another host bridge): SYS. */
+    ck_assert_int_eq(loom_gdr_pci_near(gpu, "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0/"
+                                            "0000:82:08.0/0000:83:00.0", what, sizeof(what)), 0);
+    ck_assert_ptr_nonnull(strstr(what, "different PCI root complexes (pci0000:00, pci0000:80)"));
+    ck_assert_int_eq(loom_gdr_pci_near(gpu, "/sys/devices/pci0001:00/0001:00:01.0/0001:01:00.0",
+                                       what, sizeof(what)), 0);
+    /* A VM: both devices on the root bus, nothing shared but the host bridge. */
+    ck_assert_int_eq(loom_gdr_pci_near("/sys/devices/pci0000:00/0000:00:04.0",
+                                       "/sys/devices/pci0000:00/0000:00:05.0", what, sizeof(what)),
+                     0);
+    /* Unknown: no path, soft-RoCE (a virtual device), garbage. */
+    ck_assert_int_eq(loom_gdr_pci_near(gpu, NULL, what, sizeof(what)), -1);
+    ck_assert_ptr_nonnull(strstr(what, "no PCI path for the HCA"));
+    ck_assert_int_eq(loom_gdr_pci_near(NULL, gpu, what, sizeof(what)), -1);
+    ck_assert_ptr_nonnull(strstr(what, "no PCI path for the GPU"));
+    ck_assert_int_eq(loom_gdr_pci_near(gpu, "", NULL, 0), -1);
+    ck_assert_int_eq(loom_gdr_pci_near(gpu, "/sys/devices/virtual/infiniband/rxe0", what,
+                                       sizeof(what)), -1);
+    ck_assert_int_eq(loom_gdr_pci_near(gpu, "/sys/devices/pci0000:00", what, sizeof(what)), -1);
+    ck_assert_int_eq(loom_gdr_pci_near(gpu, "/sys/devices/pci0000:00/0000:00:01.0/net/eth0",
+                                       what, sizeof(what)), -1);
+    ck_assert_int_eq(loom_gdr_pci_near(gpu, "/sys/bus/pci/devices/0000:03:00.0", what,
+                                       sizeof(what)), -1);
+}
+END_TEST
 
 START_TEST(test_hdr_roundtrip_and_garbage)
 {
@@ -525,6 +645,7 @@ Suite *loom_ibverbs_suite(void)
     tcase_add_test(tc, test_rcache_failure_evicts_and_retries);
     tcase_add_test(tc, test_rcache_get_new);
     tcase_add_test(tc, test_rcache_revoke);
+    tcase_add_test(tc, test_rcache_keyed);
     suite_add_tcase(s, tc);
     tc = tcase_create("config");
     tcase_add_test(tc, test_hca_parse);
@@ -532,6 +653,7 @@ Suite *loom_ibverbs_suite(void)
     tcase_add_test(tc, test_gid_choice);
     tcase_add_test(tc, test_gid_text);
     tcase_add_test(tc, test_gdr_decision);
+    tcase_add_test(tc, test_gdr_pci_near);
     tcase_add_test(tc, test_hdr_roundtrip_and_garbage);
     suite_add_tcase(s, tc);
     return s;

@@ -8,11 +8,20 @@
  * LOOM_CUDA_IPC=0) and LOOM_NET_GDR.
  *
  * Usage: mp_cuda_gdr direct|staged|refused NRANKS
- *  direct:  every collective and blocking send/recv, element types (float16 and bfloat16 among them),
+ *  direct:  every collective, blocking send/recv and isend/irecv, element types (float16 and bfloat16 among them),
  *           counts (0, 1, odd, large), in place and not, gives the bytes the same
  *           call gives on host buffers, and no byte crosses between host and
  *           device during a call (the double's copy counters), dma-bufs exported;
- *  staged:  the same results, staged through host memory, no dma-buf;
+ *  staged:  the same results, staged through host memory, no dma-buf
+ *           (isend/irecv of GPU buffers refused: staging needs a blocking call);
+ *           and GPU memory registered once per allocation, not per call: the
+ *           dma-bufs exported over the whole matrix are at most the
+ *           allocations the calls used; a buffer freed and allocated again at
+ *           the same address is registered anew (a registration kept from
+ *           before would move the bytes to the freed pages: wrong results),
+ *           and once only; once the matrix ran, allreduce, reduce and
+ *           reduce_scatter allocate nothing and register nothing (the double's
+ *           allocation and dma-buf counters);
  *  refused: LOOM_NET_GDR=1 where nothing can register GPU memory (the GPU
  *           exports no dma-buf, no nvidia-peermem): a GPU call fails saying why.
  * The inputs are small integers, exact in every type, so the order of reduction
@@ -236,6 +245,112 @@ static void send_recv(loom_comm_t c, bufs_t *b, mode_t_ mode, cuda_double_counts
     }
 }
 
+/* The registration cache of GPU memory (direct mode): b->r freed and
+ * allocated again at the same address, with a new buffer id; the next calls
+ * must be right (the HCA writes into the new allocation, not the freed one)
+ * and export one dma-buf for it, the call after that none. */
+static void realloc_same_address(loom_comm_t c, bufs_t *b)
+{
+    cuda_double_counts_t before, after, moved = {0};
+    char *old = b->r;
+    cuda_double_counts(&before);
+    if (!cuda_ok(c, cudaFree(b->r), "cudaFree") ||
+        !cuda_ok(c, cuda_double_malloc_at((void **)&b->r, b->bytes, old), "cudaMalloc again"))
+        return;
+    cuda_double_counts(&after);
+    if (b->r != old || after.frees != before.frees + 1) {
+        mp_bad(c, "the double did not free and allocate again at %p", (void *)old);
+        return;
+    }
+    long exports[2], allocs[2];
+    for (int round = 0; round < 2; round++) {
+        cuda_double_counts_t m0 = moved;
+        for (int x = ALLREDUCE; x <= REDUCE; x++) {
+            case_t k = {.coll = x, .dti = 0, .op = LOOM_SUM, .count = 20011, .root = 0};
+            one_case(c, &k, b, MODE_DIRECT, &moved);
+        }
+        exports[round] = moved.dmabuf_exports - m0.dmabuf_exports;
+        allocs[round] = moved.allocs - m0.allocs;
+    }
+    /* Every rank's allreduce writes into its r; what the calls allocate
+     * themselves is registered too. */
+    if (exports[0] < 1 || exports[1] > allocs[1])
+        mp_bad(c, "GPU registration cache: %ld dma-bufs exported after a free and allocation "
+               "at the same address (want at least 1), %ld in the calls after (want %ld: "
+               "one per allocation they made)", exports[0], exports[1], allocs[1]);
+}
+
+/* Steady state (direct mode): once the matrix ran the largest calls, the
+ * reducing collectives allocate nothing (the accumulator is the
+ * communicator's) and export no dma-buf (every buffer is registered). */
+static void steady_state(loom_comm_t c, bufs_t *b)
+{
+    cuda_double_counts_t moved = {0};
+    for (int x = ALLREDUCE; x < NCOLLS; x++) {
+        case_t k = {.coll = x, .dti = 0, .op = LOOM_SUM, .count = 20011, .root = 1};
+        if (x == ALLREDUCE || x == REDUCE || x == REDUCE_SCATTER)
+            one_case(c, &k, b, MODE_DIRECT, &moved);
+    }
+    if (moved.allocs || moved.frees || moved.dmabuf_exports)
+        mp_bad(c, "steady state: allreduce, reduce and reduce_scatter of 20011 elements made %ld "
+               "cudaMalloc, %ld cudaFree, %ld dma-bufs (want none)", moved.allocs, moved.frees,
+               moved.dmabuf_exports);
+}
+
+/* Non-blocking send/recv of GPU buffers: ranks 0 and 1 each post a receive
+ * from and a send to the other at once (a blocking pair would deadlock on
+ * large messages), small and large, then wait. Direct: the bytes arrive, no
+ * copy between host and device. Staged: refused, saying what to use. */
+static void isend_irecv(loom_comm_t c, bufs_t *b, mode_t_ mode)
+{
+    const int me = loom_comm_rank(c), other = 1 - me;
+    static const size_t sizes[] = {1, 100, 70001};
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]) && me < 2; si++) {
+        const size_t n = sizes[si];
+        int32_t *h = (int32_t *)b->hs;
+        for (size_t i = 0; i < n; i++)
+            h[i] = (int32_t)(i * 5 + n + (size_t)me * 1000);
+        if (!cuda_ok(c, cudaMemcpy(b->s, h, n * 4, cudaMemcpyHostToDevice), "upload") ||
+            !cuda_ok(c, cudaMemset(b->r, 0x6b, n * 4), "memset"))
+            return;
+        cuda_double_counts_t before, after;
+        cuda_double_counts(&before);
+        loom_request_t rq = NULL, sq = NULL;
+        loom_status_t st = loom_irecv(b->r, n, LOOM_INT32, other, 9, c, &rq);
+        if (st == LOOM_SUCCESS)
+            st = loom_isend(b->s, n, LOOM_INT32, other, 9, c, &sq);
+        if (mode != MODE_DIRECT) {
+            if (st == LOOM_SUCCESS || !strstr(loom_comm_last_error(c), "GPU buffers without "
+                                                                      "GPUDirect RDMA"))
+                mp_bad(c, "irecv/isend of GPU buffers, staged: %s (%s), want a refusal",
+                       loom_strerror(st), loom_comm_last_error(c));
+            if (rq)
+                loom_wait(rq);
+            return;
+        }
+        if (st != LOOM_SUCCESS) {
+            mp_bad(c, "irecv/isend %zu: %s", n, loom_comm_last_error(c));
+            return;
+        }
+        loom_status_t sr = loom_wait(rq), ss = loom_wait(sq);
+        cuda_double_counts(&after);
+        if (sr != LOOM_SUCCESS || ss != LOOM_SUCCESS) {
+            mp_bad(c, "irecv/isend %zu: wait: %s", n, loom_comm_last_error(c));
+            return;
+        }
+        if (after.h2d != before.h2d || after.d2h != before.d2h)
+            mp_bad(c, "irecv/isend %zu with GPUDirect RDMA: %ld copies up, %ld down", n,
+                   after.h2d - before.h2d, after.d2h - before.d2h);
+        if (!cuda_ok(c, cudaMemcpy(h, b->r, n * 4, cudaMemcpyDeviceToHost), "download"))
+            return;
+        for (size_t i = 0; i < n; i++)
+            if (h[i] != (int32_t)(i * 5 + n + (size_t)other * 1000)) {
+                mp_bad(c, "irecv %zu from rank %d: element %zu is %d", n, other, i, h[i]);
+                break;
+            }
+    }
+}
+
 static int rank_main(loom_comm_t c, void *arg)
 {
     const mode_t_ mode = *(const mode_t_ *)arg;
@@ -287,18 +402,31 @@ static int rank_main(loom_comm_t c, void *arg)
                 }
     cuda_double_counts_t p2p = {0};
     send_recv(c, &b, mode, &p2p);
+    if (P > 1)
+        isend_irecv(c, &b, mode);
     if (mode == MODE_DIRECT && (moved.dmabuf_exports == 0 || moved.kernels == 0))
         mp_bad(c, "GPUDirect: %ld dma-bufs exported, %ld kernels run", moved.dmabuf_exports,
                moved.kernels);
+    /* Registered once per allocation: s, r, the communicator's scratch, and
+     * whatever the calls allocated. */
+    if (mode == MODE_DIRECT && moved.dmabuf_exports > 3 + moved.allocs)
+        mp_bad(c, "GPUDirect: %ld dma-bufs exported for %ld allocations made during the calls "
+               "(and 3 before): GPU memory registered per call, not per allocation",
+               moved.dmabuf_exports, moved.allocs);
+    if (mode == MODE_DIRECT) {
+        steady_state(c, &b);
+        realloc_same_address(c, &b);
+    }
     if (mode == MODE_STAGED && (moved.h2d == 0 || moved.d2h == 0 || moved.dmabuf_exports != 0 ||
                                 (loom_comm_rank(c) < 2 && p2p.h2d + p2p.d2h == 0)))
         mp_bad(c, "staged: %ld copies up, %ld down, %ld dma-bufs", moved.h2d, moved.d2h,
                moved.dmabuf_exports);
     printf("rank %d/%d: during the GPU collectives: %ld copies host to device, %ld device to "
-           "host, %ld kernels, %ld dma-bufs exported; send/recv: %ld copies up, %ld down (with "
-           "GPUDirect: only small messages sent from host memory go up)\n",
-           loom_comm_rank(c), P, moved.h2d, moved.d2h, moved.kernels, moved.dmabuf_exports, p2p.h2d,
-           p2p.d2h);
+           "host, %ld kernels, %ld dma-bufs exported, %ld cudaMalloc, %ld cudaFree; send/recv: "
+           "%ld copies up, %ld down (with GPUDirect: only small messages sent from host memory "
+           "go up)\n",
+           loom_comm_rank(c), P, moved.h2d, moved.d2h, moved.kernels, moved.dmabuf_exports,
+           moved.allocs, moved.frees, p2p.h2d, p2p.d2h);
     fflush(stdout);
     cudaFree(b.s);
     cudaFree(b.r);

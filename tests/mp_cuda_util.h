@@ -79,6 +79,8 @@ static inline void counts_since(cuda_double_counts_t *sum, const cuda_double_cou
     sum->d2d += after->d2d - before->d2d;
     sum->kernels += after->kernels - before->kernels;
     sum->dmabuf_exports += after->dmabuf_exports - before->dmabuf_exports;
+    sum->allocs += after->allocs - before->allocs;
+    sum->frees += after->frees - before->frees;
 }
 
 /* 1 when the n bytes of got (a case's result, downloaded) are want's (the

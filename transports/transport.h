@@ -77,6 +77,14 @@ typedef struct loom_tp_devmem {
      * message a peer sent from host memory, for a receive into GPU memory
      * (send/recv between a staged and a direct rank); 0, or -1. */
     int (*copy_in)(void *dst, const void *src, size_t len);
+    /* The allocation holding GPU pointer p: its start, size and an identity
+     * that no later allocation shares, even at the same address (the driver's
+     * buffer id), so a registration of it can be kept while it lives; 0, or
+     * -1 when unknown. */
+    int (*alloc_range)(const void *p, uintptr_t *base_p, size_t *size_p, uint64_t *id_p);
+    /* The PCI bus id of the calling thread's GPU ("0000:03:00.0"), for the
+     * GPU-HCA distance; 0, or -1. */
+    int (*pci_bus_id)(char *buf, size_t len);
 } loom_tp_devmem_t;
 
 typedef struct loom_tp_params {

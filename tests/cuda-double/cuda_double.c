@@ -99,9 +99,11 @@ typedef struct region {
     int device, pinned, fd;
     int opened;           /* mapped from another process by cudaIpcOpenMemHandle */
     unsigned long long nonce;   /* in the memfd's name: a handle names this one */
+    unsigned long long buffer_id;   /* CU_POINTER_ATTRIBUTE_BUFFER_ID: new per allocation */
 } region_t;
 
 static region_t *regions;
+static unsigned long long buffer_ids;
 
 /* The region holding [p, p + len), or NULL; *partial: p is in a region that
  * ends before p + len. Under lock. */
@@ -137,7 +139,7 @@ static size_t page_round(size_t n)
     return (n + pg - 1) / pg * pg;
 }
 
-static cudaError_t device_alloc(void **out, size_t size)
+static cudaError_t device_alloc(void **out, size_t size, void *at)
 {
     if (!out)
         return cudaErrorInvalidValue;
@@ -164,15 +166,19 @@ static cudaError_t device_alloc(void **out, size_t size)
     r->fd = memfd_create(name, MFD_CLOEXEC);
     if (r->fd < 0 || ftruncate(r->fd, (off_t)r->mapped) != 0)
         goto fail_fd;
-    r->addr = mmap(NULL, r->mapped, PROT_NONE, MAP_SHARED, r->fd, 0);
+    r->addr = mmap(at, r->mapped, PROT_NONE, MAP_SHARED | (at ? MAP_FIXED_NOREPLACE : 0), r->fd, 0);
     if (r->addr == MAP_FAILED)
         goto fail_fd;
+    if (at && r->addr != at)   /* a kernel older than MAP_FIXED_NOREPLACE took it as a hint */
+        goto fail_addr;
     r->shadow = mmap(NULL, r->mapped, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
     if (r->shadow == MAP_FAILED)
         goto fail_addr;
     /* Fresh device memory is not zeroed on hardware: make that visible. */
     memset(r->shadow, 0xd7, r->mapped);
     pthread_mutex_lock(&lock);
+    r->buffer_id = ++buffer_ids;
+    counts.allocs++;
     r->next = regions;
     regions = r;
     pthread_mutex_unlock(&lock);
@@ -230,6 +236,11 @@ static cudaError_t region_free(void *p, int pinned)
     pthread_mutex_unlock(&lock);
     if (!r)
         return cudaErrorInvalidValue;
+    if (!pinned) {
+        pthread_mutex_lock(&lock);
+        counts.frees++;
+        pthread_mutex_unlock(&lock);
+    }
     munmap(r->addr, r->mapped);
     if (r->shadow)
         munmap(r->shadow, r->mapped);
@@ -928,7 +939,13 @@ cudaError_t CUDARTAPI cudaMemset(void *dst, int value, size_t n)
 cudaError_t CUDARTAPI cudaMalloc(void **out, size_t size)
 {
     ENTER();
-    return ret(device_alloc(out, size));
+    return ret(device_alloc(out, size, NULL));
+}
+
+cudaError_t cuda_double_malloc_at(void **out, size_t size, void *at)
+{
+    ENTER();
+    return ret(device_alloc(out, size, at));
 }
 
 cudaError_t CUDARTAPI cudaFree(void *p)
@@ -1144,6 +1161,18 @@ cudaError_t CUDARTAPI cudaGetDeviceProperties(struct cudaDeviceProp *p, int devi
     return cudaSuccess;
 }
 
+/* A made-up bus id: whatever sysfs says of it, the libibverbs double's HCA
+ * has no PCI device there, so Loom finds the GPU-HCA distance unknown (and
+ * stages by default), as on a machine without sysfs. */
+cudaError_t CUDARTAPI cudaDeviceGetPCIBusId(char *id, int len, int device)
+{
+    ENTER();
+    if (!id || len <= 0 || device < 0 || device >= device_count())
+        return ret(cudaErrorInvalidValue);
+    snprintf(id, (size_t)len, "0000:%02x:00.0", 0xe0 + device);
+    return cudaSuccess;
+}
+
 cudaError_t CUDARTAPI cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
 {
     ENTER();
@@ -1244,6 +1273,10 @@ CUresult CUDAAPI cuPointerGetAttributes(unsigned int n, CUpointer_attribute *whi
             break;
         case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
             *(size_t *)values[i] = r ? r->len : 0;
+            break;
+        case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+            /* As the driver: unique per allocation for the process's life. */
+            *(unsigned long long *)values[i] = r && !r->pinned ? r->buffer_id : 0;
             break;
         default:
             break;

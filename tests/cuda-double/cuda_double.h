@@ -31,8 +31,15 @@ typedef struct cuda_double_counts {
     long kernels;
     long ipc_opens, ipc_closes;
     long dmabuf_exports;                     /* cuMemGetHandleForAddressRange */
+    long allocs, frees;                      /* cudaMalloc, cudaFree of device memory */
 } cuda_double_counts_t;
 void cuda_double_counts(cuda_double_counts_t *out);
+
+/* cudaMalloc at exactly at (page-aligned, not mapped now), for tests: an
+ * allocation freed and made again at the same address, as a caching or
+ * pool allocator makes it on hardware. cudaErrorMemoryAllocation when at is
+ * taken. */
+cudaError_t cuda_double_malloc_at(void **out, size_t size, void *at);
 
 /* The offset in the allocation's memfd where the dma-buf fd of
  * cuMemGetHandleForAddressRange begins (its offset 0), or -1 for a descriptor

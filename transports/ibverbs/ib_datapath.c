@@ -244,6 +244,36 @@ static const char *reg_hint(const loom_tp_req_t *req)
                           : "RLIMIT_MEMLOCK?";
 }
 
+/* The registration for a rendezvous of req. GPU memory is registered a whole
+ * allocation at a time and kept under the allocation's identity (as NCCL keys
+ * its cache on the buffer id): a collective reuses its buffers call after
+ * call, and an allocation freed and made again at the same address has
+ * another identity, so it is never served the old registration. */
+static int reg_get(loom_tp_t *tp, const loom_tp_req_t *req, loom_rcache_t **rc_p,
+                   loom_rc_entry_t **e_p)
+{
+    if (!req->on_device) {
+        *rc_p = &tp->rcache;
+        return loom_rcache_get(&tp->rcache, req->buf, req->len, e_p);
+    }
+    *rc_p = &tp->dcache;
+    uintptr_t base = 0, at = (uintptr_t)req->buf;
+    size_t size = 0;
+    uint64_t id = 0;
+    if (tp->devmem && tp->devmem->alloc_range &&
+        tp->devmem->alloc_range(req->buf, &base, &size, &id) == 0 && id && base <= at &&
+        at + req->len <= base + size) {
+        /* An allocation that would crowd the cache (a whole model's flat
+         * buffer): only the message's pages, still under its identity. */
+        if (size > tp->dcache.max_bytes / 4) {
+            base = at;
+            size = req->len;
+        }
+        return loom_rcache_get_keyed(&tp->dcache, (void *)base, size, id, e_p);
+    }
+    return loom_rcache_get_keyed(&tp->dcache, req->buf, req->len, 0, e_p);
+}
+
 static loom_status_t isend_owned(loom_tp_t *tp, loom_tp_req_t *req)
 {
     if (tp->failed)
@@ -275,8 +305,7 @@ static loom_status_t isend_owned(loom_tp_t *tp, loom_tp_req_t *req)
             return tp->failed;
         ib_rdv_t *s = &tp->rdv_send.v[id];
         /* Registered now, so it overlaps the round trip to the receiver. */
-        s->rc = req->on_device ? &tp->dcache : &tp->rcache;
-        if (loom_rcache_get(s->rc, req->buf, req->len, &s->reg) != 0) {
+        if (reg_get(tp, req, &s->rc, &s->reg) != 0) {
             int e = errno;
             rdv_free(&tp->rdv_send, id);
             return tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot register %zu bytes at %p "
@@ -316,8 +345,7 @@ static loom_status_t start_rdv_recv(loom_tp_t *tp, ib_peer_t *p, loom_tp_req_t *
     if (id < 0)
         return tp->failed;
     ib_rdv_t *r = &tp->rdv_recv.v[id];
-    r->rc = req->on_device ? &tp->dcache : &tp->rcache;
-    if (loom_rcache_get(r->rc, req->buf, req->len, &r->reg) != 0) {
+    if (reg_get(tp, req, &r->rc, &r->reg) != 0) {
         int e = errno;
         rdv_free(&tp->rdv_recv, id);
         return tp_fail(tp, LOOM_ERR_TRANSPORT, "ibverbs: cannot register %zu bytes at %p for a "

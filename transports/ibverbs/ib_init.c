@@ -53,8 +53,9 @@ static int rc_reg(void *arg, void *addr, size_t len, void **mr_p, uint32_t *lkey
 }
 
 /* GPU memory: a dma-buf of the range, or the device pointer itself where
- * nvidia-peermem lets ibv_reg_mr pin GPU pages. Never cached (max_bytes 0):
- * the allocation may be freed once the message is done. */
+ * nvidia-peermem lets ibv_reg_mr pin GPU pages. Cached only under the
+ * allocation's identity (ib_datapath.c, reg_get): the allocation may be freed
+ * once the message is done. */
 static int dc_reg(void *arg, void *addr, size_t len, void **mr_p, uint32_t *lkey, uint32_t *rkey)
 {
     loom_tp_t *tp = arg;
@@ -332,7 +333,7 @@ loom_status_t ib_create(const loom_tp_params_t *p, char *addr, size_t addrlen,
     tp->odp = (!p->settings || p->settings->ib_odp) && odp_supported(tp);
     loom_rcache_init(&tp->rcache, tp->odp ? ODP_CACHE_BYTES : tp->pinned_cache, 256, rc_reg,
                      rc_dereg, tp);
-    loom_rcache_init(&tp->dcache, 0, 256, dc_reg, rc_dereg, tp);
+    loom_rcache_init(&tp->dcache, GDR_CACHE_BYTES, GDR_CACHE_ENTRIES, dc_reg, rc_dereg, tp);
     tp->devmem = p->devmem;
     tp->gdr_net = p->settings ? p->settings->net_gdr : -1;
     tp->gdr_path = -1;

@@ -32,6 +32,11 @@
 #define CREDIT_BATCH (RECV_SLOTS / 4)
 #define INLINE_WANT 128
 #define ODP_CACHE_BYTES ((size_t)1 << 30)   /* idle on-demand registrations kept */
+/* GPU allocations kept registered (keyed on their identity, see reg_get):
+ * a registration holds its GPU memory even after cudaFree, until evicted, so
+ * both the bytes and the entries are bounded. */
+#define GDR_CACHE_BYTES ((size_t)4 << 30)
+#define GDR_CACHE_ENTRIES 256
 #define CHUNK_BYTES (1u << 30) /* one RDMA WRITE at most (sge length is 32 bits) */
 #define BYE_GRACE_S 0.2        /* a peer that hung up: what it sent may still trail */
 /* A goodbye counts the messages its sender posted to us; more than this only
@@ -156,13 +161,14 @@ struct loom_tp {
     struct ibv_mr *slots_mr;
     loom_rcache_t rcache;    /* user memory: see "Registration" at the top */
     int odp;                 /* user memory is registered on demand */
-    /* GPUDirect RDMA: GPU memory registered per message, by dma-buf or on the
-     * device pointer (nvidia-peermem), decided at the first GPU buffer. */
+    /* GPUDirect RDMA: GPU memory registered a whole allocation at a time, by
+     * dma-buf or on the device pointer (nvidia-peermem), decided at the first
+     * GPU buffer, and cached under the allocation's identity. */
     loom_rcache_t dcache;
     const loom_tp_devmem_t *devmem;
     int gdr_net;             /* LOOM_NET_GDR: -1 auto, 0 off, 1 on */
     int gdr_path;            /* loom_gdr_path_t; -1 until decided */
-    char gdr_why[200];
+    char gdr_why[400];
     int reg_pinned;          /* the next registration pins (loom_comm_register_buffer) */
     size_t pinned_cache;     /* LOOM_IB_REG_CACHE */
     uint8_t qp_timeout, qp_retry_cnt, qp_rnr_retry;

@@ -76,7 +76,7 @@ static void page_range(const loom_rcache_t *rc, const void *addr, size_t len, ui
  * memory unmapped since), give back what is idle and try once more with the
  * request's own pages [own_start, own_end). */
 static int insert_new(loom_rcache_t *rc, uintptr_t start, uintptr_t end, uintptr_t own_start,
-                      uintptr_t own_end, loom_rc_entry_t **e_p)
+                      uintptr_t own_end, uint64_t id, int once, loom_rc_entry_t **e_p)
 {
     loom_rc_entry_t *e = calloc(1, sizeof(*e));
     if (!e) {
@@ -85,6 +85,8 @@ static int insert_new(loom_rcache_t *rc, uintptr_t start, uintptr_t end, uintptr
     }
     e->start = start;
     e->end = end;
+    e->id = id;
+    e->once = once;
     if (rc->reg(rc->arg, (void *)start, end - start, &e->mr, &e->lkey, &e->rkey) != 0) {
         shrink(rc, 1);
         e->start = start = own_start;
@@ -105,6 +107,17 @@ static int insert_new(loom_rcache_t *rc, uintptr_t start, uintptr_t end, uintptr
     return 0;
 }
 
+/* e serves a request: one more reference, first in the use order. */
+static int hit(loom_rcache_t *rc, loom_rc_entry_t *e, loom_rc_entry_t **e_p)
+{
+    rc->hits++;
+    e->refs++;
+    unlink_entry(rc, e);
+    push_front(rc, e);
+    *e_p = e;
+    return 0;
+}
+
 int loom_rcache_get_new(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_entry_t **e_p)
 {
     uintptr_t start, end;
@@ -118,7 +131,7 @@ int loom_rcache_get_new(loom_rcache_t *rc, const void *addr, size_t len, loom_rc
             rc->evictions++;
         }
     }
-    if (insert_new(rc, start, end, start, end, e_p) != 0)
+    if (insert_new(rc, start, end, start, end, 0, 0, e_p) != 0)
         return -1;
     rc->misses++;
     return 0;
@@ -129,14 +142,8 @@ int loom_rcache_get(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_ent
     uintptr_t start, end;
     page_range(rc, addr, len, &start, &end);
     for (loom_rc_entry_t *e = rc->head; e; e = e->next) {
-        if (e->mr && e->start <= start && e->end >= end) {
-            rc->hits++;
-            e->refs++;
-            unlink_entry(rc, e);
-            push_front(rc, e);
-            *e_p = e;
-            return 0;
-        }
+        if (e->mr && !e->once && !e->id && e->start <= start && e->end >= end)
+            return hit(rc, e, e_p);
     }
     rc->misses++;
     uintptr_t own_start = start, own_end = end;
@@ -144,7 +151,7 @@ int loom_rcache_get(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_ent
      * registration serves a buffer that grows or is used in parts. */
     for (loom_rc_entry_t *e = rc->head, *next; e; e = next) {
         next = e->next;
-        if (e->refs == 0 && e->start <= end && e->end >= start) {
+        if (e->refs == 0 && !e->id && e->start <= end && e->end >= start) {
             if (e->start < start)
                 start = e->start;
             if (e->end > end)
@@ -152,13 +159,41 @@ int loom_rcache_get(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_ent
             drop(rc, e);
         }
     }
-    return insert_new(rc, start, end, own_start, own_end, e_p);
+    return insert_new(rc, start, end, own_start, own_end, 0, 0, e_p);
+}
+
+int loom_rcache_get_keyed(loom_rcache_t *rc, const void *base, size_t len, uint64_t id,
+                          loom_rc_entry_t **e_p)
+{
+    uintptr_t start, end;
+    page_range(rc, base, len, &start, &end);
+    if (id) {
+        for (loom_rc_entry_t *e = rc->head; e; e = e->next) {
+            if (e->mr && e->id == id && e->start <= start && e->end >= end)
+                return hit(rc, e, e_p);
+        }
+    }
+    rc->misses++;
+    /* Another identity over these pages: an allocation freed since (a keyed
+     * entry), or a registration made without one. */
+    for (loom_rc_entry_t *e = rc->head, *next; e; e = next) {
+        next = e->next;
+        if (e->refs == 0 && e->start < end && e->end > start) {
+            drop(rc, e);
+            rc->evictions++;
+        }
+    }
+    return insert_new(rc, start, end, start, end, id, id == 0, e_p);
 }
 
 void loom_rcache_put(loom_rcache_t *rc, loom_rc_entry_t *e)
 {
-    if (--e->refs == 0)
-        shrink(rc, 0);
+    if (--e->refs == 0) {
+        if (e->once)
+            drop(rc, e);
+        else
+            shrink(rc, 0);
+    }
 }
 
 void loom_rcache_revoke(loom_rcache_t *rc)

@@ -26,6 +26,8 @@ typedef struct loom_rc_entry {
     void *mr;                   /* what reg returned; NULL once revoked */
     uint32_t lkey, rkey;
     int refs;
+    uint64_t id;                /* keyed entries: the allocation's identity; 0: none */
+    int once;                   /* dropped as soon as it is idle (memory of unknown life) */
     struct loom_rc_entry *prev, *next;   /* most recently used first */
 } loom_rc_entry_t;
 
@@ -55,6 +57,18 @@ int loom_rcache_get(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_ent
  * an existing one: for memory whose owner vouches for its pages now (idle
  * entries over them are dropped). As loom_rcache_get otherwise. */
 int loom_rcache_get_new(loom_rcache_t *rc, const void *addr, size_t len, loom_rc_entry_t **e_p);
+/* Keyed use, for memory whose allocator can say which allocation an address
+ * is in (GPU memory: the driver's range and buffer id, which a freed and
+ * re-made allocation at the same address does not share): a referenced entry
+ * for the allocation [base, base + len) with identity id. An entry of the
+ * same allocation is reused; idle entries over the range with another
+ * identity are registrations of memory freed since, and are dropped (they
+ * must never be handed out: their pages are not the program's any more). id
+ * 0 (the allocation is unknown): a registration of exactly the pages of
+ * [base, base + len) for this use only, dropped once idle. As loom_rcache_get
+ * otherwise; never merged with other entries. */
+int loom_rcache_get_keyed(loom_rcache_t *rc, const void *base, size_t len, uint64_t id,
+                          loom_rc_entry_t **e_p);
 /* Drop one reference; idle entries beyond the bounds are deregistered. */
 void loom_rcache_put(loom_rcache_t *rc, loom_rc_entry_t *e);
 /* Deregister every entry now, referenced ones too, keeping the entries (their

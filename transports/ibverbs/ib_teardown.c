@@ -112,10 +112,13 @@ static void drain_sends(loom_tp_t *tp, double deadline)
 void ib_destroy(loom_tp_t *tp, double timeout_s)
 {
     LOOM_INFO("ibverbs", "rank %d sent %llu eager and %llu rendezvous messages; %llu arrived "
-              "before their receive; registration cache: %llu hits, %llu misses, %llu evictions",
+              "before their receive; registration cache: %llu hits, %llu misses, %llu evictions; "
+              "GPU memory: %llu hits, %llu misses, %llu evictions",
               tp->rank, (unsigned long long)tp->neager, (unsigned long long)tp->nrdv,
               (unsigned long long)tp->nunexpected, (unsigned long long)tp->rcache.hits,
-              (unsigned long long)tp->rcache.misses, (unsigned long long)tp->rcache.evictions);
+              (unsigned long long)tp->rcache.misses, (unsigned long long)tp->rcache.evictions,
+              (unsigned long long)tp->dcache.hits, (unsigned long long)tp->dcache.misses,
+              (unsigned long long)tp->dcache.evictions);
     for (int i = 0; i < tp->nactive; i++) {
         const ib_peer_t *p = &tp->peers[tp->active[i]];
         if (!ib_nothing_pending(p))

@@ -1,4 +1,5 @@
 /* ib_util.c - pure helpers of the verbs transport (see ib_util.h). */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,6 +182,77 @@ static void say(char *why, size_t whylen, const char *text)
         snprintf(why, whylen, "%s", text);
 }
 
+/* "0000:03:00.0": domain, bus, device, function in hex. */
+static int is_bdf(const char *p, size_t n)
+{
+    static const char form[] = "hhhh:hh:hh.h";
+    if (n != sizeof(form) - 1)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (form[i] == 'h' ? !isxdigit((unsigned char)p[i]) : p[i] != form[i])
+            return 0;
+    return 1;
+}
+
+#define PCI_PATH_MAX 32
+
+/* The components of a PCI device's sysfs path after /sys/devices/: the root
+ * complex ("pci0000:00"), then one bus id per bridge down to the device.
+ * Their count (2 at least), or -1 when p is not such a path. */
+static int pci_split(const char *p, const char *at[PCI_PATH_MAX], size_t len[PCI_PATH_MAX])
+{
+    static const char top[] = "/sys/devices/";
+    if (!p || strncmp(p, top, sizeof(top) - 1) != 0)
+        return -1;
+    p += sizeof(top) - 1;
+    int n = 0;
+    while (*p && n < PCI_PATH_MAX) {
+        size_t k = strcspn(p, "/");
+        if (k) {
+            at[n] = p;
+            len[n] = k;
+            if (n == 0 ? k < 4 || strncmp(p, "pci", 3) != 0 : !is_bdf(p, k))
+                return -1;
+            n++;
+        }
+        p += k;
+        p += *p == '/';
+    }
+    return *p || n < 2 ? -1 : n;
+}
+
+int loom_gdr_pci_near(const char *gpu, const char *hca, char *what, size_t whatlen)
+{
+    const char *g[PCI_PATH_MAX], *h[PCI_PATH_MAX];
+    size_t gl[PCI_PATH_MAX], hl[PCI_PATH_MAX];
+    char text[256];
+    int ng = pci_split(gpu, g, gl), nh = pci_split(hca, h, hl);
+    if (ng < 0 || nh < 0) {
+        snprintf(text, sizeof(text), "no PCI path for the %s (%s)", ng < 0 ? "GPU" : "HCA",
+                 ng < 0 ? (gpu && *gpu ? gpu : "none") : (hca && *hca ? hca : "none"));
+        say(what, whatlen, text);
+        return -1;
+    }
+    int k = 0;
+    while (k < ng && k < nh && gl[k] == hl[k] && memcmp(g[k], h[k], gl[k]) == 0)
+        k++;
+    const char *gdev = g[ng - 1], *hdev = h[nh - 1];
+    int near = k >= 2;
+    if (k == 0)
+        snprintf(text, sizeof(text), "GPU %.12s and HCA %.12s are under different PCI root "
+                 "complexes (%.*s, %.*s): through the CPUs", gdev, hdev, (int)gl[0], g[0],
+                 (int)hl[0], h[0]);
+    else if (k == 1)
+        snprintf(text, sizeof(text), "GPU %.12s and HCA %.12s meet only at the root complex "
+                 "%.*s (root ports %.12s, %.12s): through the CPU", gdev, hdev, (int)gl[0], g[0],
+                 g[1], h[1]);
+    else
+        snprintf(text, sizeof(text), "GPU %.12s and HCA %.12s share a PCIe switch below root "
+                 "port %.12s (they meet at %.12s)", gdev, hdev, g[1], g[k - 1]);
+    say(what, whatlen, text);
+    return near;
+}
+
 loom_gdr_path_t loom_gdr_decide(const loom_gdr_caps_t *c, char *why, size_t whylen)
 {
     if (!c->device_buffer) {
@@ -194,25 +266,32 @@ loom_gdr_path_t loom_gdr_decide(const loom_gdr_caps_t *c, char *why, size_t whyl
     /* NCCL's default: GPUDirect only when GPU and HCA are close, since a path
      * through the CPU root complex is often slower than staging. LOOM_NET_GDR=1
      * overrides the distance, never the capabilities. */
-    int allowed = c->forced == 1 || c->near;
+    int allowed = c->forced == 1 || c->near == 1;
     int dmabuf = c->verbs_dmabuf && c->gpu_dmabuf;
-    if (allowed && dmabuf) {
-        say(why, whylen, "GPUDirect RDMA through dma-buf");
-        return LOOM_GDR_DMABUF;
-    }
-    if (allowed && c->peermem) {
-        say(why, whylen, "GPUDirect RDMA through nvidia-peermem");
-        return LOOM_GDR_PEERMEM;
+    char text[400];
+    if (allowed && (dmabuf || c->peermem)) {
+        snprintf(text, sizeof(text), "GPUDirect RDMA through %s%s%s",
+                 dmabuf ? "dma-buf" : "nvidia-peermem", c->forced != 1 && c->distance ? ": " : "",
+                 c->forced != 1 && c->distance ? c->distance : "");
+        say(why, whylen, text);
+        return dmabuf ? LOOM_GDR_DMABUF : LOOM_GDR_PEERMEM;
     }
     if (c->forced == 1) {
         say(why, whylen, "LOOM_NET_GDR=1 but neither dma-buf (rdma-core >= 34 and a GPU "
             "driver that exports dma-bufs) nor the nvidia-peermem module is available");
         return LOOM_GDR_IMPOSSIBLE;
     }
-    if (dmabuf || c->peermem)
-        say(why, whylen, "GPU and HCA are not under one PCIe switch: staging through host "
-            "memory (LOOM_NET_GDR=1 forces GPUDirect)");
-    else
+    if ((dmabuf || c->peermem) && c->near < 0) {
+        /* NCCL stages then too: GPUDirect through the CPU is often the slower way. */
+        snprintf(text, sizeof(text), "distance unknown: staging through host memory (%s; "
+                 "LOOM_NET_GDR=1 forces GPUDirect)", c->distance ? c->distance : "not measured");
+        say(why, whylen, text);
+    } else if (dmabuf || c->peermem) {
+        snprintf(text, sizeof(text), "GPU and HCA are not under one PCIe switch%s%s%s: staging "
+                 "through host memory (LOOM_NET_GDR=1 forces GPUDirect)",
+                 c->distance ? " (" : "", c->distance ? c->distance : "", c->distance ? ")" : "");
+        say(why, whylen, text);
+    } else
         say(why, whylen, "no GPUDirect RDMA support (no dma-buf, no nvidia-peermem): staging "
             "through host memory");
     return LOOM_GDR_STAGING;

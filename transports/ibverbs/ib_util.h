@@ -50,7 +50,9 @@ typedef struct loom_gdr_caps {
     int verbs_dmabuf;       /* ibv_reg_dmabuf_mr resolved (rdma-core >= 34) */
     int gpu_dmabuf;         /* CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: the GPU exports dma-bufs */
     int peermem;            /* nvidia-peermem (or nv_peer_mem) is loaded */
-    int near;               /* GPU and HCA share a PCIe switch (distance <= PXB) */
+    int near;               /* 1: GPU and HCA share a PCIe switch (distance <= PXB);
+                             * 0: farther; -1: unknown (loom_gdr_pci_near) */
+    const char *distance;   /* what loom_gdr_pci_near said, or NULL */
 } loom_gdr_caps_t;
 
 typedef enum {
@@ -60,6 +62,18 @@ typedef enum {
     LOOM_GDR_STAGING,       /* copy through registered host memory */
     LOOM_GDR_IMPOSSIBLE     /* LOOM_NET_GDR=1 but nothing can register GPU memory */
 } loom_gdr_path_t;
+
+/* Whether GPU and HCA are close enough for GPUDirect RDMA to beat staging, as
+ * NCCL judges it (NCCL_NET_GDR_LEVEL's default, PXB): from the two devices'
+ * sysfs paths, as realpath gives them for /sys/bus/pci/devices/<bus id> and
+ * /sys/class/infiniband/<dev>/device, e.g.
+ * /sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:08.0/0000:03:00.0
+ * (root complex, root port, then the bridges down to the device). 1: they meet
+ * below the root port (a PCIe switch, no CPU in between); 0: only at the root
+ * complex (different root ports) or not at all (different root complexes:
+ * another host bridge or socket); -1: a path that is not a PCI device's
+ * (NULL, a virtual device, no sysfs). what (may be NULL) gets one line. */
+int loom_gdr_pci_near(const char *gpu, const char *hca, char *what, size_t whatlen);
 
 /* Which way a buffer goes on the wire; why (may be NULL) gets one line. */
 loom_gdr_path_t loom_gdr_decide(const loom_gdr_caps_t *caps, char *why, size_t whylen);

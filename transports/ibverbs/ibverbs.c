@@ -62,7 +62,11 @@
  * matching, completions, progress, user registrations), ib_teardown.c (the
  * failure announcement, abort, destroy); this file holds the ops table.
  */
+#include <ctype.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "ib_int.h"
@@ -83,6 +87,37 @@ static int peermem_loaded(void)
            access("/sys/module/nv_peer_mem", F_OK) == 0;
 }
 
+/* The PCIe distance between this thread's GPU and our HCA, as NCCL measures
+ * it: both sysfs device paths (realpath of /sys/bus/pci/devices/<GPU bus id>
+ * and of /sys/class/infiniband/<dev>/device), compared by loom_gdr_pci_near.
+ * -1 (unknown) where either has none: no sysfs, a virtual device, a test
+ * double. */
+static int gpu_hca_near(loom_tp_t *tp, char *what, size_t whatlen)
+{
+    char id[64], link[PATH_MAX], gpu[PATH_MAX], hca[PATH_MAX];
+    if (!tp->devmem || !tp->devmem->pci_bus_id || tp->devmem->pci_bus_id(id, sizeof(id)) != 0) {
+        snprintf(what, whatlen, "the GPU's PCI bus id is unknown");
+        return -1;
+    }
+    /* CUDA writes hex in capitals and may give an 8-digit domain; sysfs has
+     * lower case and 4 digits. */
+    for (char *c = id; *c; c++)
+        *c = (char)tolower((unsigned char)*c);
+    const char *bdf = id;
+    if (strlen(id) == 16 && strncmp(id, "0000", 4) == 0)
+        bdf = id + 4;
+    snprintf(link, sizeof(link), "/sys/bus/pci/devices/%s", bdf);
+    const char *g = realpath(link, gpu) ? gpu : NULL;
+    snprintf(link, sizeof(link), "/sys/class/infiniband/%s/device", tp->dev_name);
+    const char *h = realpath(link, hca) ? hca : NULL;
+    if (!g || !h) {
+        snprintf(what, whatlen, "%s %s has no PCI device in sysfs", g ? "HCA" : "GPU",
+                 g ? tp->dev_name : bdf);
+        return -1;
+    }
+    return loom_gdr_pci_near(g, h, what, whatlen);
+}
+
 /* GPUDirect RDMA, decided at the first GPU buffer (never for a CPU-only
  * program, which must not start CUDA) and the same for every peer: the
  * registration is local, the peer only sees an address and an rkey. */
@@ -90,9 +125,12 @@ static int ib_device_memory(loom_tp_t *tp, int peer, char *why, size_t whylen)
 {
     (void)peer;
     if (tp->gdr_path < 0) {
-        /* The PCIe distance between GPU and HCA is not measured yet (near = 0):
-         * auto stages, LOOM_NET_GDR=1 goes direct. */
-        loom_gdr_caps_t caps = {.forced = tp->gdr_net, .device_buffer = 1, .near = 0};
+        /* Unset LOOM_NET_GDR goes direct only when GPU and HCA share a PCIe
+         * switch; LOOM_NET_GDR=1 whatever the distance. */
+        char distance[300];
+        int near = tp->gdr_net < 0 ? gpu_hca_near(tp, distance, sizeof(distance)) : -1;
+        loom_gdr_caps_t caps = {.forced = tp->gdr_net, .device_buffer = 1, .near = near,
+                                .distance = tp->gdr_net < 0 ? distance : NULL};
         caps.verbs_dmabuf = tp->api->reg_dmabuf_mr != NULL;
         caps.gpu_dmabuf = tp->devmem && tp->devmem->dmabuf_supported && tp->devmem->dmabuf_export &&
                           tp->devmem->dmabuf_supported(NULL);
