@@ -890,12 +890,13 @@ LOOM_API loom_status_t loom_comm_join_pending(loom_comm_t c, int *pending)
     loom_status_t st = join_count(c, "loom_comm_join_pending", &mine);
     if (st != LOOM_SUCCESS)
         return st;
-    /* The launcher started more processes than wait yet (the others are still
-     * loading): wait for them here, so that one reset takes them all in, as
-     * Horovod's does; for LOOM_TIMEOUT at most, then the reset goes on without
-     * the late ones (they join at a later commit point). */
+    /* The launcher started more processes than wait yet (they are still
+     * loading): wait for them here, as Horovod's commit does once its driver
+     * has found new hosts, so that one reset takes them all in; for
+     * LOOM_TIMEOUT at most, then the reset goes on without the late ones
+     * (they join at a later commit point). */
     double deadline = loom_now_s() + c->cfg.timeout_s;
-    while (mine > 0 && mine < starting_joiners(c) && loom_now_s() < deadline) {
+    while (mine < starting_joiners(c) && loom_now_s() < deadline) {
         struct timespec nap = {0, 10 * 1000 * 1000};
         nanosleep(&nap, NULL);
         if ((st = join_count(c, "loom_comm_join_pending", &mine)) != LOOM_SUCCESS)

@@ -37,6 +37,7 @@ typedef struct eproc {
     int unanswered;        /* its host did not answer in time: killed, reported */
     long long kill_at;     /* SIGKILL after the SIGTERM, -1: none due */
     int code;              /* exit code once exited, -1 before */
+    int was_member;        /* of an epoch loomrun has seen: never a newcomer again */
 } eproc_t;
 
 static ehost_t *g_eh;
@@ -453,6 +454,9 @@ static void read_epoch(ejob_t *j)
         j->members = NULL;
         j->nmembers = read_members(j->store, j->base, j->epoch, &j->members);
         j->members_epoch = j->epoch;
+        for (int i = 0; i < j->nmembers; i++)
+            if (j->members[i] >= 0 && j->members[i] < g_run.np)
+                g_ep[j->members[i]].was_member = 1;
     }
 }
 
@@ -563,22 +567,15 @@ static void elastic_check_answers(ejob_t *j, long long now)
 }
 
 /* Tell the members how many processes are on their way to join (started,
- * alive, in no epoch yet): the rank that finds some waiting at a commit point
- * waits for all of them, so one reset takes them in together. */
+ * alive, in no epoch yet: a rank left out of an epoch is stale, not joining):
+ * the members wait for them at their next commit point, so one reset takes
+ * them in together. */
 static void publish_joining(ejob_t *j)
 {
-    const long long *ids = j->members;
-    int nmembers = j->nmembers;
     int joining = 0;
-    for (int r = 0; r < g_run.np; r++) {
-        if (!g_run.ranks[r].running || g_ep[r].removed)
-            continue;
-        int member = 0;
-        for (int i = 0; i < nmembers && !member; i++)
-            member = ids[i] == r;
-        joining += !member;
-    }
-    if (nmembers > 0 && joining != j->joining_published) {
+    for (int r = 0; r < g_run.np; r++)
+        joining += g_run.ranks[r].running && !g_ep[r].removed && !g_ep[r].was_member;
+    if (j->nmembers > 0 && joining != j->joining_published) {
         char key[300], val[24];
         snprintf(key, sizeof(key), "%s/joining", j->base);
         snprintf(val, sizeof(val), "%d", joining);
