@@ -9,39 +9,15 @@
 # shellcheck disable=SC2086
 set -u
 
-skip() {
-    echo "test_netns_flowcap: SKIP: $*"
-    exit 77
-}
-[ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
-command -v ip >/dev/null || skip "no ip (apt-get install iproute2)"
+NAME=test_netns_flowcap
+. "$(cd "${top_srcdir:-.}" && pwd)/tests/netns/lib.sh"
 command -v tc >/dev/null || skip "no tc (apt-get install iproute2)"
-
-builddir=$(cd "${top_builddir:-.}" && pwd)
-srcdir=$(cd "${top_srcdir:-.}" && pwd)
 perf=$builddir/tools/loom-perf
-testbed=$srcdir/tests/netns/testbed.sh
 [ -x "$perf" ] || { echo "test_netns_flowcap: $perf is not built" >&2; exit 1; }
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_netns_flowcap.XXXXXX") || exit 1
-pids=""
-cleanup() {
-    for p in $pids; do
-        kill -KILL "$p" 2>/dev/null
-    done
-    [ -n "${LOOMTB_PREFIX:-}" ] && "$testbed" down "$LOOMTB_PREFIX"
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-
 LINK_MBS=100     # 800 Mbit/s in MB/s
 FLOW_MBS=25      # 200 Mbit/s
-out=$("$testbed" up 2 --rate 800mbit --flow-rate 200mbit 2>"$tmp/up.err")
-rc=$?
-[ $rc -eq 77 ] && skip "$(cat "$tmp/up.err")"
-[ $rc -eq 0 ] || { echo "test_netns_flowcap: testbed up failed: $(cat "$tmp/up.err")"; exit 1; }
-eval "$out"
+
+netns_up 2 --rate 800mbit --flow-rate 200mbit
 
 # flows K: K loom-perf p2p pairs at once from namespace 0 to 1, each its own
 # job and connection (3 windows of 64 x 256 KiB); prints the flows' MB/s, one

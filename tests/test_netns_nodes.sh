@@ -10,36 +10,12 @@
 # shellcheck disable=SC2086
 set -u
 
-skip() {
-    echo "test_netns_nodes: SKIP: $*"
-    exit 77
-}
-[ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
-command -v ip >/dev/null || skip "no ip (apt-get install iproute2)"
-
-builddir=$(cd "${top_builddir:-.}" && pwd)
-srcdir=$(cd "${top_srcdir:-.}" && pwd)
+NAME=test_netns_nodes
+. "$(cd "${top_srcdir:-.}" && pwd)/tests/netns/lib.sh"
 matrix=$builddir/tests/mp_collectives
-testbed=$srcdir/tests/netns/testbed.sh
 [ -x "$matrix" ] || { echo "test_netns_nodes: $matrix is not built" >&2; exit 1; }
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_netns_nodes.XXXXXX") || exit 1
-pids=""
-cleanup() {
-    for p in $pids; do
-        kill -KILL "$p" 2>/dev/null
-    done
-    [ -n "${LOOMTB_PREFIX:-}" ] && "$testbed" down "$LOOMTB_PREFIX"
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-
-out=$("$testbed" up 3 2>"$tmp/up.err")
-rc=$?
-[ $rc -eq 77 ] && skip "$(cat "$tmp/up.err")"
-[ $rc -eq 0 ] || { echo "test_netns_nodes: testbed up failed: $(cat "$tmp/up.err")"; exit 1; }
-eval "$out"
+netns_up 3
 
 npass=0
 nfail=0

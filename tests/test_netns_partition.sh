@@ -11,38 +11,14 @@
 # or no network namespaces here).
 set -u
 
-skip() {
-    echo "test_netns_partition: SKIP: $*"
-    exit 77
-}
-[ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
-command -v ip >/dev/null || skip "no ip (apt-get install iproute2)"
-
-builddir=$(cd "${top_builddir:-.}" && pwd)
-srcdir=$(cd "${top_srcdir:-.}" && pwd)
+NAME=test_netns_partition
+. "$(cd "${top_srcdir:-.}" && pwd)/tests/netns/lib.sh"
 perf=$builddir/tools/loom-perf
-testbed=$srcdir/tests/netns/testbed.sh
 [ -x "$perf" ] || { echo "test_netns_partition: $perf is not built" >&2; exit 1; }
 timeout_s=${PARTITION_TIMEOUT:-4}
 slack_s=3
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_netns_partition.XXXXXX") || exit 1
-pids=""
-cleanup() {
-    for p in $pids; do
-        kill -KILL "$p" 2>/dev/null
-    done
-    [ -n "${LOOMTB_PREFIX:-}" ] && "$testbed" down "$LOOMTB_PREFIX"
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-
-out=$("$testbed" up 2 2>"$tmp/up.err")
-rc=$?
-[ $rc -eq 77 ] && skip "$(cat "$tmp/up.err")"
-[ $rc -eq 0 ] || { echo "test_netns_partition: testbed up failed: $(cat "$tmp/up.err")"; exit 1; }
-eval "$out"
+netns_up 2
 cut_dev=lmv${LOOMTB_PREFIX#loomt}-1
 
 now() { date +%s.%N; }
