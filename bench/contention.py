@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The table of contention.sh: per N and size, each peer's median time (us)
 over the repetitions on the quiet machine and beside the busy processes, then
-Loom's time over Gloo's when busy (at most 1: Loom is no slower) and over the
-base build's when quiet (1.10: 10% slower)."""
+Loom's time over Gloo's (at most 1: Loom is no slower) and over the base
+build's (1.10: 10% slower), quiet and busy."""
 import collections
 import glob
 import os
@@ -45,9 +45,11 @@ def main(out, busy):
     ratios = []
     for t in ("tcp", "shm"):
         if f"loom-{t}" in peers and "gloo" in peers:
+            ratios.append((f"loom-{t}/gloo quiet", f"loom-{t}", "gloo", quiet))
             ratios.append((f"loom-{t}/gloo busy", f"loom-{t}", "gloo", loud))
         if f"loom-{t}" in peers and f"base-{t}" in peers:
             ratios.append((f"loom-{t}/base quiet", f"loom-{t}", f"base-{t}", quiet))
+            ratios.append((f"loom-{t}/base busy", f"loom-{t}", f"base-{t}", loud))
     head += [r[0] for r in ratios]
     print("| " + " | ".join(head) + " |")
     print("|" + "---:|" * len(head))

@@ -5,18 +5,20 @@
 #   loom-tcp   Loom over TCP (LOOM_SHM=0)           } bench/loom_bench.c: the anchors'
 #   loom-shm   Loom through shared memory            } MPI harness calling loom_allreduce
 #   base-tcp, base-shm  the same with a second Loom build (BASE=dir, e.g. main's)
-#   gloo       Debian's Gloo, ring (TCP on 127.0.0.1; bench/peers/gloo_bench.cc)
+#   gloo       Debian's Gloo (TCP on 127.0.0.1; bench/peers/gloo_bench.cc), its ring
+#              allreduce or the one -a names (new_ring: its best at 16-64 MiB when busy)
 #   ompi-tcp   Open MPI with --mca btl tcp,self (bench/peers/mpi_bench.c)
 # "busy" runs B processes of `yes > /dev/null` alongside (what a training node
 # looks like: data loaders, Python threads, other jobs); they are started
 # before and killed after each busy block, never left behind.
 # Prints one table: per N and size, each peer's median time over the
 # repetitions, quiet and busy, and the ratios that matter (Loom / Gloo when
-# busy, Loom / base when quiet); then how loaded the machine was.
+# busy, Loom / base quiet and busy); then how loaded the machine was.
 #
 # usage: bench/contention.sh [-n "2 4"] [-B 2] [-r REPS] [-t SECONDS] [-s 8,4096,32768]
-#                            [-p "loom-tcp loom-shm gloo ompi-tcp"]
-#   BUILD=dir  a built Loom tree (default: the source tree); BASE=dir adds base-tcp/base-shm
+#                            [-p "loom-tcp loom-shm gloo ompi-tcp"] [-a GLOO_ALGO]
+#   BUILD=dir  a built Loom tree (default: the source tree)
+#   BASE=dir   a second one (e.g. main's): base-tcp/base-shm beside loom-tcp/loom-shm
 #   OUT=dir    where the raw results go (default bench/results-contention)
 # needs: apt-get install libgloo-dev openmpi-bin libopenmpi-dev g++
 set -u
@@ -30,7 +32,8 @@ REPS=3
 T=0.3
 SIZES="8,4096,32768"
 PEERS="loom-tcp loom-shm gloo ompi-tcp"
-while getopts "n:B:r:t:s:p:" opt; do
+GLOO_ALGO=ring
+while getopts "n:B:r:t:s:p:a:" opt; do
     case $opt in
     n) NS=$OPTARG ;;
     B) BUSY=$OPTARG ;;
@@ -38,10 +41,14 @@ while getopts "n:B:r:t:s:p:" opt; do
     t) T=$OPTARG ;;
     s) SIZES=$OPTARG ;;
     p) PEERS=$OPTARG ;;
-    *) sed -n '2,21p' "$0"; exit 2 ;;
+    a) GLOO_ALGO=$OPTARG ;;
+    *) sed -n '2,23p' "$0"; exit 2 ;;
     esac
 done
-[ -n "$BASE" ] && PEERS="$PEERS base-tcp base-shm"
+# The base build runs beside each Loom peer asked for (no base-shm in a TCP-only run).
+[ -n "$BASE" ] && for t in tcp shm; do
+    case " $PEERS " in *" loom-$t "*) PEERS="$PEERS base-$t" ;; esac
+done
 out=${OUT:-$here/results-contention}
 mkdir -p "$out"
 rm -f "$out"/*_n*_b*_r*.txt "$out"/*.err "$out"/load.txt
@@ -92,7 +99,7 @@ for rep in $(seq 1 "$REPS"); do
                 loom-shm) LOOM_SHM=1 run "$tag" "$BUILD/tools/loomrun" -np "$N" "$out/loom_bench" -s "$SIZES" -t "$T" -m 5 ;;
                 base-tcp) LOOM_SHM=0 run "$tag" "$BASE/tools/loomrun" -np "$N" "$out/base_bench" -s "$SIZES" -t "$T" -m 5 ;;
                 base-shm) LOOM_SHM=1 run "$tag" "$BASE/tools/loomrun" -np "$N" "$out/base_bench" -s "$SIZES" -t "$T" -m 5 ;;
-                gloo) run "$tag" "$out/gloo_bench" -n "$N" -a ring -s "$SIZES" -t "$T" -m 5 ;;
+                gloo) run "$tag" "$out/gloo_bench" -n "$N" -a "$GLOO_ALGO" -s "$SIZES" -t "$T" -m 5 ;;
                 ompi-tcp) run "$tag" mpirun.openmpi --oversubscribe --allow-run-as-root -n "$N" \
                               --mca btl tcp,self "$out/mpi_bench" -s "$SIZES" -t "$T" -m 5 -l btl=tcp,self ;;
                 esac
