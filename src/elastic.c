@@ -854,6 +854,8 @@ static loom_status_t join_count(loom_comm_t c, const char *what, int32_t *n)
  * publishes it as <base>/joining); 0 when it does not say. */
 static int32_t starting_joiners(loom_comm_t c)
 {
+    if (!c->elastic)
+        return 0;
     char k[320];
     snprintf(k, sizeof(k), "%s/joining", c->elastic->base);
     loom_err_t err = {0};
@@ -877,7 +879,7 @@ LOOM_API loom_status_t loom_comm_join_waiting(loom_comm_t c, int *waiting)
     /* Processes the launcher has started count as soon as it started them, as
      * Horovod's driver notifies on discovery: a framework can take seconds to
      * load before the process registers. */
-    int32_t starting = st == LOOM_SUCCESS && c->elastic ? starting_joiners(c) : 0;
+    int32_t starting = st == LOOM_SUCCESS ? starting_joiners(c) : 0;
     *waiting = n > starting ? n : starting;
     return st;
 }
