@@ -476,6 +476,65 @@ START_TEST(test_hmac_keyed_and_hkdf)
 }
 END_TEST
 
+/* Small frames: one tag over header and payload, under a nonce no other
+ * message of the frame uses; a change to either, a replay or a frame sealed
+ * the other way fails, in both modes and with both ciphers. */
+START_TEST(test_small_frames)
+{
+    ck_assert(loom_frame_small(LOOM_FRAME_DATA, 1));
+    ck_assert(loom_frame_small(LOOM_FRAME_DATA, LOOM_FRAME_SMALL_MAX));
+    ck_assert(!loom_frame_small(LOOM_FRAME_DATA, 0));
+    ck_assert(!loom_frame_small(LOOM_FRAME_DATA, LOOM_FRAME_SMALL_MAX + 1));
+    ck_assert(!loom_frame_small(LOOM_FRAME_STRIPED, 8));
+    ck_assert(!loom_frame_small(LOOM_FRAME_KEEPALIVE, 0));
+    uint8_t key[LOOM_AEAD_KEY_BYTES];
+    memset(key, 0x5a, sizeof(key));
+    for (int alg = 0; alg < 2; alg++) {
+        for (int encrypt = 0; encrypt < 2; encrypt++) {
+            loom_seal_t tx, rx;
+            ck_assert_int_eq(loom_seal_init(&tx, (loom_aead_alg_t)alg, key, 1), 0);
+            ck_assert_int_eq(loom_seal_init(&rx, (loom_aead_alg_t)alg, key, 0), 0);
+            loom_frame_t f = {.kind = LOOM_FRAME_DATA, .match = {.tag = 9, .desc = 1, .total = 2},
+                              .len = 24};
+            uint8_t hdr[LOOM_FRAME_BYTES], pay[24], orig[24], wire[24], tag[LOOM_MAC_BYTES],
+                t2[LOOM_MAC_BYTES];
+            loom_frame_encode(&f, hdr);
+            ck_assert(loom_frame_small_hdr(hdr));
+            for (size_t i = 0; i < sizeof(pay); i++)
+                pay[i] = orig[i] = (uint8_t)(i + 1);
+            ck_assert_int_eq(loom_frame_seal_small(&tx, 3, hdr, pay, wire, sizeof(pay), encrypt, tag),
+                             0);
+            ck_assert(memcmp(pay, orig, sizeof(pay)) == 0);   /* the user's buffer is not touched */
+            if (!encrypt)
+                memcpy(wire, pay, sizeof(pay));
+            ck_assert(encrypt == (memcmp(wire, orig, sizeof(wire)) != 0));
+            uint8_t got[24];
+            memcpy(got, wire, sizeof(got));
+            ck_assert_int_eq(loom_frame_open_small(&rx, 3, hdr, got, sizeof(got), encrypt, tag), 0);
+            ck_assert(memcmp(got, orig, sizeof(got)) == 0);
+            memcpy(got, wire, sizeof(got));   /* replayed as the next frame */
+            ck_assert_int_eq(loom_frame_open_small(&rx, 4, hdr, got, sizeof(got), encrypt, tag), -1);
+            memcpy(got, wire, sizeof(got));   /* one payload bit changed */
+            got[5] ^= 1;
+            ck_assert_int_eq(loom_frame_open_small(&rx, 3, hdr, got, sizeof(got), encrypt, tag), -1);
+            memcpy(got, wire, sizeof(got));   /* one header bit changed */
+            hdr[16] ^= 1;
+            ck_assert_int_eq(loom_frame_open_small(&rx, 3, hdr, got, sizeof(got), encrypt, tag), -1);
+            hdr[16] ^= 1;
+            /* Opened the other way (encrypted read as clear, or back) it fails. */
+            ck_assert_int_eq(loom_frame_open_small(&rx, 3, hdr, got, sizeof(got), !encrypt, tag), -1);
+            /* Its tag is neither a header tag nor a payload tag of the same frame. */
+            ck_assert_int_eq(loom_frame_open_header(&rx, 3, hdr, tag), -1);
+            ck_assert_int_eq(loom_frame_seal_header(&tx, 3, hdr, t2), 0);
+            memcpy(got, wire, sizeof(got));
+            ck_assert_int_eq(loom_frame_open_small(&rx, 3, hdr, got, sizeof(got), encrypt, t2), -1);
+            loom_seal_fini(&tx);
+            loom_seal_fini(&rx);
+        }
+    }
+}
+END_TEST
+
 START_TEST(test_auth_messages)
 {
     uint8_t hello[LOOM_HELLO_BYTES], nc[LOOM_NONCE_BYTES], na[LOOM_NONCE_BYTES];
@@ -588,6 +647,7 @@ Suite *loom_wire_suite(void)
     tcase_add_test(tc, test_hmac_rfc4231);
     tcase_add_test(tc, test_hmac_keyed_and_hkdf);
     tcase_add_test(tc, test_auth_messages);
+    tcase_add_test(tc, test_small_frames);
     suite_add_tcase(s, tc);
     return s;
 }

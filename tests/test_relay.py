@@ -105,12 +105,13 @@ def start_store():
 
 # ---- the relay ------------------------------------------------------------------
 HELLO, NONCE, ACK, CHAL, PROOF, HDR, TAG = 40, 16, 16, 56, 40, 40, 16
+SMALL = 16 * 1024   # LOOM_FRAME_SMALL_MAX
 
 
 class Pump(threading.Thread):
     """Copies src to dst; after `skip` handshake bytes it parses frames
-    (header, header tag, payload, payload tag with a key) and adds 999 to the
-    first int32 of every payload."""
+    (header, header tag, payload, payload tag with a key; a small frame's one
+    tag follows its payload) and adds 999 to the first int32 of every payload."""
 
     def __init__(self, src, dst, skip, keyed, streams=1, alter=None, payload_tags=True,
                  record=None):
@@ -140,24 +141,31 @@ class Pump(threading.Thread):
                         take = min(need, len(buf))
                         out, buf, need = out + buf[:take], buf[take:], need - take
                         if need == 0:
-                            state, need = "hdr", HDR + (TAG if self.keyed else 0)
+                            state, need = "hdr", HDR
                         continue
                     part, buf = buf[:need], buf[need:]
                     if state == "hdr":
                         plen = struct.unpack("<Q", part[24:32])[0]
                         if part[4] == 4:   # STRIPED: slice 0 follows on this stream
                             plen = slice0(plen, self.streams)
-                        if plen:
+                        # A small DATA frame's one tag follows its payload (wire.h).
+                        small = self.payload_tags and part[4] == 1 and 0 < plen <= SMALL
+                        if self.keyed and not small:
+                            state, need = "htag", TAG
+                        elif plen:
                             state, need = "payload", plen
+                        else:
+                            need = HDR
+                    elif state == "htag":
+                        state, need = ("payload", plen) if plen else ("hdr", HDR)
                     elif state == "payload":
                         changed = self.alter(part)
                         if changed is not None:
                             part = changed
                             self.altered += 1
-                        state, need = ("tag", TAG) if self.payload_tags else \
-                            ("hdr", HDR + (TAG if self.keyed else 0))
+                        state, need = ("tag", TAG) if self.payload_tags else ("hdr", HDR)
                     elif state == "tag":
-                        state, need = "hdr", HDR + TAG
+                        state, need = "hdr", HDR
                     out += part
                 if out:
                     self.dst.sendall(out)
@@ -557,19 +565,19 @@ def huge_announcement():
         st.set("loom/%s/world0/addr/1" % job, raw.split(b"\n")[0] + b"\n127.0.0.1:1\n" +
                raw.split(b"\n")[2] + b"\n-")
         ids = struct.pack("<QQ", fnv1a(job), fnv1a("loom/%s/world0" % job))
-        # A rank of the release before (wire version 4) is refused as such:
+        # A rank of the release before (wire version 5) is refused as such:
         # LOOM_ACK_BAD_VERSION (2), whose reason names the wire protocol version.
         old = socket.create_connection((host, int(rport)), timeout=10)
-        old.sendall(b"LOOMHELO" + struct.pack("<IIII", 4, 1, 2, 0x100) + ids)
+        old.sendall(b"LOOMHELO" + struct.pack("<IIII", 5, 1, 2, 0x100) + ids)
         ack = old.recv(16)
         old.close()
         ok = ack[:8] == b"LOOMACK!" and struct.unpack("<I", ack[8:12])[0] == 2
-        print("%s a hello of wire version 4 is refused as another version: %r"
+        print("%s a hello of wire version 5 is refused as another version: %r"
               % ("PASS" if ok else "FAIL", ack))
         failures += not ok
         c = socket.create_connection((host, int(rport)), timeout=10)
-        # wire version 5; stream 0 of 1 (transports/wire.h: LOOM_HELLO_STREAMS(0, 1))
-        hello = b"LOOMHELO" + struct.pack("<IIII", 5, 1, 2, 0x100) + ids
+        # wire version 6; stream 0 of 1 (transports/wire.h: LOOM_HELLO_STREAMS(0, 1))
+        hello = b"LOOMHELO" + struct.pack("<IIII", 6, 1, 2, 0x100) + ids
         c.sendall(hello)
         ack = c.recv(16)
         if ack[:8] != b"LOOMACK!" or struct.unpack("<I", ack[8:12])[0] != 0:

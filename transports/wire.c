@@ -282,6 +282,45 @@ int loom_frame_payload_start(loom_seal_t *s, uint64_t seq)
     return loom_aead_start(&s->pay, nonce);
 }
 
+int loom_frame_small(unsigned kind, uint64_t len)
+{
+    return kind == LOOM_FRAME_DATA && len > 0 && len <= LOOM_FRAME_SMALL_MAX;
+}
+
+int loom_frame_small_hdr(const uint8_t hdr[LOOM_FRAME_BYTES])
+{
+    return loom_frame_small(hdr[4], loom_get64(hdr + 24));
+}
+
+/* Header and payload as associated data (full), or the header as associated
+ * data and the payload encrypted (encrypt): one message either way. */
+static int small_feed(loom_seal_t *s, uint64_t seq, const uint8_t hdr[LOOM_FRAME_BYTES],
+                      const uint8_t *pay, uint8_t *out, size_t len, int encrypt)
+{
+    uint8_t nonce[LOOM_AEAD_NONCE_BYTES];
+    frame_nonce('F', seq, nonce);
+    if (loom_aead_start(&s->hdr, nonce) != 0 || loom_aead_aad(&s->hdr, hdr, LOOM_FRAME_BYTES) != 0)
+        return -1;
+    return encrypt ? loom_aead_crypt(&s->hdr, pay, out, len) : loom_aead_aad(&s->hdr, pay, len);
+}
+
+int loom_frame_seal_small(loom_seal_t *s, uint64_t seq, const uint8_t hdr[LOOM_FRAME_BYTES],
+                          const uint8_t *pay, uint8_t *out, size_t len, int encrypt,
+                          uint8_t tag[LOOM_MAC_BYTES])
+{
+    if (small_feed(s, seq, hdr, pay, out, len, encrypt) != 0)
+        return -1;
+    return loom_aead_seal_tag(&s->hdr, tag);
+}
+
+int loom_frame_open_small(loom_seal_t *s, uint64_t seq, const uint8_t hdr[LOOM_FRAME_BYTES],
+                          uint8_t *pay, size_t len, int encrypt, const uint8_t tag[LOOM_MAC_BYTES])
+{
+    if (small_feed(s, seq, hdr, pay, pay, len, encrypt) != 0)
+        return -1;
+    return loom_aead_open_tag(&s->hdr, tag);
+}
+
 void loom_chal_encode(const uint8_t nonce_a[LOOM_NONCE_BYTES], const uint8_t proof[32],
                       uint8_t out[LOOM_CHAL_BYTES])
 {

@@ -19,8 +19,12 @@
  * rank it reaches, whatever they wait on; KEEPALIVE frames while waiting.
  * 5: frames are sealed by an AEAD (AES-256-GCM or ChaCha20-Poly1305) instead
  * of HMAC-SHA256, and LOOM_AUTH_MAC=encrypt encrypts payloads; the hello
- * names the mode and the cipher. */
-#define LOOM_WIRE_VERSION 5
+ * names the mode and the cipher.
+ * 6: a small DATA frame whose payload is sealed (LOOM_AUTH_MAC=full or
+ * encrypt) is one AEAD message, header, payload and one tag, instead of two
+ * (loom_frame_small): a small call paid libcrypto's per-message set-up twice
+ * on each side. */
+#define LOOM_WIRE_VERSION 6
 
 /* ---- handshake ------------------------------------------------------------ */
 #define LOOM_HELLO_MAGIC "LOOMHELO"
@@ -169,6 +173,31 @@ int loom_frame_open_header(loom_seal_t *s, uint64_t seq, const uint8_t hdr[LOOM_
                            const uint8_t tag[LOOM_MAC_BYTES]);
 /* Start frame seq's payload on s->pay. */
 int loom_frame_payload_start(loom_seal_t *s, uint64_t seq);
+
+/* Small frames: a DATA frame of 1 to LOOM_FRAME_SMALL_MAX payload bytes whose
+ * payload is sealed travels as header, payload (encrypted or not) and one tag
+ * over both, under the nonce ('F', seq) that no other message of the frame
+ * uses. Its header cannot be checked on its own, so the receiver reads the
+ * kind and length from the unchecked header only to find where the frame
+ * ends, takes the whole frame (it fits the staging buffer) and acts on the
+ * header once the tag matched: a header changed on the way is never acted on,
+ * whether it still looks small or not (then its 16 bytes after the header
+ * are no header tag). Small enough that a frame stays below the sizes the
+ * TCP transport reads into place or holds in the socket. */
+#define LOOM_FRAME_SMALL_MAX (16 * 1024)
+/* 1 when a frame of this kind and payload length is sealed as a small frame. */
+int loom_frame_small(unsigned kind, uint64_t len);
+/* The same test on an encoded header that has not been checked yet. */
+int loom_frame_small_hdr(const uint8_t hdr[LOOM_FRAME_BYTES]);
+/* Seal: the tag over hdr and the len bytes at pay; with encrypt, pay is
+ * encrypted into out (which may be pay), else out is not touched. Open: the
+ * same on the received bytes, decrypting pay in place with encrypt; 0 only
+ * when the tag matches. Both use s->hdr, so they fit between frames of s. */
+int loom_frame_seal_small(loom_seal_t *s, uint64_t seq, const uint8_t hdr[LOOM_FRAME_BYTES],
+                          const uint8_t *pay, uint8_t *out, size_t len, int encrypt,
+                          uint8_t tag[LOOM_MAC_BYTES]);
+int loom_frame_open_small(loom_seal_t *s, uint64_t seq, const uint8_t hdr[LOOM_FRAME_BYTES],
+                          uint8_t *pay, size_t len, int encrypt, const uint8_t tag[LOOM_MAC_BYTES]);
 /* Parse a header from peer; on garbage return LOOM_ERR_TRANSPORT with a message. */
 loom_status_t loom_frame_decode(const uint8_t in[LOOM_FRAME_BYTES], int peer, loom_frame_t *f,
                                 loom_err_t *err);

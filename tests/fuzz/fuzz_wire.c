@@ -100,6 +100,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             loom_aead_crypt(&rx.pay, pay + n - cut, pay + n - cut, cut) != 0 ||
             loom_aead_open_tag(&rx.pay, tag) != 0 || memcmp(pay, data + 1, n) != 0)
             abort();
+        /* A small frame: buf as its header, the payload in one piece. */
+        size_t k = n < LOOM_FRAME_SMALL_MAX ? n : LOOM_FRAME_SMALL_MAX;
+        int enc = (which >> 2) & 1;
+        if (loom_frame_open_small(&rx, seq, buf, pay, k, enc, buf + LOOM_FRAME_BYTES) == 0)
+            abort();   /* a forged tag passed */
+        memcpy(pay, data + 1, k);
+        if (loom_frame_seal_small(&tx, seq, buf, pay, pay, k, enc, tag) != 0 ||
+            loom_frame_open_small(&rx, seq, buf, pay, k, enc, tag) != 0 ||
+            memcmp(pay, data + 1, k) != 0)
+            abort();
         free(pay);
         loom_seal_fini(&tx);
         loom_seal_fini(&rx);

@@ -69,6 +69,11 @@ enum { MAC_NONE = 0, MAC_HEADERS = 1, MAC_FULL = 2, MAC_ENCRYPT = 3 };
  * over a whole large message at once. MAC_ENCRYPT: a send encrypts a piece
  * into the connection's own buffer (the user's stays untouched). */
 #define CT_BYTES (256 * 1024)
+/* A small frame (wire.h) is taken whole into the staging buffer before its
+ * tag is checked, never held in the socket, and sealed at once into ct. */
+_Static_assert(LOOM_FRAME_BYTES + LOOM_FRAME_SMALL_MAX + LOOM_MAC_BYTES <= STAGE_BYTES &&
+               LOOM_FRAME_SMALL_MAX < HOLD_MIN_BYTES && LOOM_FRAME_SMALL_MAX <= CT_BYTES,
+               "small frames must fit the staging and ciphertext buffers");
 
 typedef struct tcp_xfer tcp_xfer_t;
 

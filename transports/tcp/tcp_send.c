@@ -73,6 +73,29 @@ static int encrypt_next(loom_seal_t *tx, uint8_t **ct, size_t *ct_beg, size_t *c
     return 0;
 }
 
+/* A small frame (wire.h): its header, its payload (MAC_ENCRYPT: encrypted
+ * into the connection's buffer) and the one tag over both, made before a
+ * byte is sent. 0, or -1 when it cannot be sealed. */
+static int seal_small(tcp_peer_t *peer, const loom_frame_t *f, const void *buf, int encrypt)
+{
+    loom_frame_encode(f, peer->shdr);
+    peer->shdr_len = LOOM_FRAME_BYTES;
+    if (peer->tx_seq == UINT64_MAX)   /* as seal_header_with: no nonce twice */
+        return -1;
+    peer->shdr_seq = peer->tx_seq++;
+    if (encrypt && !peer->ct && !(peer->ct = malloc(CT_BYTES)))
+        return -1;
+    if (loom_frame_seal_small(&peer->tx_seal, peer->shdr_seq, peer->shdr, buf, peer->ct,
+                              (size_t)f->len, encrypt, peer->stag) != 0)
+        return -1;
+    /* Nothing is left to tag or encrypt as the bytes go out. */
+    peer->tx_hashed = (size_t)f->len;
+    peer->ct_beg = 0;
+    peer->ct_len = (size_t)f->len;
+    peer->stag_ready = 1;
+    return 0;
+}
+
 /* Write as much of the send queue as the socket takes. */
 loom_status_t tcp_flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
 {
@@ -100,14 +123,16 @@ loom_status_t tcp_flush_sends(loom_tp_t *tp, tcp_peer_t *peer, int *moved)
         if (!peer->shdr_ready) {
             loom_frame_t f = {.kind = peer->s_x ? LOOM_FRAME_STRIPED : LOOM_FRAME_DATA,
                               .match = req->match, .len = req->len};
-            peer->shdr_len = seal_header(peer, &f, peer->shdr, &peer->shdr_seq);
-            if (peer->shdr_len == 0)
-                return seal_fail(tp, peer);
             peer->shdr_ready = 1;
             peer->shdr_off = 0;
             peer->stag_ready = 0;
             peer->stag_off = 0;
-            if (sealed) {
+            if (sealed && loom_frame_small(f.kind, f.len)) {
+                if (seal_small(peer, &f, req->buf, encrypt) != 0)
+                    return seal_fail(tp, peer);
+            } else if ((peer->shdr_len = seal_header(peer, &f, peer->shdr, &peer->shdr_seq)) == 0) {
+                return seal_fail(tp, peer);
+            } else if (sealed) {
                 if (loom_frame_payload_start(&peer->tx_seal, peer->shdr_seq) != 0)
                     return seal_fail(tp, peer);
                 peer->tx_hashed = req->off;   /* 0: a send starts at its beginning */
