@@ -146,9 +146,8 @@ typedef struct ejob {
     /* What the store said of the ranks' epochs: read once per turn of the
      * loop; the members only when the epoch changed (a signed list). */
     long long epoch;        /* -1: none formed yet */
-    long long members_epoch;
     long long *members;
-    int nmembers;           /* of members_epoch; -1: not read */
+    int nmembers;           /* of epoch; -1: not read */
     long long below_since, next_discovery;
     evloop_t loop;
 } ejob_t;
@@ -448,16 +447,16 @@ static void elastic_exit(int r, const siginfo_t *si, int code, void *arg)
 /* The latest epoch and its members, as the store says now. */
 static void read_epoch(ejob_t *j)
 {
-    j->epoch = current_epoch(j->store, j->base);
-    if (j->epoch >= 0 && (j->members_epoch != j->epoch || j->nmembers < 0)) {
+    long long epoch = current_epoch(j->store, j->base);
+    if (epoch >= 0 && (epoch != j->epoch || j->nmembers < 0)) {
         free(j->members);
         j->members = NULL;
-        j->nmembers = read_members(j->store, j->base, j->epoch, &j->members);
-        j->members_epoch = j->epoch;
+        j->nmembers = read_members(j->store, j->base, epoch, &j->members);
         for (int i = 0; i < j->nmembers; i++)
             if (j->members[i] >= 0 && j->members[i] < g_run.np)
                 g_ep[j->members[i]].was_member = 1;
     }
+    j->epoch = epoch;
 }
 
 /* As Horovod counts them: resets, the epochs the ranks formed after the first
@@ -649,7 +648,7 @@ int elastic_main(options_t *o)
     memset(&j, 0, sizeof(j));
     j.o = o;
     j.joining_published = -1;
-    j.epoch = j.members_epoch = -1;
+    j.epoch = -1;
     j.nmembers = -1;
     elastic_hosts(&j);
     remote_wdir(o->wdir, &j.wdir);
