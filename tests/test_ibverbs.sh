@@ -135,7 +135,8 @@ t0=$(now)
 "$mpf" > "$tmp/mpf" 2>&1
 rc=$?
 result $rc "failure tests over ibverbs: killed rank, early exit, LOOM_AUTH_KEY, mismatch, abort, timeout ($(( $(now) - t0 )) s)"
-[ $rc = 0 ] || grep -v '^PASS' "$tmp/mpf" | tail -20
+# The ranks' lines come before the verdict they lead to.
+[ $rc = 0 ] || grep -v '^PASS' "$tmp/mpf" | grep -B12 '^FAIL'
 
 # Faults injected in rank 1 only: every rank must end with an error, within
 # LOOM_TIMEOUT (20 s). The ranks ignore loomrun's SIGTERM, so each one's own

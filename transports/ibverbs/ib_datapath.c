@@ -757,9 +757,11 @@ static int own_qp_failed(loom_tp_t *tp, ib_peer_t *p)
     return 1;
 }
 
-/* A peer that said goodbye is judged once all it sent us is in: its
- * messages may arrive after the side channel told us (a busy machine, a slow
- * HCA). Should some never come, NOTE_WAIT_S ends the wait. */
+/* A peer that said goodbye or gave up is judged once all it sent us is in:
+ * its messages may arrive after the side channel told us (a busy machine, a
+ * slow HCA), even after the channel closed. Should some never come,
+ * NOTE_WAIT_S ends the wait. Only a peer that closed without a note (it
+ * died) is judged by the short grace, as nothing counts what it sent. */
 static void check_goodbyes(loom_tp_t *tp, double now)
 {
     for (int i = 0; i < tp->nactive && !tp->failed; i++) {
@@ -777,7 +779,7 @@ static void check_goodbyes(loom_tp_t *tp, double now)
         {
             if (!own_qp_failed(tp, p))
                 loom_tp_fail_gave_up(&tp->failed, tp->err, "ibverbs", tp->rank, p->rank);
-        } else if (p->hung_up && now - p->hangup_at > BYE_GRACE_S)
+        } else if (p->hung_up && !p->gave_up && now - p->hangup_at > BYE_GRACE_S)
             tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d lost rank %d: its side channel closed "
                     "without a goodbye (the process died or exited without "
                     "loom_comm_destroy)", tp->rank, p->rank);
