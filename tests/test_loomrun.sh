@@ -543,6 +543,8 @@ expect_usage_error "--hostfile unknown word" --hostfile "$tmp/badhosts" true
 expect_usage_error "--hostfile without hosts" --hostfile "$tmp/nohosts" true
 expect_usage_error "--ssh-port not a port" -H localhost --ssh-port 70000 true
 expect_usage_error "-x not a variable name" -np 1 -x 'A-B=1' true
+expect_usage_error "--max-np all without hosts to fill" --elastic -np 2 --max-np all true
+expect_usage_error "--max-np neither a count nor all" --elastic -np 2 --max-np every true
 
 run --help
 if [ $rc -eq 0 ] && grep -q '^Usage: loomrun' "$tmp/out"; then

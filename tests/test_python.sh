@@ -99,7 +99,7 @@ torch_tests() {
         grep -q '"NEGOTIATE' "$tmp/tl.json" &&
         "$py" -m loom.runner -np 3 --mpi --min-np 2 --print-command "$py" x.py | grep -q -- '--elastic -np 3 --min-np 2 -- ' &&
         "$py" -m loom.runner -np 2 -H a:2,b:2 --min-np 2 --print-command "$py" x.py |
-            grep -q -- '--elastic -np 2 -H a:2,b:2 --max-np 999999999 --min-np 2 -- '; then
+            grep -q -- '--elastic -np 2 -H a:2,b:2 --max-np all --min-np 2 -- '; then
         echo "ok: python -m loom.runner"
         passes=$((passes + 1))
     else

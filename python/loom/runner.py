@@ -15,8 +15,6 @@ import os
 import shutil
 import sys
 
-# --max-np standing for "no limit" (loomrun takes up to 9 digits).
-EVERY_SLOT = 999999999
 ELASTIC = ("min_np", "max_np", "host_discovery_script", "slots_per_host", "elastic_timeout",
            "reset_limit", "blacklist_cooldown_range")
 
@@ -82,7 +80,7 @@ def loomrun_command(a):
     if elastic and a.max_np is None and (a.hosts or a.hostfile or a.host_discovery_script):
         # horovodrun without --max-np fills every slot its hosts have, now and
         # as hosts come; loomrun without it stays at -np.
-        argv += ["--max-np", str(EVERY_SLOT)]
+        argv += ["--max-np", "all"]
     for opt, key in (("--min-np", "min_np"), ("--max-np", "max_np"),
                      ("--host-discovery-script", "host_discovery_script"),
                      ("--slots-per-host", "slots_per_host"), ("--elastic-timeout", "elastic_timeout"),

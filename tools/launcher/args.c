@@ -51,7 +51,7 @@ static void usage(FILE *f)
         "                    ranks get LOOM_ELASTIC=1 and LOOM_ELASTIC_ID\n"
         "  --min-np A        fewest ranks the job may run with (default 1)\n"
         "  --max-np B        most ranks (default: -np, else no limit); with it the\n"
-        "                    job starts on every slot there is, up to B\n"
+        "                    job starts on every slot there is, up to B (all: no limit)\n"
         "  --host-discovery-script S  prints the usable hosts, one \"host[:slots]\" a\n"
         "                    line; run every --discovery-interval seconds (default 1)\n"
         "  --slots-per-host K  slots of a host the script lists without a count\n"
@@ -207,6 +207,8 @@ static int parse_elastic_option(int argc, char **argv, int *i, const char *a, si
         snprintf(name, sizeof(name), "%.*s", (int)nlen, a);
         const char *v = opt_value(argc, argv, i, name, eq);
         int n = parse_slots(v, strlen(v));
+        if (strcmp(name, "--max-np") == 0 && strcmp(v, "all") == 0)
+            n = EVERY_SLOT;
         if (strcmp(name, "--reset-limit") == 0 && strcmp(v, "0") == 0)
             n = 0;
         if (n < 0)

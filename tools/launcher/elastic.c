@@ -291,6 +291,9 @@ static void elastic_hosts(ejob_t *j)
     if (o->discovery == NULL && o->nhosts == 0) {
         if (o->np == 0 && o->max_np == 0)
             usage_error("--elastic needs --host-discovery-script, -H/--hostfile or -np");
+        if (o->max_np == EVERY_SLOT)
+            usage_error("--max-np all needs hosts whose slots it fills: -H/--hostfile or "
+                        "--host-discovery-script");
         add_host(&o->hosts, &o->nhosts, me, strlen(me),
                  o->max_np > o->np ? o->max_np : o->np);
     }
@@ -306,7 +309,7 @@ static void elastic_hosts(ejob_t *j)
     for (int h = 0; h < g_run.nhosts; h++)
         total += g_eh[h].present ? g_run.hosts[h].slots : 0;
     j->min_np = o->min_np > 0 ? o->min_np : 1;
-    j->max_np = o->max_np > 0 ? o->max_np : o->np > 0 ? o->np : INT_MAX / 2;
+    j->max_np = o->max_np > 0 ? o->max_np : o->np > 0 ? o->np : EVERY_SLOT;
     /* As Horovod: with --max-np, every slot there is (up to it) from the start. */
     j->np0 = o->np > 0 ? o->np : (int)(total < j->max_np ? total : j->max_np);
     if (o->max_np > 0 && total > j->np0)

@@ -59,6 +59,10 @@ extern char **environ;
 #define EXIT_USAGE 2
 #define EXIT_UNREACHABLE 255   /* ssh's own code for "could not connect" */
 
+/* --max-np all: every slot the hosts have, now and as they come (what
+ * horovodrun does without --max-np). */
+#define EVERY_SLOT (INT_MAX / 2)
+
 typedef struct strbuf {
     char *p;
     size_t len, cap;
@@ -120,7 +124,7 @@ typedef struct options {
     char **argv;               /* the program and its arguments */
     /* --elastic (see elastic_main) */
     int elastic;
-    int min_np, max_np;        /* 0: not given */
+    int min_np, max_np;        /* 0: not given; max_np EVERY_SLOT: --max-np all */
     const char *discovery;     /* --host-discovery-script */
     int slots_per_host;        /* 0: not given */
     double elastic_timeout_s;  /* 0: not given */
