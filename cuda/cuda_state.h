@@ -82,14 +82,15 @@ int loom_cuda_ipc_covers(const loom_cuda_state_t *st, const loom_coll_args_t *a)
 loom_status_t loom_cuda_ipc_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
                                 loom_accel_host_coll_fn run_host, void *host_arg, int may_wait,
                                 int *done, loom_err_t *err);
-/* The hierarchical allreduce (st->hier_ok, GPUDirect RDMA agreed between
- * nodes): a reduce-scatter over CUDA IPC inside each node, each block
- * allreduced by GPUDirect RDMA with the ranks of the same local index on the
- * other nodes, an allgather over IPC inside each node. *done as for
- * loom_cuda_ipc_run: 0 when some rank could not share a buffer (all stage). */
-loom_status_t loom_cuda_ipc_hier_allreduce(loom_cuda_state_t *st, const loom_coll_args_t *a,
-                                           loom_accel_host_coll_fn run_host, void *host_arg,
-                                           int may_wait, int *done, loom_err_t *err);
+/* The hierarchical allreduce and reduce_scatter (st->hier_ok, GPUDirect RDMA
+ * agreed between nodes): a reduce-scatter over CUDA IPC inside each node,
+ * each block reduced by GPUDirect RDMA with the ranks of the same local index
+ * on the other nodes, then (allreduce) an allgather over IPC inside each
+ * node. *done as for loom_cuda_ipc_run: 0 when some rank could not share a
+ * buffer (all stage). */
+loom_status_t loom_cuda_ipc_hier_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                     loom_accel_host_coll_fn run_host, void *host_arg,
+                                     int may_wait, int *done, loom_err_t *err);
 /* Closes the peers' allocations st opened (at destroy, nothing queued). */
 void loom_cuda_ipc_release(loom_cuda_state_t *st);
 
@@ -111,8 +112,18 @@ loom_status_t loom_cuda_gdr_decide_cross(loom_cuda_state_t *st, loom_accel_host_
  * divides) among the P communicator ranks of ranks[], we being index me.
  * Every rank of the communicator calls it for the same collective, those
  * with a->count 0 too. */
-loom_status_t loom_cuda_gdr_allreduce_group(loom_cuda_state_t *st, const loom_coll_args_t *a,
-                                            const int *ranks, int P, int me, loom_err_t *err);
+loom_status_t loom_cuda_gdr_ring_group(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                       const int *ranks, int P, int me, loom_err_t *err);
+/* The communicator's GPUDirect accumulator (st->gdr_acc), grown to at least
+ * bytes; NULL when it cannot be (the message is in err). */
+char *loom_cuda_gdr_accumulator(loom_cuda_state_t *st, size_t bytes, loom_err_t *err);
+/* The ring reduce_scatter among the P ranks of ranks[] of the P blocks of
+ * a->count elements the caller put into the accumulator (in ring order; op
+ * not LOOM_AVG): afterwards block me of it holds the result. Called as
+ * loom_cuda_gdr_ring_group. */
+loom_status_t loom_cuda_gdr_reduce_scatter_group(loom_cuda_state_t *st,
+                                                 const loom_coll_args_t *a, const int *ranks,
+                                                 int P, int me, loom_err_t *err);
 extern const loom_tp_devmem_t loom_cuda_devmem;
 /* The accelerator table's device_ready: blocking send/recv over GPUDirect RDMA. */
 loom_status_t loom_cuda_device_ready(loom_comm_t c, int device, loom_err_t *err);

@@ -485,12 +485,13 @@ static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_ar
     /* Several nodes of several ranks each: IPC inside, GPUDirect RDMA between,
      * where the ranks agree that every peer on another node can take GPU
      * memory (those of the node are IPC's, whatever the host transport). */
-    const int hier = status == LOOM_SUCCESS && st->hier_ok && a->coll == LOOM_COLL_ALLREDUCE;
+    const int hier = status == LOOM_SUCCESS && st->hier_ok &&
+                     (a->coll == LOOM_COLL_ALLREDUCE || a->coll == LOOM_COLL_REDUCE_SCATTER);
     int hier_gdr = 0;
     if (hier)
         status = loom_cuda_gdr_decide_cross(st, run_host, host_arg, &hier_gdr, err);
     if (status == LOOM_SUCCESS && hier_gdr) {
-        status = loom_cuda_ipc_hier_allreduce(st, a, run_host, host_arg, may_wait, &done, err);
+        status = loom_cuda_ipc_hier_run(st, a, run_host, host_arg, may_wait, &done, err);
         done = done ? 3 : 0;
     }
     const int ipc = status == LOOM_SUCCESS && !hier && loom_cuda_ipc_covers(st, a);

@@ -39,8 +39,8 @@
  *
  * Not covered (staged as before): alltoall(v) in place, a communicator with a
  * peer on a transport that takes host memory only (shared memory inside a
- * node) but for allreduce on the hierarchical path. Send/recv on GPU memory, blocking or not, go direct through the core
- * (coll.c).
+ * node) but for allreduce on the hierarchical path. Send/recv on GPU memory,
+ * blocking or not, go direct through the core (coll.c).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -573,8 +573,8 @@ loom_status_t loom_cuda_gdr_run(loom_cuda_state_t *st, const loom_coll_args_t *a
     }
 }
 
-loom_status_t loom_cuda_gdr_allreduce_group(loom_cuda_state_t *st, const loom_coll_args_t *a,
-                                            const int *ranks, int P, int me, loom_err_t *err)
+loom_status_t loom_cuda_gdr_ring_group(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                       const int *ranks, int P, int me, loom_err_t *err)
 {
     gdr_t g = {.st = st, .a = a, .P = P, .me = me, .ranks = ranks, .err = err};
     /* Every rank of the communicator counts the call, also those whose
@@ -584,4 +584,20 @@ loom_status_t loom_cuda_gdr_allreduce_group(loom_cuda_state_t *st, const loom_co
         return LOOM_SUCCESS;
     loom_status_t s = dsync(&g);
     return s == LOOM_SUCCESS ? run_reducing(&g) : s;
+}
+
+char *loom_cuda_gdr_accumulator(loom_cuda_state_t *st, size_t bytes, loom_err_t *err)
+{
+    return grow_acc(st, bytes, err) == LOOM_SUCCESS ? st->gdr_acc : NULL;
+}
+
+loom_status_t loom_cuda_gdr_reduce_scatter_group(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                                 const int *ranks, int P, int me, loom_err_t *err)
+{
+    /* The accumulator is the input and block me of it the output, so
+     * run_reducing's copy in and copy out are nothing. */
+    loom_coll_args_t ra = *a;
+    ra.sendbuf = st->gdr_acc;
+    ra.recvbuf = st->gdr_acc + (size_t)me * a->count * a->esize;
+    return loom_cuda_gdr_ring_group(st, &ra, ranks, P, me, err);
 }

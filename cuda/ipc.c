@@ -30,11 +30,13 @@
  * in place writes its result over block 0, which rank 0 reads: it reduces into
  * its own block first and moves it after a barrier.
  *
- * Across nodes, allreduce runs hierarchically (run_hier): this file's
- * mechanisms on the ranks of one node, gdr.c's ring between nodes.
+ * Across nodes, allreduce and reduce_scatter run hierarchically (run_hier,
+ * run_hier_reduce_scatter): this file's mechanisms on the ranks of one node,
+ * gdr.c's ring between nodes.
  *
  * Not covered (staged as before): allgatherv, alltoall(v), gather, scatter,
- * collectives other than allreduce on communicators spanning nodes, and a
+ * collectives other than allreduce and reduce_scatter on communicators
+ * spanning nodes, and a
  * buffer cudaIpcGetMemHandle refuses (memory from a stream-ordered pool, say).
  */
 #include <pthread.h>
@@ -455,7 +457,7 @@ static loom_status_t run_hier(const ipc_t *x, const loom_hier_t *h)
     ring.count = n;
     ring.op = a->op == LOOM_AVG ? LOOM_SUM : a->op;
     if (st == LOOM_SUCCESS)
-        st = loom_cuda_gdr_allreduce_group(x->st, &ring, h->cross, h->M, h->me_cross, x->err);
+        st = loom_cuda_gdr_ring_group(x->st, &ring, h->cross, h->M, h->me_cross, x->err);
     if (st == LOOM_SUCCESS && n && a->op == LOOM_AVG)
         st = loom_cuda_dev_ops.avg(x->st, mine, n, a->dtype, x->comm_size, x->err);
     if (st == LOOM_SUCCESS)
@@ -466,6 +468,43 @@ static loom_status_t run_hier(const ipc_t *x, const loom_hier_t *h)
             st = copy(x, x->recv[x->rank] + off * es, x->recv[k] + off * es, n * es);
     }
     return st == LOOM_SUCCESS ? finish(x) : st;
+}
+
+/* The hierarchical reduce_scatter (count n per rank), local index l:
+ *  1. for each node m, local rank l reduces over IPC, in local rank order,
+ *     the block of every input of its node that goes to rank (node m, local
+ *     l), into block m of the communicator's GPUDirect accumulator;
+ *  2. those M blocks go round gdr.c's ring reduce_scatter with local rank l
+ *     of the other nodes: block m of the accumulator ends as our result
+ *     (LOOM_AVG divided once, by the communicator's size);
+ *  3. after a barrier (the node's inputs all read: in place, our output is
+ *     one of them) it is copied into our output.
+ * Nothing of the node's outputs is shared: each rank writes only its own. */
+static loom_status_t run_hier_reduce_scatter(const ipc_t *x, const loom_hier_t *h)
+{
+    const loom_coll_args_t *a = x->a;
+    const size_t es = a->esize, n = a->count;
+    char *acc = loom_cuda_gdr_accumulator(x->st, (size_t)h->M * n * es, x->err);
+    if (!acc)
+        return LOOM_ERR_NO_MEMORY;
+    loom_status_t st = LOOM_SUCCESS;
+    for (int m = 0; m < h->M && st == LOOM_SUCCESS; m++)
+        st = reduce_block(x, x->send, (size_t)h->cross[m] * n, n, acc + (size_t)m * n * es, NULL, 0,
+                          0, 0);
+    if (st == LOOM_SUCCESS)
+        st = loom_cuda_dev_ops.sync(x->st, x->err);
+    loom_coll_args_t ring = *a;
+    ring.op = a->op == LOOM_AVG ? LOOM_SUM : a->op;
+    if (st == LOOM_SUCCESS)
+        st = loom_cuda_gdr_reduce_scatter_group(x->st, &ring, h->cross, h->M, h->me_cross, x->err);
+    char *const mine = acc + (size_t)h->me_cross * n * es;
+    if (st == LOOM_SUCCESS && a->op == LOOM_AVG)
+        st = loom_cuda_dev_ops.avg(x->st, mine, n, a->dtype, x->comm_size, x->err);
+    if (st == LOOM_SUCCESS)
+        st = finish(x);
+    if (st == LOOM_SUCCESS)
+        st = copy(x, x->recv[x->rank], mine, n * es);
+    return st == LOOM_SUCCESS ? loom_cuda_dev_ops.sync(x->st, x->err) : st;
 }
 
 /* One call over IPC: the whole communicator (h NULL), or the hierarchical
@@ -498,7 +537,8 @@ static loom_status_t ipc_call(loom_cuda_state_t *st, const loom_coll_args_t *a,
     int agreed = 0;
     loom_status_t status = share(&x, &agreed);
     if (status == LOOM_SUCCESS && agreed && h) {
-        status = run_hier(&x, h);
+        status =
+            a->coll == LOOM_COLL_REDUCE_SCATTER ? run_hier_reduce_scatter(&x, h) : run_hier(&x, h);
         *done = status == LOOM_SUCCESS;
     } else if (status == LOOM_SUCCESS && agreed) {
         switch (a->coll) {
@@ -520,9 +560,9 @@ loom_status_t loom_cuda_ipc_run(loom_cuda_state_t *st, const loom_coll_args_t *a
     return ipc_call(st, a, run_host, host_arg, may_wait, NULL, done, err);
 }
 
-loom_status_t loom_cuda_ipc_hier_allreduce(loom_cuda_state_t *st, const loom_coll_args_t *a,
-                                           loom_accel_host_coll_fn run_host, void *host_arg,
-                                           int may_wait, int *done, loom_err_t *err)
+loom_status_t loom_cuda_ipc_hier_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                     loom_accel_host_coll_fn run_host, void *host_arg, int may_wait,
+                                     int *done, loom_err_t *err)
 {
     return ipc_call(st, a, run_host, host_arg, may_wait, &st->hier, done, err);
 }

@@ -25,7 +25,8 @@
  *  refused: LOOM_NET_GDR=1 where nothing can register GPU memory (the GPU
  *           exports no dma-buf, no nvidia-peermem): a GPU call fails saying why;
  *  hier:    ranks on emulated nodes (LOOM_MP_NODES, CUDA IPC inside each,
- *           GPUDirect RDMA between): allreduce on every type, counts smaller
+ *           GPUDirect RDMA between): allreduce and reduce_scatter on every
+ *           type, counts smaller
  *           than the number of ranks and not divisible by it, every op on the
  *           largest, in place and not, gives the host's bytes with no copy
  *           between host and device during a call, peers' buffers opened by
@@ -34,7 +35,7 @@
  *  hier-lazy: hier in the CUDA double's lazy mode (queued device work runs
  *           only when the host waits): a step that reads what an earlier
  *           step's kernels or copies write without waiting gets stale bytes;
- *  hier-staged: the same allreduces on the same nodes, staged through host
+ *  hier-staged: the same calls on the same nodes, staged through host
  *           memory (LOOM_CUDA_IPC=0 or LOOM_NET_GDR=0), right and with
  *           copies, no IPC handle opened.
  * The inputs are small integers, exact in every type, so the order of reduction
@@ -408,22 +409,25 @@ static void same_bits_everywhere(loom_comm_t c, bufs_t *b)
     }
 }
 
-/* hier and hier-staged: the allreduce matrix on ranks of several nodes. */
+/* hier and hier-staged: the allreduce and reduce_scatter matrix on ranks of
+ * several nodes. */
 static void hier_matrix(loom_comm_t c, bufs_t *b, mode_t_ mode)
 {
     const int P = loom_comm_size(c);
     static const size_t counts[] = {0, 1, 2, 3, 5, 7, 1001, 20011};
     const size_t ncounts = sizeof(counts) / sizeof(counts[0]);
     cuda_double_counts_t moved = {0};
-    for (size_t d = 0; d < NDTYPES; d++)
-        for (size_t ni = 0; ni < ncounts; ni++)
-            for (int in_place = 0; in_place < 2; in_place++)
-                for (int o = 0; o < matrix_nops(1, d, ni == ncounts - 1); o++) {
-                    case_t k = {.coll = ALLREDUCE, .in_place = in_place, .dti = d};
-                    k.op = matrix_ops[o];
-                    k.count = matrix_count(k.op, counts[ni]);
-                    one_case(c, &k, b, mode, &moved);
-                }
+    static const int colls[] = {ALLREDUCE, REDUCE_SCATTER};
+    for (size_t x = 0; x < sizeof(colls) / sizeof(colls[0]); x++)
+        for (size_t d = 0; d < NDTYPES; d++)
+            for (size_t ni = 0; ni < ncounts; ni++)
+                for (int in_place = 0; in_place < 2; in_place++)
+                    for (int o = 0; o < matrix_nops(1, d, ni == ncounts - 1); o++) {
+                        case_t k = {.coll = colls[x], .in_place = in_place, .dti = d};
+                        k.op = matrix_ops[o];
+                        k.count = matrix_count(k.op, counts[ni]);
+                        one_case(c, &k, b, mode, &moved);
+                    }
     if (mode == MODE_HIER &&
         (moved.ipc_opens == 0 || moved.dmabuf_exports == 0 || moved.kernels == 0))
         mp_bad(c,
@@ -434,8 +438,9 @@ static void hier_matrix(loom_comm_t c, bufs_t *b, mode_t_ mode)
         mp_bad(c, "staged: %ld copies up, %ld down, %ld IPC handles opened", moved.h2d, moved.d2h,
                moved.ipc_opens);
     same_bits_everywhere(c, b);
-    printf("rank %d/%d: during the GPU allreduces: %ld copies host to device, %ld device to host, "
-           "%ld kernels, %ld IPC handles opened, %ld dma-bufs exported\n",
+    printf("rank %d/%d: during the GPU allreduces and reduce_scatters: %ld copies host to "
+           "device, %ld device to host, %ld kernels, %ld IPC handles opened, %ld dma-bufs "
+           "exported\n",
            loom_comm_rank(c), P, moved.h2d, moved.d2h, moved.kernels, moved.ipc_opens,
            moved.dmabuf_exports);
     fflush(stdout);
