@@ -82,11 +82,12 @@ int loom_cuda_ipc_covers(const loom_cuda_state_t *st, const loom_coll_args_t *a)
 loom_status_t loom_cuda_ipc_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
                                 loom_accel_host_coll_fn run_host, void *host_arg, int may_wait,
                                 int *done, loom_err_t *err);
-/* The hierarchical allreduce and reduce_scatter (st->hier_ok, GPUDirect RDMA
- * agreed between nodes): a reduce-scatter over CUDA IPC inside each node,
- * each block reduced by GPUDirect RDMA with the ranks of the same local index
- * on the other nodes, then (allreduce) an allgather over IPC inside each
- * node. *done as for loom_cuda_ipc_run: 0 when some rank could not share a
+/* The hierarchical allreduce, reduce_scatter and allgather (st->hier_ok,
+ * GPUDirect RDMA agreed between nodes): a reduce-scatter over CUDA IPC
+ * inside each node, each block reduced by GPUDirect RDMA with the ranks of
+ * the same local index on the other nodes, then (allreduce) an allgather
+ * over IPC inside each node; allgather: between nodes first, then inside.
+ * *done as for loom_cuda_ipc_run: 0 when some rank could not share a
  * buffer (all stage). */
 loom_status_t loom_cuda_ipc_hier_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
                                      loom_accel_host_coll_fn run_host, void *host_arg,
@@ -109,18 +110,19 @@ loom_status_t loom_cuda_gdr_run(loom_cuda_state_t *st, const loom_coll_args_t *a
 loom_status_t loom_cuda_gdr_decide_cross(loom_cuda_state_t *st, loom_accel_host_coll_fn run_host,
                                          void *host_arg, int *direct, loom_err_t *err);
 /* The ring allreduce of a (sendbuf == recvbuf, op not LOOM_AVG: the caller
- * divides) among the P communicator ranks of ranks[], we being index me.
+ * divides), or the allgather of a (each piece where its communicator rank's
+ * goes), among the P communicator ranks of ranks[], we being index me.
  * Every rank of the communicator calls it for the same collective, those
  * with a->count 0 too. */
-loom_status_t loom_cuda_gdr_ring_group(loom_cuda_state_t *st, const loom_coll_args_t *a,
-                                       const int *ranks, int P, int me, loom_err_t *err);
+loom_status_t loom_cuda_gdr_run_group(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                      const int *ranks, int P, int me, loom_err_t *err);
 /* The communicator's GPUDirect accumulator (st->gdr_acc), grown to at least
  * bytes; NULL when it cannot be (the message is in err). */
 char *loom_cuda_gdr_accumulator(loom_cuda_state_t *st, size_t bytes, loom_err_t *err);
 /* The ring reduce_scatter among the P ranks of ranks[] of the P blocks of
  * a->count elements the caller put into the accumulator (in ring order; op
  * not LOOM_AVG): afterwards block me of it holds the result. Called as
- * loom_cuda_gdr_ring_group. */
+ * loom_cuda_gdr_run_group. */
 loom_status_t loom_cuda_gdr_reduce_scatter_group(loom_cuda_state_t *st,
                                                  const loom_coll_args_t *a, const int *ranks,
                                                  int P, int me, loom_err_t *err);

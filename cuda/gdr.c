@@ -32,10 +32,10 @@
  * the transport register a new allocation every time (and cudaMalloc and
  * cudaFree synchronize the device).
  *
- * The ring runs on the whole communicator or, for the hierarchical path
- * (ipc.c), on a group of it: the ranks of one local index, one per node
- * (ranks maps ring index to communicator rank), with the agreement taken over
- * those peers only (st->gdr_cross).
+ * The ring (and allgather's one step) runs on the whole communicator or, for
+ * the hierarchical path (ipc.c), on a group of it: the ranks of one local
+ * index, one per node (ranks maps group index to communicator rank), with the
+ * agreement taken over those peers only (st->gdr_cross).
  *
  * Not covered (staged as before): alltoall(v) in place, a communicator with a
  * peer on a transport that takes host memory only (shared memory inside a
@@ -305,11 +305,11 @@ static loom_status_t run_linear(gdr_t *g)
             rp = a->recvbuf;
             rb = n * es;
             break;
-        case LOOM_COLL_ALLGATHER:
+        case LOOM_COLL_ALLGATHER: /* the piece of a group rank where its rank's goes */
             send = recv = 1;
             sp = (void *)a->sendbuf;
             sb = rb = n * es;
-            rp = at(a->recvbuf, (size_t)r * n, es);
+            rp = at(a->recvbuf, (size_t)rank_of(g, r) * n, es);
             break;
         case LOOM_COLL_ALLGATHERV:
             send = recv = 1;
@@ -345,9 +345,9 @@ static loom_status_t run_linear(gdr_t *g)
             continue;
         }
         if (recv)
-            x[k++] = (loom_dev_xfer_t){.peer = r, .is_send = 0, .buf = rp, .bytes = rb};
+            x[k++] = (loom_dev_xfer_t){.peer = rank_of(g, r), .is_send = 0, .buf = rp, .bytes = rb};
         if (send)
-            x[k++] = (loom_dev_xfer_t){.peer = r, .is_send = 1, .buf = sp, .bytes = sb};
+            x[k++] = (loom_dev_xfer_t){.peer = rank_of(g, r), .is_send = 1, .buf = sp, .bytes = sb};
     }
     if (own_bytes)
         s = dcopy(g, own_dst, own_src, own_bytes);
@@ -573,8 +573,8 @@ loom_status_t loom_cuda_gdr_run(loom_cuda_state_t *st, const loom_coll_args_t *a
     }
 }
 
-loom_status_t loom_cuda_gdr_ring_group(loom_cuda_state_t *st, const loom_coll_args_t *a,
-                                       const int *ranks, int P, int me, loom_err_t *err)
+loom_status_t loom_cuda_gdr_run_group(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                      const int *ranks, int P, int me, loom_err_t *err)
 {
     gdr_t g = {.st = st, .a = a, .P = P, .me = me, .ranks = ranks, .err = err};
     /* Every rank of the communicator counts the call, also those whose
@@ -583,7 +583,9 @@ loom_status_t loom_cuda_gdr_ring_group(loom_cuda_state_t *st, const loom_coll_ar
     if (a->count == 0)
         return LOOM_SUCCESS;
     loom_status_t s = dsync(&g);
-    return s == LOOM_SUCCESS ? run_reducing(&g) : s;
+    if (s != LOOM_SUCCESS)
+        return s;
+    return a->coll == LOOM_COLL_ALLGATHER ? run_linear(&g) : run_reducing(&g);
 }
 
 char *loom_cuda_gdr_accumulator(loom_cuda_state_t *st, size_t bytes, loom_err_t *err)
@@ -599,5 +601,5 @@ loom_status_t loom_cuda_gdr_reduce_scatter_group(loom_cuda_state_t *st, const lo
     loom_coll_args_t ra = *a;
     ra.sendbuf = st->gdr_acc;
     ra.recvbuf = st->gdr_acc + (size_t)me * a->count * a->esize;
-    return loom_cuda_gdr_ring_group(st, &ra, ranks, P, me, err);
+    return loom_cuda_gdr_run_group(st, &ra, ranks, P, me, err);
 }

@@ -32,7 +32,7 @@
  *
  * Across nodes, allreduce and reduce_scatter run hierarchically (run_hier,
  * run_hier_reduce_scatter): this file's mechanisms on the ranks of one node,
- * gdr.c's ring between nodes.
+ * gdr.c's ring between nodes; allgather too (run_hier_allgather).
  *
  * Not covered (staged as before): allgatherv, alltoall(v), gather, scatter,
  * collectives other than allreduce and reduce_scatter on communicators
@@ -157,10 +157,15 @@ void loom_cuda_ipc_release(loom_cuda_state_t *st)
     st->npeers = 0;
 }
 
-/* Which of its buffers a rank's peers read or write. */
-static void needed(const loom_coll_args_t *a, int rank, int need[2])
+/* Which of its buffers a rank's peers read or write (hier: those of its node
+ * in the hierarchical path). */
+static void needed(const loom_coll_args_t *a, int rank, int hier, int need[2])
 {
     need[SEND] = need[RECV] = 0;
+    if (hier && a->coll == LOOM_COLL_ALLGATHER) {
+        need[RECV] = 1; /* what it gathered from the other nodes */
+        return;
+    }
     switch (a->coll) {
     case LOOM_COLL_ALLREDUCE: need[SEND] = need[RECV] = 1; break;
     case LOOM_COLL_REDUCE: need[SEND] = 1, need[RECV] = rank == a->root; break;
@@ -260,7 +265,7 @@ static loom_status_t share(ipc_t *x, int *agreed)
     memset(&mine, 0, sizeof(mine));
     const void *bufs[2] = {a->sendbuf, a->recvbuf};
     int need[2];
-    needed(a, x->rank, need);
+    needed(a, x->rank, x->group != NULL, need);
     mine.ok = 1;
     for (int b = SEND; b <= RECV; b++)
         if (need[b]) {
@@ -457,7 +462,7 @@ static loom_status_t run_hier(const ipc_t *x, const loom_hier_t *h)
     ring.count = n;
     ring.op = a->op == LOOM_AVG ? LOOM_SUM : a->op;
     if (st == LOOM_SUCCESS)
-        st = loom_cuda_gdr_ring_group(x->st, &ring, h->cross, h->M, h->me_cross, x->err);
+        st = loom_cuda_gdr_run_group(x->st, &ring, h->cross, h->M, h->me_cross, x->err);
     if (st == LOOM_SUCCESS && n && a->op == LOOM_AVG)
         st = loom_cuda_dev_ops.avg(x->st, mine, n, a->dtype, x->comm_size, x->err);
     if (st == LOOM_SUCCESS)
@@ -507,6 +512,27 @@ static loom_status_t run_hier_reduce_scatter(const ipc_t *x, const loom_hier_t *
     return st == LOOM_SUCCESS ? loom_cuda_dev_ops.sync(x->st, x->err) : st;
 }
 
+/* The hierarchical allgather, local index l: local rank l of every node
+ * swaps its piece with the others by GPUDirect RDMA (gdr.c's one step over
+ * h->cross), each piece landing where its rank's goes; after a barrier it
+ * copies over IPC, from each other local rank k's output, the pieces k
+ * gathered (those of local rank k of every node); a last barrier keeps its
+ * output in place while the node's other ranks read it. */
+static loom_status_t run_hier_allgather(const ipc_t *x, const loom_hier_t *h)
+{
+    const loom_coll_args_t *a = x->a;
+    const size_t es = a->esize, n = a->count;
+    loom_status_t st = loom_cuda_gdr_run_group(x->st, a, h->cross, h->M, h->me_cross, x->err);
+    if (st == LOOM_SUCCESS)
+        st = finish(x);
+    for (int k = 0; k < x->size && st == LOOM_SUCCESS; k++)
+        for (int m = 0; m < h->M && st == LOOM_SUCCESS && k != x->rank; m++) {
+            const size_t at = (size_t)h->grid[m * h->L + k] * n * es;
+            st = copy(x, x->recv[x->rank] + at, x->recv[k] + at, n * es);
+        }
+    return st == LOOM_SUCCESS ? finish(x) : st;
+}
+
 /* One call over IPC: the whole communicator (h NULL), or the hierarchical
  * allreduce with h's local group. */
 static loom_status_t ipc_call(loom_cuda_state_t *st, const loom_coll_args_t *a,
@@ -537,8 +563,9 @@ static loom_status_t ipc_call(loom_cuda_state_t *st, const loom_coll_args_t *a,
     int agreed = 0;
     loom_status_t status = share(&x, &agreed);
     if (status == LOOM_SUCCESS && agreed && h) {
-        status =
-            a->coll == LOOM_COLL_REDUCE_SCATTER ? run_hier_reduce_scatter(&x, h) : run_hier(&x, h);
+        status = a->coll == LOOM_COLL_REDUCE_SCATTER ? run_hier_reduce_scatter(&x, h)
+                 : a->coll == LOOM_COLL_ALLGATHER    ? run_hier_allgather(&x, h)
+                                                     : run_hier(&x, h);
         *done = status == LOOM_SUCCESS;
     } else if (status == LOOM_SUCCESS && agreed) {
         switch (a->coll) {

@@ -25,10 +25,10 @@
  *  refused: LOOM_NET_GDR=1 where nothing can register GPU memory (the GPU
  *           exports no dma-buf, no nvidia-peermem): a GPU call fails saying why;
  *  hier:    ranks on emulated nodes (LOOM_MP_NODES, CUDA IPC inside each,
- *           GPUDirect RDMA between): allreduce and reduce_scatter on every
- *           type, counts smaller
- *           than the number of ranks and not divisible by it, every op on the
- *           largest, in place and not, gives the host's bytes with no copy
+ *           GPUDirect RDMA between): allreduce, reduce_scatter and allgather
+ *           on every type, counts smaller than the number of ranks and not
+ *           divisible by it, every op on the largest (the reducing ones), in
+ *           place and not, gives the host's bytes with no copy
  *           between host and device during a call, peers' buffers opened by
  *           IPC and dma-bufs exported; inputs that round (fractions in
  *           float32, float16, bfloat16) give every rank the same bits;
@@ -409,20 +409,21 @@ static void same_bits_everywhere(loom_comm_t c, bufs_t *b)
     }
 }
 
-/* hier and hier-staged: the allreduce and reduce_scatter matrix on ranks of
- * several nodes. */
+/* hier and hier-staged: the allreduce, reduce_scatter and allgather matrix
+ * on ranks of several nodes. */
 static void hier_matrix(loom_comm_t c, bufs_t *b, mode_t_ mode)
 {
     const int P = loom_comm_size(c);
     static const size_t counts[] = {0, 1, 2, 3, 5, 7, 1001, 20011};
     const size_t ncounts = sizeof(counts) / sizeof(counts[0]);
     cuda_double_counts_t moved = {0};
-    static const int colls[] = {ALLREDUCE, REDUCE_SCATTER};
+    static const int colls[] = {ALLREDUCE, REDUCE_SCATTER, ALLGATHER};
     for (size_t x = 0; x < sizeof(colls) / sizeof(colls[0]); x++)
         for (size_t d = 0; d < NDTYPES; d++)
             for (size_t ni = 0; ni < ncounts; ni++)
                 for (int in_place = 0; in_place < 2; in_place++)
-                    for (int o = 0; o < matrix_nops(1, d, ni == ncounts - 1); o++) {
+                    for (int o = 0; o < matrix_nops(colls[x] != ALLGATHER, d, ni == ncounts - 1);
+                         o++) {
                         case_t k = {.coll = colls[x], .in_place = in_place, .dti = d};
                         k.op = matrix_ops[o];
                         k.count = matrix_count(k.op, counts[ni]);
@@ -438,11 +439,12 @@ static void hier_matrix(loom_comm_t c, bufs_t *b, mode_t_ mode)
         mp_bad(c, "staged: %ld copies up, %ld down, %ld IPC handles opened", moved.h2d, moved.d2h,
                moved.ipc_opens);
     same_bits_everywhere(c, b);
-    printf("rank %d/%d: during the GPU allreduces and reduce_scatters: %ld copies host to "
-           "device, %ld device to host, %ld kernels, %ld IPC handles opened, %ld dma-bufs "
-           "exported\n",
-           loom_comm_rank(c), P, moved.h2d, moved.d2h, moved.kernels, moved.ipc_opens,
-           moved.dmabuf_exports);
+    printf(
+        "rank %d/%d: during the GPU allreduces, reduce_scatters and allgathers: %ld copies host to "
+        "device, %ld device to host, %ld kernels, %ld IPC handles opened, %ld dma-bufs "
+        "exported\n",
+        loom_comm_rank(c), P, moved.h2d, moved.d2h, moved.kernels, moved.ipc_opens,
+        moved.dmabuf_exports);
     fflush(stdout);
 }
 
