@@ -30,9 +30,15 @@ typedef struct loom_cuda_state {
     int npeers;
     struct loom_cuda_retired *retired;   /* IPC: held no longer, to close */
     unsigned long calls;              /* IPC: collectives run, to age the peers */
-    unsigned char logged[LOOM_COLL_COUNT];   /* paths named in the log: 1 IPC, 2 staged, 4 GDR */
+    unsigned char logged[LOOM_COLL_COUNT];   /* paths named in the log: 1 IPC, 2 staged, 4 GDR,
+                                                8 hierarchical */
     int gdr;                          /* GPUDirect RDMA (gdr.c): 0 not asked yet, 1 direct,
                                          2 staged, 3 insisted on but impossible */
+    int gdr_cross;                    /* the same between nodes only (the hierarchical path) */
+    /* The hierarchical path (ipc.c): LOOM_CUDA_IPC and several nodes of the
+     * same number > 1 of ranks; hier holds the views (hierarchy.c). */
+    int hier_ok;
+    loom_hier_t hier;
     char *gdr_acc;                    /* GPUDirect reduce and reduce_scatter's accumulator,
                                          grown to the largest call, kept until destroy */
     size_t gdr_acc_bytes;
@@ -76,6 +82,16 @@ int loom_cuda_ipc_covers(const loom_cuda_state_t *st, const loom_coll_args_t *a)
 loom_status_t loom_cuda_ipc_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
                                 loom_accel_host_coll_fn run_host, void *host_arg, int may_wait,
                                 int *done, loom_err_t *err);
+/* The hierarchical allreduce, reduce_scatter and allgather (st->hier_ok,
+ * GPUDirect RDMA agreed between nodes): a reduce-scatter over CUDA IPC
+ * inside each node, each block reduced by GPUDirect RDMA with the ranks of
+ * the same local index on the other nodes, then (allreduce) an allgather
+ * over IPC inside each node; allgather: between nodes first, then inside.
+ * *done as for loom_cuda_ipc_run: 0 when some rank could not share a
+ * buffer (all stage). */
+loom_status_t loom_cuda_ipc_hier_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                     loom_accel_host_coll_fn run_host, void *host_arg,
+                                     int may_wait, int *done, loom_err_t *err);
 /* Closes the peers' allocations st opened (at destroy, nothing queued). */
 void loom_cuda_ipc_release(loom_cuda_state_t *st);
 
@@ -89,6 +105,27 @@ loom_status_t loom_cuda_gdr_decide(loom_cuda_state_t *st, loom_accel_host_coll_f
                                    void *host_arg, int *direct, loom_err_t *err);
 loom_status_t loom_cuda_gdr_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
                                 loom_err_t *err);
+/* decide for the peers on other nodes only (st->hier.cross), for the
+ * hierarchical path; kept in st->gdr_cross. */
+loom_status_t loom_cuda_gdr_decide_cross(loom_cuda_state_t *st, loom_accel_host_coll_fn run_host,
+                                         void *host_arg, int *direct, loom_err_t *err);
+/* The ring allreduce of a (sendbuf == recvbuf, op not LOOM_AVG: the caller
+ * divides), or the allgather of a (each piece where its communicator rank's
+ * goes), among the P communicator ranks of ranks[], we being index me.
+ * Every rank of the communicator calls it for the same collective, those
+ * with a->count 0 too. */
+loom_status_t loom_cuda_gdr_run_group(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                      const int *ranks, int P, int me, loom_err_t *err);
+/* The communicator's GPUDirect accumulator (st->gdr_acc), grown to at least
+ * bytes; NULL when it cannot be (the message is in err). */
+char *loom_cuda_gdr_accumulator(loom_cuda_state_t *st, size_t bytes, loom_err_t *err);
+/* The ring reduce_scatter among the P ranks of ranks[] of the P blocks of
+ * a->count elements the caller put into the accumulator (in ring order; op
+ * not LOOM_AVG): afterwards block me of it holds the result. Called as
+ * loom_cuda_gdr_run_group. */
+loom_status_t loom_cuda_gdr_reduce_scatter_group(loom_cuda_state_t *st,
+                                                 const loom_coll_args_t *a, const int *ranks,
+                                                 int P, int me, loom_err_t *err);
 extern const loom_tp_devmem_t loom_cuda_devmem;
 /* The accelerator table's device_ready: blocking send/recv over GPUDirect RDMA. */
 loom_status_t loom_cuda_device_ready(loom_comm_t c, int device, loom_err_t *err);

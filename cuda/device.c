@@ -223,6 +223,8 @@ static void state_free(loom_cuda_state_t *st)
     cudaGetDevice(&prev);
     cudaSetDevice(st->device);
     loom_cuda_ipc_release(st);
+    if (st->hier_ok)
+        loom_hier_free(&st->hier);
     if (st->dev_scratch)
         cudaFree(st->dev_scratch);
     if (st->gdr_acc)
@@ -264,6 +266,17 @@ static loom_status_t state_create(loom_comm_t c, int device, loom_cuda_state_t *
     /* Every rank on one node: each can map the others' allocations. */
     st->ipc = loom_comm_settings(c)->cuda_ipc && loom_comm_node_count(c) == 1 &&
               loom_comm_size(c) > 1;
+    /* Several nodes of the same number of ranks: IPC inside each, the network
+     * between (the same views on every rank, from the same topology). The
+     * views point into st itself, which never moves. */
+    if (loom_comm_settings(c)->cuda_ipc && loom_comm_node_count(c) > 1) {
+        int h = loom_comm_hier(c, &st->hier);
+        if (h < 0) {
+            state_free(st);
+            return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+        }
+        st->hier_ok = h;
+    }
     int prev = -1;
     cudaError_t e = cudaGetDevice(&prev);
     const char *what = "cudaGetDevice";
@@ -468,10 +481,23 @@ static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_ar
             status = loom_cuda_fail(err, e, "ordering after the default stream");
     }
     int done = 0;
-    const int ipc = status == LOOM_SUCCESS && loom_cuda_ipc_covers(st, a);
+    const int may_wait = !loom_cuda_on_stream_worker && !on_comm_worker;
+    /* Several nodes of several ranks each: IPC inside, GPUDirect RDMA between,
+     * where the ranks agree that every peer on another node can take GPU
+     * memory (those of the node are IPC's, whatever the host transport). */
+    const int hier = status == LOOM_SUCCESS && st->hier_ok &&
+                     (a->coll == LOOM_COLL_ALLREDUCE || a->coll == LOOM_COLL_REDUCE_SCATTER ||
+                      a->coll == LOOM_COLL_ALLGATHER);
+    int hier_gdr = 0;
+    if (hier)
+        status = loom_cuda_gdr_decide_cross(st, run_host, host_arg, &hier_gdr, err);
+    if (status == LOOM_SUCCESS && hier_gdr) {
+        status = loom_cuda_ipc_hier_run(st, a, run_host, host_arg, may_wait, &done, err);
+        done = done ? 3 : 0;
+    }
+    const int ipc = status == LOOM_SUCCESS && !hier && loom_cuda_ipc_covers(st, a);
     if (ipc)
-        status = loom_cuda_ipc_run(st, a, run_host, host_arg,
-                                   !loom_cuda_on_stream_worker && !on_comm_worker, &done, err);
+        status = loom_cuda_ipc_run(st, a, run_host, host_arg, may_wait, &done, err);
     /* Across nodes (or with LOOM_CUDA_IPC=0): GPUDirect RDMA where every
      * peer's transport moves GPU memory itself. */
     int gdr = 0;
@@ -481,17 +507,21 @@ static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_ar
         status = loom_cuda_gdr_run(st, a, err);
         done = 2;
     }
-    const int path = done == 2 ? 4 : done ? 1 : 2;
+    const int path = done == 3 ? 8 : done == 2 ? 4 : done ? 1 : 2;
     if (status == LOOM_SUCCESS && !(st->logged[a->coll] & path)) {
         /* Once per communicator and path: which way a collective went. */
         st->logged[a->coll] |= (unsigned char)path;
-        LOOM_INFO("cuda", "rank %d: %s on GPU buffers: %s", loom_comm_rank(c),
-                  loom_coll_name(a->coll),
-                  done == 2 ? "GPU to network through GPUDirect RDMA (no staging copies)"
-                  : done ? "GPU to GPU through CUDA IPC (one node)"
-                  : ipc ? "staged through host memory (a buffer could not be shared by IPC)"
-                  : st->ipc ? "staged through host memory (not covered by the IPC path)"
-                  : "staged through host memory");
+        LOOM_INFO(
+            "cuda", "rank %d: %s on GPU buffers: %s", loom_comm_rank(c), loom_coll_name(a->coll),
+            done == 3         ? "hierarchical: CUDA IPC inside each node, GPUDirect RDMA between "
+                                "nodes (no staging copies)"
+            : done == 2       ? "GPU to network through GPUDirect RDMA (no staging copies)"
+            : done            ? "GPU to GPU through CUDA IPC (one node)"
+            : hier_gdr || ipc ? "staged through host memory (a buffer could not be shared by IPC)"
+            : hier            ? "staged through host memory (hierarchical path: no GPUDirect RDMA "
+                                "between nodes)"
+            : st->ipc         ? "staged through host memory (not covered by the IPC path)"
+                              : "staged through host memory");
     }
     if (status == LOOM_SUCCESS && !done) {
         loom_staging_t s = {.rank = loom_comm_rank(c), .size = loom_comm_size(c), .err = err,

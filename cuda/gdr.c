@@ -32,10 +32,15 @@
  * the transport register a new allocation every time (and cudaMalloc and
  * cudaFree synchronize the device).
  *
+ * The ring (and allgather's one step) runs on the whole communicator or, for
+ * the hierarchical path (ipc.c), on a group of it: the ranks of one local
+ * index, one per node (ranks maps group index to communicator rank), with the
+ * agreement taken over those peers only (st->gdr_cross).
+ *
  * Not covered (staged as before): alltoall(v) in place, a communicator with a
  * peer on a transport that takes host memory only (shared memory inside a
- * node). Send/recv on GPU memory, blocking or not, go direct through the core
- * (coll.c).
+ * node) but for allreduce on the hierarchical path. Send/recv on GPU memory,
+ * blocking or not, go direct through the core (coll.c).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -172,25 +177,29 @@ int loom_cuda_gdr_covers(const loom_coll_args_t *a)
     return 1;
 }
 
-/* Once per communicator: every rank's transport can, or all stage. A host
- * allreduce (MIN) of 2 direct, 1 staged, 0 insisted-but-impossible. */
-static loom_status_t agree(loom_cuda_state_t *st, loom_accel_host_coll_fn run_host, void *host_arg,
-                           loom_err_t *err)
+/* Once per communicator and set of peers: every rank's transport can, or all
+ * stage. A host allreduce (MIN) of 2 direct, 1 staged, 0
+ * insisted-but-impossible, kept in *verdict (st->gdr's values). peers NULL:
+ * every rank; else the npeers ranks the hierarchical path reaches over the
+ * network (st->gdr_cross). */
+static loom_status_t agree(loom_cuda_state_t *st, int *verdict, const int *peers, int npeers,
+                           loom_accel_host_coll_fn run_host, void *host_arg, loom_err_t *err)
 {
-    if (st->gdr)
+    if (*verdict)
         return LOOM_SUCCESS;
     char why[256];
-    int v = loom_comm_gdr(st->comm, why, sizeof(why));
+    int v = loom_comm_gdr(st->comm, peers, npeers, why, sizeof(why));
     int32_t mine = v > 0 ? 2 : v == 0 ? 1 : 0, all = mine;
     if (loom_comm_size(st->comm) > 1) {
         loom_status_t s = loom_cuda_agree_min(run_host, host_arg, &all);
         if (s != LOOM_SUCCESS)
             return s;
     }
-    st->gdr = all == 2 ? 1 : all == 1 ? 2 : 3;
-    LOOM_INFO("cuda", "rank %d: GPUDirect RDMA %s: %s", loom_comm_rank(st->comm),
-              st->gdr == 1 ? "on" : "off", all == mine ? why : "another rank cannot");
-    if (st->gdr == 3)
+    *verdict = all == 2 ? 1 : all == 1 ? 2 : 3;
+    LOOM_INFO("cuda", "rank %d: GPUDirect RDMA%s %s: %s", loom_comm_rank(st->comm),
+              peers ? " between nodes" : "", *verdict == 1 ? "on" : "off",
+              all == mine ? why : "another rank cannot");
+    if (*verdict == 3)
         return loom_err_set(err, LOOM_ERR_INVALID_ARG, "LOOM_NET_GDR=1 but %s",
                             mine == 0 ? why : "another rank cannot move GPU memory directly");
     return LOOM_SUCCESS;
@@ -199,8 +208,17 @@ static loom_status_t agree(loom_cuda_state_t *st, loom_accel_host_coll_fn run_ho
 loom_status_t loom_cuda_gdr_decide(loom_cuda_state_t *st, loom_accel_host_coll_fn run_host,
                                    void *host_arg, int *direct, loom_err_t *err)
 {
-    loom_status_t s = agree(st, run_host, host_arg, err);
+    loom_status_t s = agree(st, &st->gdr, NULL, 0, run_host, host_arg, err);
     *direct = s == LOOM_SUCCESS && st->gdr == 1;
+    return s;
+}
+
+loom_status_t loom_cuda_gdr_decide_cross(loom_cuda_state_t *st, loom_accel_host_coll_fn run_host,
+                                         void *host_arg, int *direct, loom_err_t *err)
+{
+    loom_status_t s =
+        agree(st, &st->gdr_cross, st->hier.cross, st->hier.M, run_host, host_arg, err);
+    *direct = s == LOOM_SUCCESS && st->gdr_cross == 1;
     return s;
 }
 
@@ -209,10 +227,17 @@ loom_status_t loom_cuda_gdr_decide(loom_cuda_state_t *st, loom_accel_host_coll_f
 typedef struct {
     loom_cuda_state_t *st;
     const loom_coll_args_t *a;
-    int P, me;
+    int P, me;        /* ring size and our index in it */
+    const int *ranks; /* [P]: the communicator rank of each index; NULL: the identity */
     uint32_t step;
     loom_err_t *err;
 } gdr_t;
+
+/* The communicator rank of ring index i. */
+static int rank_of(const gdr_t *g, int i)
+{
+    return g->ranks ? g->ranks[i] : i;
+}
 
 static loom_status_t exchange(gdr_t *g, const loom_dev_xfer_t *x, int n)
 {
@@ -280,11 +305,11 @@ static loom_status_t run_linear(gdr_t *g)
             rp = a->recvbuf;
             rb = n * es;
             break;
-        case LOOM_COLL_ALLGATHER:
+        case LOOM_COLL_ALLGATHER: /* the piece of a group rank where its rank's goes */
             send = recv = 1;
             sp = (void *)a->sendbuf;
             sb = rb = n * es;
-            rp = at(a->recvbuf, (size_t)r * n, es);
+            rp = at(a->recvbuf, (size_t)rank_of(g, r) * n, es);
             break;
         case LOOM_COLL_ALLGATHERV:
             send = recv = 1;
@@ -320,9 +345,9 @@ static loom_status_t run_linear(gdr_t *g)
             continue;
         }
         if (recv)
-            x[k++] = (loom_dev_xfer_t){.peer = r, .is_send = 0, .buf = rp, .bytes = rb};
+            x[k++] = (loom_dev_xfer_t){.peer = rank_of(g, r), .is_send = 0, .buf = rp, .bytes = rb};
         if (send)
-            x[k++] = (loom_dev_xfer_t){.peer = r, .is_send = 1, .buf = sp, .bytes = sb};
+            x[k++] = (loom_dev_xfer_t){.peer = rank_of(g, r), .is_send = 1, .buf = sp, .bytes = sb};
     }
     if (own_bytes)
         s = dcopy(g, own_dst, own_src, own_bytes);
@@ -394,7 +419,7 @@ static loom_status_t ring_reduce_scatter(gdr_t *g, char *acc, size_t blk)
     const loom_coll_args_t *a = g->a;
     const size_t es = a->esize;
     const int P = g->P, me = g->me;
-    const int right = mod(me + 1, P), left = mod(me - 1, P);
+    const int right = rank_of(g, mod(me + 1, P)), left = rank_of(g, mod(me - 1, P));
     size_t slice = (g->st->chunk_bytes / 2) / 16 * 16 / es;
     slice = slice ? slice : 1;
     char *half[2] = {g->st->dev_scratch, g->st->dev_scratch + slice * es};
@@ -508,11 +533,15 @@ static loom_status_t run_reducing(gdr_t *g)
                 continue;
             }
             if (allr || me == a->root)
-                x[k++] = (loom_dev_xfer_t){
-                    .peer = r, .is_send = 0, .buf = at(out, off, es), .bytes = len * es};
+                x[k++] = (loom_dev_xfer_t){.peer = rank_of(g, r),
+                                           .is_send = 0,
+                                           .buf = at(out, off, es),
+                                           .bytes = len * es};
             if (allr || r == a->root)
-                x[k++] = (loom_dev_xfer_t){
-                    .peer = r, .is_send = 1, .buf = at(acc, moff, es), .bytes = mlen * es};
+                x[k++] = (loom_dev_xfer_t){.peer = rank_of(g, r),
+                                           .is_send = 1,
+                                           .buf = at(acc, moff, es),
+                                           .bytes = mlen * es};
         }
         if (s == LOOM_SUCCESS)
             s = exchange(g, x, k);
@@ -542,4 +571,35 @@ loom_status_t loom_cuda_gdr_run(loom_cuda_state_t *st, const loom_coll_args_t *a
     case LOOM_COLL_REDUCE_SCATTER: return run_reducing(&g);
     default: return run_linear(&g);
     }
+}
+
+loom_status_t loom_cuda_gdr_run_group(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                      const int *ranks, int P, int me, loom_err_t *err)
+{
+    gdr_t g = {.st = st, .a = a, .P = P, .me = me, .ranks = ranks, .err = err};
+    /* Every rank of the communicator counts the call, also those whose
+     * group has nothing to move, so the sequence numbers stay in step. */
+    loom_comm_dev_begin(st->comm, a);
+    if (a->count == 0)
+        return LOOM_SUCCESS;
+    loom_status_t s = dsync(&g);
+    if (s != LOOM_SUCCESS)
+        return s;
+    return a->coll == LOOM_COLL_ALLGATHER ? run_linear(&g) : run_reducing(&g);
+}
+
+char *loom_cuda_gdr_accumulator(loom_cuda_state_t *st, size_t bytes, loom_err_t *err)
+{
+    return grow_acc(st, bytes, err) == LOOM_SUCCESS ? st->gdr_acc : NULL;
+}
+
+loom_status_t loom_cuda_gdr_reduce_scatter_group(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                                 const int *ranks, int P, int me, loom_err_t *err)
+{
+    /* The accumulator is the input and block me of it the output, so
+     * run_reducing's copy in and copy out are nothing. */
+    loom_coll_args_t ra = *a;
+    ra.sendbuf = st->gdr_acc;
+    ra.recvbuf = st->gdr_acc + (size_t)me * a->count * a->esize;
+    return loom_cuda_gdr_run_group(st, &ra, ranks, P, me, err);
 }

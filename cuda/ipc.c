@@ -30,10 +30,14 @@
  * in place writes its result over block 0, which rank 0 reads: it reduces into
  * its own block first and moves it after a barrier.
  *
+ * Across nodes, allreduce and reduce_scatter run hierarchically (run_hier,
+ * run_hier_reduce_scatter): this file's mechanisms on the ranks of one node,
+ * gdr.c's ring between nodes; allgather too (run_hier_allgather).
+ *
  * Not covered (staged as before): allgatherv, alltoall(v), gather, scatter,
- * communicators spanning nodes (a node-level step inside a hierarchical
- * collective is not built), and a buffer cudaIpcGetMemHandle refuses (memory
- * from a stream-ordered pool, say).
+ * collectives other than allreduce and reduce_scatter on communicators
+ * spanning nodes, and a
+ * buffer cudaIpcGetMemHandle refuses (memory from a stream-ordered pool, say).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -109,8 +113,14 @@ typedef struct {
     loom_accel_host_coll_fn run_host;
     void *host_arg;
     loom_err_t *err;
+    /* The ranks that map each other's buffers: the communicator, or (the
+     * hierarchical path) the ranks of our node, group[i] the communicator
+     * rank of index i; rank and size are indices in it. The host collectives
+     * (handles, agreement, barriers) span the whole communicator either way. */
     int rank, size;
-    char **send, **recv; /* [size]: every rank's buffers as this process sees them */
+    const int *group; /* NULL: the identity */
+    int comm_size;
+    char **send, **recv; /* [size]: every group rank's buffers as this process sees them */
 } ipc_t;
 
 int loom_cuda_ipc_covers(const loom_cuda_state_t *st, const loom_coll_args_t *a)
@@ -147,10 +157,15 @@ void loom_cuda_ipc_release(loom_cuda_state_t *st)
     st->npeers = 0;
 }
 
-/* Which of its buffers a rank's peers read or write. */
-static void needed(const loom_coll_args_t *a, int rank, int need[2])
+/* Which of its buffers a rank's peers read or write (hier: those of its node
+ * in the hierarchical path). */
+static void needed(const loom_coll_args_t *a, int rank, int hier, int need[2])
 {
     need[SEND] = need[RECV] = 0;
+    if (hier && a->coll == LOOM_COLL_ALLGATHER) {
+        need[RECV] = 1; /* what it gathered from the other nodes */
+        return;
+    }
     switch (a->coll) {
     case LOOM_COLL_ALLREDUCE: need[SEND] = need[RECV] = 1; break;
     case LOOM_COLL_REDUCE: need[SEND] = 1, need[RECV] = rank == a->root; break;
@@ -244,13 +259,13 @@ static loom_status_t share(ipc_t *x, int *agreed)
     loom_status_t status = loom_cuda_dev_ops.sync(st, x->err);
     if (status != LOOM_SUCCESS)
         return status;
-    ipc_rec_t mine, *all = calloc((size_t)x->size, sizeof(ipc_rec_t));
+    ipc_rec_t mine, *all = calloc((size_t)x->comm_size, sizeof(ipc_rec_t));
     if (!all)
         return loom_err_set(x->err, LOOM_ERR_NO_MEMORY, "out of memory");
     memset(&mine, 0, sizeof(mine));
     const void *bufs[2] = {a->sendbuf, a->recvbuf};
     int need[2];
-    needed(a, x->rank, need);
+    needed(a, x->rank, x->group != NULL, need);
     mine.ok = 1;
     for (int b = SEND; b <= RECV; b++)
         if (need[b]) {
@@ -267,19 +282,20 @@ static loom_status_t share(ipc_t *x, int *agreed)
         goto out;
     int32_t ok = 1;
     for (int r = 0; r < x->size; r++)
-        ok &= all[r].ok;
+        ok &= all[x->group ? x->group[r] : r].ok;
     for (int r = 0; r < x->size && ok; r++)
         for (int b = SEND; b <= RECV && ok; b++) {
             char **to = b == SEND ? x->send : x->recv;
+            const ipc_rec_t *rec = &all[x->group ? x->group[r] : r];
             if (r == x->rank)
                 to[r] = (char *)bufs[b];
-            else if (all[r].has[b]) {
-                char *base = open_peer(st, &all[r].handle[b]);
+            else if (rec->has[b]) {
+                char *base = open_peer(st, &rec->handle[b]);
                 if (!base) {
                     cudaGetLastError();
                     ok = 0;
                 }
-                to[r] = base ? base + all[r].off[b] : NULL;
+                to[r] = base ? base + rec->off[b] : NULL;
             }
         }
     /* Agree: the least of every rank's ok. */
@@ -302,9 +318,9 @@ static loom_status_t copy(const ipc_t *x, void *dst, const void *src, size_t byt
  * into out, then copied to each of also[0..nalso) (out and also point where
  * element off goes). through_scratch: out is an input the chain would
  * overwrite before reading it, so each chunk is reduced in dev_scratch and
- * copied out once read. */
+ * copied out once read. avg: LOOM_AVG divides here (0: a later step does). */
 static loom_status_t reduce_block(const ipc_t *x, char *const *in, size_t off, size_t n, char *out,
-                                  char *const *also, int nalso, int through_scratch)
+                                  char *const *also, int nalso, int through_scratch, int avg)
 {
     const loom_coll_args_t *a = x->a;
     const size_t es = a->esize;
@@ -316,7 +332,7 @@ static loom_status_t reduce_block(const ipc_t *x, char *const *in, size_t off, s
         for (int r = 1; r < x->size && st == LOOM_SUCCESS; r++)
             st = loom_cuda_dev_ops.reduce3(x->st, acc, r == 1 ? in[0] + at : acc, in[r] + at, len,
                                            a->dtype, a->op, x->err);
-        if (st == LOOM_SUCCESS && a->op == LOOM_AVG)
+        if (st == LOOM_SUCCESS && a->op == LOOM_AVG && avg)
             st = loom_cuda_dev_ops.avg(x->st, acc, len, a->dtype, x->size, x->err);
         if (st == LOOM_SUCCESS && through_scratch)
             st = copy(x, out + done * es, acc, len * es);
@@ -333,15 +349,26 @@ static loom_status_t finish(const ipc_t *x)
     return st == LOOM_SUCCESS ? barrier(x) : st;
 }
 
-/* allreduce (root < 0) and reduce: rank r reduces block r. */
-static loom_status_t run_reduce(const ipc_t *x, int root)
+/* Block r of the count, the one group rank r reduces: *off_p and *n_p elements
+ * (n 0 past the end: a count smaller than the group leaves some ranks none). */
+static void block_of(const ipc_t *x, int r, size_t *off_p, size_t *n_p)
 {
     const loom_coll_args_t *a = x->a;
     const size_t es = a->esize, V = es < 16 ? 16 / es : 1, P = (size_t)x->size;
     size_t b = (a->count + P - 1) / P;
     b = (b + V - 1) / V * V;
-    const size_t off = b * (size_t)x->rank;
-    const size_t n = a->count > off ? (a->count - off < b ? a->count - off : b) : 0;
+    const size_t off = b * (size_t)r;
+    *off_p = off;
+    *n_p = a->count > off ? (a->count - off < b ? a->count - off : b) : 0;
+}
+
+/* allreduce (root < 0) and reduce: rank r reduces block r. */
+static loom_status_t run_reduce(const ipc_t *x, int root)
+{
+    const loom_coll_args_t *a = x->a;
+    const size_t es = a->esize, P = (size_t)x->size;
+    size_t off, n;
+    block_of(x, x->rank, &off, &n);
     const int owner = root < 0 ? x->rank : root; /* whose output the chain writes */
     char *out = x->recv[owner] + off * es;
     /* In place, the output is the owner's input, read at step max(owner, 1). */
@@ -357,7 +384,7 @@ static loom_status_t run_reduce(const ipc_t *x, int root)
                 also[nalso++] = x->recv[k] + off * es;
     }
     loom_status_t st =
-        n ? reduce_block(x, x->send, off, n, out, also, nalso, hazard) : LOOM_SUCCESS;
+        n ? reduce_block(x, x->send, off, n, out, also, nalso, hazard, 1) : LOOM_SUCCESS;
     free(also);
     return st == LOOM_SUCCESS ? finish(x) : st;
 }
@@ -370,12 +397,12 @@ static loom_status_t run_reduce_scatter(const ipc_t *x)
     const size_t es = a->esize, n = a->count, off = n * (size_t)r;
     char *const out = x->recv[r];
     if (out != x->send[r]) {
-        loom_status_t st = reduce_block(x, x->send, off, n, out, NULL, 0, 0);
+        loom_status_t st = reduce_block(x, x->send, off, n, out, NULL, 0, 0, 1);
         return st == LOOM_SUCCESS ? finish(x) : st;
     }
     /* In place: block r first (only this rank reads it), block 0's place once
      * rank 0 has read it. */
-    loom_status_t st = reduce_block(x, x->send, off, n, out + off * es, NULL, 0, r >= 2);
+    loom_status_t st = reduce_block(x, x->send, off, n, out + off * es, NULL, 0, r >= 2, 1);
     if (st == LOOM_SUCCESS)
         st = finish(x);
     if (st == LOOM_SUCCESS && r > 0) {
@@ -401,9 +428,116 @@ static loom_status_t run_copies(const ipc_t *x)
     return st == LOOM_SUCCESS ? finish(x) : st;
 }
 
-loom_status_t loom_cuda_ipc_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
-                                loom_accel_host_coll_fn run_host, void *host_arg, int may_wait,
-                                int *done, loom_err_t *err)
+/* The hierarchical allreduce, IPC inside our node (x's group, local index
+ * l = x->rank of L = x->size) around a ring between nodes:
+ *  1. local rank l reduces block l of the node's inputs, in local rank order,
+ *     into its own output (LOOM_AVG not divided yet);
+ *  2. it allreduces that block by GPUDirect RDMA with local rank l of every
+ *     other node (gdr.c's ring over h->cross), then divides for LOOM_AVG by
+ *     the communicator's size, once;
+ *  3. after a barrier (every block final, every input read), it copies the
+ *     node's other blocks from their owners' outputs into its own.
+ * Each element is reduced on one node by one rank, then in the ring by one
+ * rank, and only copied after: every rank gets the same bits (the ring's
+ * order between nodes, as gdr.c). Only local rank l reads block l of any
+ * input and writes block l of its own output in steps 1-2, so in place is
+ * safe but for the chain overwriting its own input (l >= 2: through
+ * dev_scratch, as run_reduce); step 3 writes the other blocks of its output,
+ * which in place are inputs the node's other ranks read in step 1: after the
+ * barrier. */
+static loom_status_t run_hier(const ipc_t *x, const loom_hier_t *h)
+{
+    const loom_coll_args_t *a = x->a;
+    const size_t es = a->esize;
+    size_t off, n;
+    block_of(x, x->rank, &off, &n);
+    char *const mine = x->recv[x->rank] + off * es;
+    const int hazard = x->recv[x->rank] == x->send[x->rank] && x->rank >= 2;
+    loom_status_t st =
+        n ? reduce_block(x, x->send, off, n, mine, NULL, 0, hazard, 0) : LOOM_SUCCESS;
+    if (st == LOOM_SUCCESS)
+        st = loom_cuda_dev_ops.sync(x->st, x->err);
+    loom_coll_args_t ring = *a;
+    ring.sendbuf = ring.recvbuf = mine;
+    ring.count = n;
+    ring.op = a->op == LOOM_AVG ? LOOM_SUM : a->op;
+    if (st == LOOM_SUCCESS)
+        st = loom_cuda_gdr_run_group(x->st, &ring, h->cross, h->M, h->me_cross, x->err);
+    if (st == LOOM_SUCCESS && n && a->op == LOOM_AVG)
+        st = loom_cuda_dev_ops.avg(x->st, mine, n, a->dtype, x->comm_size, x->err);
+    if (st == LOOM_SUCCESS)
+        st = finish(x);
+    for (int k = 0; k < x->size && st == LOOM_SUCCESS; k++) {
+        block_of(x, k, &off, &n);
+        if (k != x->rank)
+            st = copy(x, x->recv[x->rank] + off * es, x->recv[k] + off * es, n * es);
+    }
+    return st == LOOM_SUCCESS ? finish(x) : st;
+}
+
+/* The hierarchical reduce_scatter (count n per rank), local index l:
+ *  1. for each node m, local rank l reduces over IPC, in local rank order,
+ *     the block of every input of its node that goes to rank (node m, local
+ *     l), into block m of the communicator's GPUDirect accumulator;
+ *  2. those M blocks go round gdr.c's ring reduce_scatter with local rank l
+ *     of the other nodes: block m of the accumulator ends as our result
+ *     (LOOM_AVG divided once, by the communicator's size);
+ *  3. after a barrier (the node's inputs all read: in place, our output is
+ *     one of them) it is copied into our output.
+ * Nothing of the node's outputs is shared: each rank writes only its own. */
+static loom_status_t run_hier_reduce_scatter(const ipc_t *x, const loom_hier_t *h)
+{
+    const loom_coll_args_t *a = x->a;
+    const size_t es = a->esize, n = a->count;
+    char *acc = loom_cuda_gdr_accumulator(x->st, (size_t)h->M * n * es, x->err);
+    if (!acc)
+        return LOOM_ERR_NO_MEMORY;
+    loom_status_t st = LOOM_SUCCESS;
+    for (int m = 0; m < h->M && st == LOOM_SUCCESS; m++)
+        st = reduce_block(x, x->send, (size_t)h->cross[m] * n, n, acc + (size_t)m * n * es, NULL, 0,
+                          0, 0);
+    if (st == LOOM_SUCCESS)
+        st = loom_cuda_dev_ops.sync(x->st, x->err);
+    loom_coll_args_t ring = *a;
+    ring.op = a->op == LOOM_AVG ? LOOM_SUM : a->op;
+    if (st == LOOM_SUCCESS)
+        st = loom_cuda_gdr_reduce_scatter_group(x->st, &ring, h->cross, h->M, h->me_cross, x->err);
+    char *const mine = acc + (size_t)h->me_cross * n * es;
+    if (st == LOOM_SUCCESS && a->op == LOOM_AVG)
+        st = loom_cuda_dev_ops.avg(x->st, mine, n, a->dtype, x->comm_size, x->err);
+    if (st == LOOM_SUCCESS)
+        st = finish(x);
+    if (st == LOOM_SUCCESS)
+        st = copy(x, x->recv[x->rank], mine, n * es);
+    return st == LOOM_SUCCESS ? loom_cuda_dev_ops.sync(x->st, x->err) : st;
+}
+
+/* The hierarchical allgather, local index l: local rank l of every node
+ * swaps its piece with the others by GPUDirect RDMA (gdr.c's one step over
+ * h->cross), each piece landing where its rank's goes; after a barrier it
+ * copies over IPC, from each other local rank k's output, the pieces k
+ * gathered (those of local rank k of every node); a last barrier keeps its
+ * output in place while the node's other ranks read it. */
+static loom_status_t run_hier_allgather(const ipc_t *x, const loom_hier_t *h)
+{
+    const loom_coll_args_t *a = x->a;
+    const size_t es = a->esize, n = a->count;
+    loom_status_t st = loom_cuda_gdr_run_group(x->st, a, h->cross, h->M, h->me_cross, x->err);
+    if (st == LOOM_SUCCESS)
+        st = finish(x);
+    for (int k = 0; k < x->size && st == LOOM_SUCCESS; k++)
+        for (int m = 0; m < h->M && st == LOOM_SUCCESS && k != x->rank; m++) {
+            const size_t at = (size_t)h->grid[m * h->L + k] * n * es;
+            st = copy(x, x->recv[x->rank] + at, x->recv[k] + at, n * es);
+        }
+    return st == LOOM_SUCCESS ? finish(x) : st;
+}
+
+/* One call over IPC: the whole communicator (h NULL), or the hierarchical
+ * allreduce with h's local group. */
+static loom_status_t ipc_call(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                              loom_accel_host_coll_fn run_host, void *host_arg, int may_wait,
+                              const loom_hier_t *h, int *done, loom_err_t *err)
 {
     *done = 0;
     if (may_wait)
@@ -413,8 +547,10 @@ loom_status_t loom_cuda_ipc_run(loom_cuda_state_t *st, const loom_coll_args_t *a
                .run_host = run_host,
                .host_arg = host_arg,
                .err = err,
-               .rank = loom_comm_rank(st->comm),
-               .size = loom_comm_size(st->comm)};
+               .rank = h ? h->l : loom_comm_rank(st->comm),
+               .size = h ? h->L : loom_comm_size(st->comm),
+               .group = h ? h->local : NULL,
+               .comm_size = loom_comm_size(st->comm)};
     if (a->count == 0) { /* the same on every rank: nothing to move */
         *done = 1;
         return LOOM_SUCCESS;
@@ -426,7 +562,12 @@ loom_status_t loom_cuda_ipc_run(loom_cuda_state_t *st, const loom_coll_args_t *a
     x.recv = x.send + x.size;
     int agreed = 0;
     loom_status_t status = share(&x, &agreed);
-    if (status == LOOM_SUCCESS && agreed) {
+    if (status == LOOM_SUCCESS && agreed && h) {
+        status = a->coll == LOOM_COLL_REDUCE_SCATTER ? run_hier_reduce_scatter(&x, h)
+                 : a->coll == LOOM_COLL_ALLGATHER    ? run_hier_allgather(&x, h)
+                                                     : run_hier(&x, h);
+        *done = status == LOOM_SUCCESS;
+    } else if (status == LOOM_SUCCESS && agreed) {
         switch (a->coll) {
         case LOOM_COLL_ALLREDUCE: status = run_reduce(&x, -1); break;
         case LOOM_COLL_REDUCE: status = run_reduce(&x, a->root); break;
@@ -437,4 +578,18 @@ loom_status_t loom_cuda_ipc_run(loom_cuda_state_t *st, const loom_coll_args_t *a
     }
     free(x.send);
     return status;
+}
+
+loom_status_t loom_cuda_ipc_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                loom_accel_host_coll_fn run_host, void *host_arg, int may_wait,
+                                int *done, loom_err_t *err)
+{
+    return ipc_call(st, a, run_host, host_arg, may_wait, NULL, done, err);
+}
+
+loom_status_t loom_cuda_ipc_hier_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
+                                     loom_accel_host_coll_fn run_host, void *host_arg, int may_wait,
+                                     int *done, loom_err_t *err)
+{
+    return ipc_call(st, a, run_host, host_arg, may_wait, &st->hier, done, err);
 }

@@ -21,6 +21,7 @@
 #include "base/coll_kind.h"
 #include "base/error.h"
 #include "base/settings.h"
+#include "algorithms/algorithms.h"
 #include "transports/transport.h"
 
 #ifdef __cplusplus
@@ -31,10 +32,18 @@ extern "C" {
  * (cuda/) that may not see struct loom_comm. */
 const loom_settings_t *loom_comm_settings(loom_comm_t c);
 
-/* GPUDirect RDMA (cuda/gdr.c): whether every peer of c is reached by a
+/* GPUDirect RDMA (cuda/gdr.c): whether every peer of c among the npeers ranks
+ * of peers (NULL: every rank; c's own rank is skipped) is reached by a
  * transport that moves GPU memory itself: 1 yes, 0 no, -1 LOOM_NET_GDR=1
- * insists but some peer cannot; why gets one line. */
-int loom_comm_gdr(loom_comm_t c, char *why, size_t whylen);
+ * insists but some peer cannot; why gets one line. A list lets the
+ * hierarchical GPU path ask about its peers on other nodes only: those of its
+ * own node are reached by CUDA IPC, whatever transport the host uses. */
+int loom_comm_gdr(loom_comm_t c, const int *peers, int npeers, char *why, size_t whylen);
+/* The two-level views of c's ranks (algorithms/hierarchy.c), so the GPU path
+ * splits a communicator exactly as the host hierarchical algorithms do:
+ * loom_hier_init's result (1 ready, free with loom_hier_free; 0 not several
+ * nodes of the same number > 1 of ranks; -1 out of memory). */
+int loom_comm_hier(loom_comm_t c, loom_hier_t *h);
 /* One transfer of GPU memory between this rank and peer. */
 typedef struct loom_dev_xfer {
     int peer, is_send;

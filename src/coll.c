@@ -132,15 +132,25 @@ static int gdr_to(loom_comm_t c, int peer, char *why, size_t whylen)
     return ops->device_memory(c->tp, peer, why, whylen);
 }
 
-int loom_comm_gdr(loom_comm_t c, char *why, size_t whylen)
+int loom_comm_gdr(loom_comm_t c, const int *peers, int npeers, char *why, size_t whylen)
 {
     if (why && whylen)
         snprintf(why, whylen, "a single rank: nothing goes over a network");
-    int verdict = c->size > 1;
-    for (int peer = 0; peer < c->size && verdict == 1; peer++)
-        if (peer != c->rank)
-            verdict = gdr_to(c, peer, why, whylen);
+    const int n = peers ? npeers : c->size;
+    int verdict = 0;
+    for (int i = 0; i < n && verdict >= 0; i++) {
+        const int peer = peers ? peers[i] : i;
+        if (peer == c->rank)
+            continue;
+        if ((verdict = gdr_to(c, peer, why, whylen)) == 0)
+            break;
+    }
     return verdict;
+}
+
+int loom_comm_hier(loom_comm_t c, loom_hier_t *h)
+{
+    return loom_hier_init(&c->ctx, h);
 }
 
 void loom_comm_dev_begin(loom_comm_t c, const loom_coll_args_t *a)

@@ -7,7 +7,7 @@
  * libibverbs first on LD_LIBRARY_PATH, LOOM_TRANSPORT=ibverbs, LOOM_SHM=0,
  * LOOM_CUDA_IPC=0) and LOOM_NET_GDR.
  *
- * Usage: mp_cuda_gdr direct|staged|refused NRANKS
+ * Usage: mp_cuda_gdr direct|staged|refused|hier|hier-lazy|hier-staged NRANKS
  *  direct:  every collective, blocking send/recv and isend/irecv, element types (float16 and bfloat16 among them),
  *           counts (0, 1, odd, large), in place and not, gives the bytes the same
  *           call gives on host buffers, and no byte crosses between host and
@@ -23,7 +23,21 @@
  *           reduce_scatter allocate nothing and register nothing (the double's
  *           allocation and dma-buf counters);
  *  refused: LOOM_NET_GDR=1 where nothing can register GPU memory (the GPU
- *           exports no dma-buf, no nvidia-peermem): a GPU call fails saying why.
+ *           exports no dma-buf, no nvidia-peermem): a GPU call fails saying why;
+ *  hier:    ranks on emulated nodes (LOOM_MP_NODES, CUDA IPC inside each,
+ *           GPUDirect RDMA between): allreduce, reduce_scatter and allgather
+ *           on every type, counts smaller than the number of ranks and not
+ *           divisible by it, every op on the largest (the reducing ones), in
+ *           place and not, gives the host's bytes with no copy
+ *           between host and device during a call, peers' buffers opened by
+ *           IPC and dma-bufs exported; inputs that round (fractions in
+ *           float32, float16, bfloat16) give every rank the same bits;
+ *  hier-lazy: hier in the CUDA double's lazy mode (queued device work runs
+ *           only when the host waits): a step that reads what an earlier
+ *           step's kernels or copies write without waiting gets stale bytes;
+ *  hier-staged: the same calls on the same nodes, staged through host
+ *           memory (LOOM_CUDA_IPC=0 or LOOM_NET_GDR=0), right and with
+ *           copies, no IPC handle opened.
  * The inputs are small integers, exact in every type, so the order of reduction
  * (the ring's here, rank order when staged) does not matter.
  */
@@ -42,7 +56,7 @@
 #include "mp_cuda_util.h"
 #include "mp_util.h"
 
-typedef enum { MODE_DIRECT, MODE_STAGED, MODE_REFUSED } mode_t_;
+typedef enum { MODE_DIRECT, MODE_STAGED, MODE_REFUSED, MODE_HIER, MODE_HIER_STAGED } mode_t_;
 
 enum {
     ALLREDUCE,
@@ -166,7 +180,8 @@ static void one_case(loom_comm_t c, case_t *k, bufs_t *b, mode_t_ mode, cuda_dou
         return;
     }
     counts_since(moved, &before, &after);
-    if (mode == MODE_DIRECT && (after.h2d != before.h2d || after.d2h != before.d2h))
+    if ((mode == MODE_DIRECT || mode == MODE_HIER) &&
+        (after.h2d != before.h2d || after.d2h != before.d2h))
         mp_bad(c, "%s %s count %zu: %ld copies to and %ld from the host with GPUDirect RDMA",
                coll_names[k->coll], dtypes[k->dti].name, k->count, after.h2d - before.h2d,
                after.d2h - before.d2h);
@@ -351,9 +366,95 @@ static void isend_irecv(loom_comm_t c, bufs_t *b, mode_t_ mode)
     }
 }
 
+/* Inputs that round: every rank must still get the same bits (one rank
+ * computes each element, the others copy it). Each rank's result, downloaded,
+ * is compared with rank 0's through a host allgather. */
+static void same_bits_everywhere(loom_comm_t c, bufs_t *b)
+{
+    const int P = loom_comm_size(c), me = loom_comm_rank(c);
+    const size_t n = 1001;
+    for (size_t d = 0; d < 3; d++) { /* float32, float16, bfloat16 */
+        const size_t es = dtypes[d].es;
+        for (size_t i = 0; i < n; i++) {
+            float f = 1.0f / (float)(3 + (i + (size_t)me * 7) % 11) + (float)me * 0.1f;
+            uint32_t u = f32_bits(f);
+            if (d == 0)
+                memcpy(b->hs + i * 4, &u, 4);
+            else if (d == 1) { /* float16, truncated: any bits will do */
+                uint16_t h = (uint16_t)(0x3000u + (u >> 13 & 0x3ffu));
+                memcpy(b->hs + i * 2, &h, 2);
+            } else {
+                uint16_t h = (uint16_t)(u >> 16);
+                memcpy(b->hs + i * 2, &h, 2);
+            }
+        }
+        if (!cuda_ok(c, cudaMemcpy(b->s, b->hs, n * es, cudaMemcpyHostToDevice), "upload"))
+            return;
+        if (loom_allreduce(b->s, b->r, n, dtypes[d].dt, LOOM_SUM, c) != LOOM_SUCCESS) {
+            mp_bad(c, "allreduce of fractions: %s", loom_comm_last_error(c));
+            return;
+        }
+        if (!cuda_ok(c, cudaMemcpy(b->hr, b->r, n * es, cudaMemcpyDeviceToHost), "download"))
+            return;
+        if (loom_allgather(b->hr, b->ref, n * es, LOOM_UINT8, c) != LOOM_SUCCESS) {
+            mp_bad(c, "allgather of the results: %s", loom_comm_last_error(c));
+            return;
+        }
+        for (int r = 1; r < P; r++)
+            if (memcmp(b->ref, b->ref + (size_t)r * n * es, n * es) != 0) {
+                mp_bad(c, "allreduce of fractions in %s: rank %d's bits differ from rank 0's",
+                       dtypes[d].name, r);
+                break;
+            }
+    }
+}
+
+/* hier and hier-staged: the allreduce, reduce_scatter and allgather matrix
+ * on ranks of several nodes. */
+static void hier_matrix(loom_comm_t c, bufs_t *b, mode_t_ mode)
+{
+    const int P = loom_comm_size(c);
+    static const size_t counts[] = {0, 1, 2, 3, 5, 7, 1001, 20011};
+    const size_t ncounts = sizeof(counts) / sizeof(counts[0]);
+    cuda_double_counts_t moved = {0};
+    static const int colls[] = {ALLREDUCE, REDUCE_SCATTER, ALLGATHER};
+    for (size_t x = 0; x < sizeof(colls) / sizeof(colls[0]); x++)
+        for (size_t d = 0; d < NDTYPES; d++)
+            for (size_t ni = 0; ni < ncounts; ni++)
+                for (int in_place = 0; in_place < 2; in_place++)
+                    for (int o = 0; o < matrix_nops(colls[x] != ALLGATHER, d, ni == ncounts - 1);
+                         o++) {
+                        case_t k = {.coll = colls[x], .in_place = in_place, .dti = d};
+                        k.op = matrix_ops[o];
+                        k.count = matrix_count(k.op, counts[ni]);
+                        one_case(c, &k, b, mode, &moved);
+                    }
+    if (mode == MODE_HIER &&
+        (moved.ipc_opens == 0 || moved.dmabuf_exports == 0 || moved.kernels == 0))
+        mp_bad(c,
+               "hierarchical: %ld IPC handles opened, %ld dma-bufs exported, %ld kernels run "
+               "(want some of each)",
+               moved.ipc_opens, moved.dmabuf_exports, moved.kernels);
+    if (mode == MODE_HIER_STAGED && (moved.h2d == 0 || moved.d2h == 0 || moved.ipc_opens != 0))
+        mp_bad(c, "staged: %ld copies up, %ld down, %ld IPC handles opened", moved.h2d, moved.d2h,
+               moved.ipc_opens);
+    same_bits_everywhere(c, b);
+    printf(
+        "rank %d/%d: during the GPU allreduces, reduce_scatters and allgathers: %ld copies host to "
+        "device, %ld device to host, %ld kernels, %ld IPC handles opened, %ld dma-bufs "
+        "exported\n",
+        loom_comm_rank(c), P, moved.h2d, moved.d2h, moved.kernels, moved.ipc_opens,
+        moved.dmabuf_exports);
+    fflush(stdout);
+}
+
+static int lazy; /* hier-lazy */
+
 static int rank_main(loom_comm_t c, void *arg)
 {
     const mode_t_ mode = *(const mode_t_ *)arg;
+    if (lazy)
+        cuda_double_set_lazy(1);
     const int P = loom_comm_size(c);
     static const size_t counts[] = {0, 1, 7, 1001, 20011};
     const size_t most = (20011 + 3) * (size_t)P * 8 + 64;
@@ -383,6 +484,10 @@ static int rank_main(loom_comm_t c, void *arg)
             mp_bad(c, "allreduce: %s", loom_comm_last_error(c));
         if (!host_read_faults(b.r))
             mp_bad(c, "a host read of device memory did not fault");
+    }
+    if (mode == MODE_HIER || mode == MODE_HIER_STAGED) {
+        hier_matrix(c, &b, mode);
+        goto out;
     }
     cuda_double_counts_t moved = {0};
     for (int x = 0; x < NCOLLS; x++)
@@ -428,6 +533,7 @@ static int rank_main(loom_comm_t c, void *arg)
            loom_comm_rank(c), P, moved.h2d, moved.d2h, moved.kernels, moved.dmabuf_exports,
            moved.allocs, moved.frees, p2p.h2d, p2p.d2h);
     fflush(stdout);
+out:
     cudaFree(b.s);
     cudaFree(b.r);
     free(b.hs);
@@ -439,12 +545,16 @@ static int rank_main(loom_comm_t c, void *arg)
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s direct|staged|refused NRANKS\n", argv[0]);
+        fprintf(stderr, "usage: %s direct|staged|refused|hier|hier-lazy|hier-staged NRANKS\n",
+                argv[0]);
         return 2;
     }
-    mode_t_ mode = strcmp(argv[1], "direct") == 0   ? MODE_DIRECT
-                   : strcmp(argv[1], "staged") == 0 ? MODE_STAGED
-                                                    : MODE_REFUSED;
+    lazy = strcmp(argv[1], "hier-lazy") == 0;
+    mode_t_ mode = strcmp(argv[1], "direct") == 0         ? MODE_DIRECT
+                   : strcmp(argv[1], "staged") == 0       ? MODE_STAGED
+                   : strcmp(argv[1], "hier") == 0 || lazy ? MODE_HIER
+                   : strcmp(argv[1], "hier-staged") == 0  ? MODE_HIER_STAGED
+                                                          : MODE_REFUSED;
     int n = atoi(argv[2]);
     if (n < 1 || n > 8) {
         fprintf(stderr, "NRANKS: 1 to 8\n");

@@ -81,6 +81,7 @@ static inline void counts_since(cuda_double_counts_t *sum, const cuda_double_cou
     sum->dmabuf_exports += after->dmabuf_exports - before->dmabuf_exports;
     sum->allocs += after->allocs - before->allocs;
     sum->frees += after->frees - before->frees;
+    sum->ipc_opens += after->ipc_opens - before->ipc_opens;
 }
 
 /* 1 when the n bytes of got (a case's result, downloaded) are want's (the

@@ -5,9 +5,10 @@
 # the failure tests (a killed rank, a rank that leaves, LOOM_AUTH_KEY,
 # mismatches, abort, timeouts); faults injected by the double (remote access
 # error, QP to the error state) end in errors within LOOM_TIMEOUT; loom-perf
-# p2p -t ibverbs; GPUDirect RDMA on GPU buffers of the CUDA double (CUDA builds). With the system's
-# libibverbs and no devices: LOOM_TRANSPORT=ibverbs fails with a clear error
-# and auto falls back to TCP.
+# p2p -t ibverbs; GPUDirect RDMA on GPU buffers of the CUDA double (CUDA builds),
+# and the hierarchical allreduce, reduce_scatter and allgather on them (CUDA IPC inside emulated nodes,
+# GPUDirect RDMA between). With the system's libibverbs and no devices:
+# LOOM_TRANSPORT=ibverbs fails with a clear error and auto falls back to TCP.
 # What the double cannot show (DMA ordering, wire retries, GID routing,
 # GPUDirect between a real GPU and HCA) needs a real fabric: see docs/ibverbs.md.
 set -u
@@ -255,6 +256,44 @@ if [ -x "$gdr" ]; then
     rc=$?
     result $rc "LOOM_NET_GDR=1, a GPU without dma-buf and no nvidia-peermem: the GPU call fails, saying why"
     [ $rc = 0 ] || tail -20 "$tmp/out"
+
+    # Several ranks on each of several emulated nodes (LOOM_MP_NODES ranks a
+    # node): allreduce, reduce_scatter and allgather go hierarchically, CUDA IPC inside each node (the
+    # double's IPC handles map another process's device memory), GPUDirect
+    # RDMA between; whether the host's transport inside a node is shared
+    # memory or ibverbs does not matter to it. Every rank names the path, and
+    # moves no byte between host and device (tests/mp_cuda_gdr hier); in the
+    # lazy double a step that does not wait for the one before reads stale
+    # bytes. LOOM_CUDA_IPC=0 or LOOM_NET_GDR=0: staged, as before.
+    for spec in "2 4 1 hier" "3 6 1 hier" "2 4 0 hier" "3 6 1 hier-lazy"; do
+        set -- $spec
+        LOOM_MP_NODES=$1 LOOM_SHM=$3 LOOM_CUDA_IPC=1 LOOM_NET_GDR=1 LOOM_DEBUG=INFO \
+            LOOM_DEBUG_SUBSYS=cuda,ibverbs FAKEVERBS_STATS=1 "$gdr" $4 $2 > "$tmp/out" 2>&1
+        rc=$?
+        took=$(grep -c " allreduce on GPU buffers: hierarchical: CUDA IPC inside each node, GPUDirect RDMA between nodes" "$tmp/out")
+        took_rs=$(grep -c " reduce_scatter on GPU buffers: hierarchical: CUDA IPC inside each node, GPUDirect RDMA between nodes" "$tmp/out")
+        took_ag=$(grep -c " allgather on GPU buffers: hierarchical: CUDA IPC inside each node, GPUDirect RDMA between nodes" "$tmp/out")
+        [ "$took" = "$2" ] && [ "$took_rs" = "$2" ] && [ "$took_ag" = "$2" ] && ! grep -q "on GPU buffers: staged" "$tmp/out" &&
+            grep -q "fakeverbs: pid .*: dmabuf registrations [1-9]" "$tmp/out"
+        ok=$?
+        [ $rc = 0 ] && [ $ok = 0 ]
+        result $? "$(( $2 / $1 )) nodes x $1 ranks (shm $3), $4: allreduce, reduce_scatter and allgather on GPU buffers by IPC inside nodes and GPUDirect RDMA between, no staging copy, the same bits everywhere"
+        [ $rc = 0 ] && [ $ok = 0 ] || tail -40 "$tmp/out"
+        grep "during the GPU allreduces, reduce_scatters and allgathers" "$tmp/out" | head -1
+    done
+    for off in LOOM_CUDA_IPC LOOM_NET_GDR; do
+        env LOOM_MP_NODES=2 LOOM_SHM=1 LOOM_CUDA_IPC=1 LOOM_NET_GDR=1 $off=0 LOOM_DEBUG=INFO \
+            LOOM_DEBUG_SUBSYS=cuda "$gdr" hier-staged 4 > "$tmp/out" 2>&1
+        rc=$?
+        staged=$(grep -c " allreduce on GPU buffers: staged through host memory" "$tmp/out")
+        staged_rs=$(grep -c " reduce_scatter on GPU buffers: staged through host memory" "$tmp/out")
+        staged_ag=$(grep -c " allgather on GPU buffers: staged through host memory" "$tmp/out")
+        [ "$staged" = 4 ] && [ "$staged_rs" = 4 ] && [ "$staged_ag" = 4 ] && ! grep -q "hierarchical: CUDA IPC" "$tmp/out"
+        ok=$?
+        [ $rc = 0 ] && [ $ok = 0 ]
+        result $? "2 nodes x 2 ranks, $off=0: allreduce, reduce_scatter and allgather on GPU buffers staged through host memory, right"
+        [ $rc = 0 ] && [ $ok = 0 ] || tail -40 "$tmp/out"
+    done
 else
     echo "(no CUDA build: the GPUDirect RDMA checks are left out)"
 fi
