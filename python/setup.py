@@ -146,6 +146,38 @@ if os.environ.get("LOOM_TORCH_C10D", "auto") != "0":
         ext_modules.append(found[0])
         cmdclass["build_ext"] = found[1]
 
+
+def tf_async_op_extension():
+    """loom.tensorflow._async_op, the op that runs a collective in a graph
+    without holding one of TensorFlow's threads (loom/tensorflow/_async.py),
+    where the interpreter running this has TensorFlow: compiled against that
+    TensorFlow's headers and framework library, which loom.tensorflow loads
+    it into. Without it graphs fall back to tf.py_function.
+    LOOM_TF_OP=0 leaves it out, =1 makes its absence an error."""
+    want = os.environ.get("LOOM_TF_OP", "auto")
+    if want == "0":
+        return None
+    try:
+        import tensorflow as tf
+    except ImportError as exc:
+        if want == "1":
+            raise SystemExit("loom.tensorflow._async_op: LOOM_TF_OP=1, but %s" % exc)
+        return None
+    return Extension(
+        "loom.tensorflow._async_op",
+        sources=["loom/tensorflow/_async_op.cc"],
+        language="c++",
+        # TensorFlow's headers as system headers: -Wall for this file only.
+        extra_compile_args=["-isystem" + f[2:] if f.startswith("-I") else f
+                            for f in tf.sysconfig.get_compile_flags()] + ["-O2", "-Wall", "-Wextra"],
+        extra_link_args=tf.sysconfig.get_link_flags(),
+    )
+
+
+found = tf_async_op_extension()
+if found is not None:
+    ext_modules.append(found)
+
 # The package's name, version, packages and the torch.distributed.backends entry
 # point are in pyproject.toml.
 # pip install (loom_build.py) builds in a fresh directory of its own.

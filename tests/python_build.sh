@@ -36,12 +36,25 @@ fi
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/$name.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT
-if ! (cd "$srcdir/python" && LOOM_BUILD_DIR="$builddir/.libs" LOOM_INCLUDE_DIR="$srcdir/include" \
-        "$py" setup.py -q build --build-base "$tmp/build" --build-lib "$tmp/lib") > "$tmp/build.log" 2>&1; then
-    cat "$tmp/build.log"
-    echo "$name: FAIL: the extension did not build"
-    echo "0 passed, 1 failed"
-    exit 1
-fi
+build_package() {  # build_package INTERP DIR: the package for INTERP into $tmp/DIR (its log: $tmp/DIR.log)
+    if ! (cd "$srcdir/python" && LOOM_BUILD_DIR="$builddir/.libs" LOOM_INCLUDE_DIR="$srcdir/include" \
+            "$1" setup.py -q build --build-base "$tmp/build-$2" --build-lib "$tmp/$2") > "$tmp/$2.log" 2>&1; then
+        cat "$tmp/$2.log"
+        echo "$name: FAIL: the extension did not build for $1"
+        echo "0 passed, 1 failed"
+        exit 1
+    fi
+}
+build_package "$py" lib
 export PYTHONPATH="$tmp/lib:$srcdir/tests/python"
+
+# tf_package INTERP: the TensorFlow interpreter's package first on PYTHONPATH
+# from now on. setup.py compiles the op that runs collectives in a graph
+# (loom.tensorflow._async_op) only where it imports TensorFlow, against that
+# TensorFlow: built again for INTERP where it is not $py.
+tf_package() {
+    [ "$1" = "$py" ] && return
+    build_package "$1" lib-tf
+    export PYTHONPATH="$tmp/lib-tf:$PYTHONPATH"
+}
 export PYTHONDONTWRITEBYTECODE=1

@@ -80,6 +80,7 @@ for cand in ${LOOM_TF_PYTHON:-} /opt/loom-tf/bin/python "$py"; do
     fi
 done
 if [ -n "$tfpy" ]; then
+    tf_package "$tfpy"
     kd=$tmp/keras
     job_dir "$kd" "$srcdir/tests/python/elastic_keras.py"
     MPE_KILL_ID=1 MPE_SIZES="3 2 3" KERAS_EPOCHS=16 TF_CPP_MIN_LOG_LEVEL=3 timeout 400 "$builddir/tools/loomrun" --elastic \

@@ -11,8 +11,10 @@
 # response cache), the elastic API's state handling in a plain job; then
 # loom.tensorflow and loom.keras (their equivalence tests too, and
 # test_tf_horovod.py: Horovod's error types and names, every gradient against
-# finite differences, the API beside the collectives) where an interpreter with
-# TensorFlow is found. The examples in examples/python run
+# finite differences, the API beside the collectives, and test_tf_order.py:
+# a graph's collectives started in a different order on each rank, which only
+# the asynchronous op loom.tensorflow._async_op runs, built for that
+# interpreter) where an interpreter with TensorFlow is found. The examples in examples/python run
 # too (2 ranks), and must end with the loss lower.
 # Automake TESTS protocol: 0 pass, 1 fail, 77 skip.
 name=test_python
@@ -132,11 +134,14 @@ for cand in ${LOOM_TF_PYTHON:-} /opt/loom-tf/bin/python "$py"; do
     fi
 done
 if [ -n "$tfpy" ]; then
+    tf_package "$tfpy"
     for np in 1 2 3; do
         run $np tests/python/test_tf.py TF_CPP_MIN_LOG_LEVEL=3 PYTHON_FOR_TEST="$tfpy"
         run $np tests/python/test_keras.py TF_CPP_MIN_LOG_LEVEL=3 PYTHON_FOR_TEST="$tfpy"
         run $np tests/python/test_tf_horovod.py TF_CPP_MIN_LOG_LEVEL=3 PYTHON_FOR_TEST="$tfpy"
     done
+    run 2 tests/python/test_tf_order.py TF_CPP_MIN_LOG_LEVEL=3 PYTHON_FOR_TEST="$tfpy"
+    run 3 tests/python/test_tf_order.py TF_CPP_MIN_LOG_LEVEL=3 PYTHON_FOR_TEST="$tfpy"
     example "$tfpy" tf_train.py
     example "$tfpy" keras_train.py
     example "$tfpy" horovod_tf_keras_mnist.py

@@ -954,13 +954,22 @@ def _ranks(slot):
 engines = {}   # process_set_id -> Engine
 
 
+_engines_lock = threading.Lock()
+
+
 def engine_for(process_set):
     """The engine of process_set (made at its first use: a collective over the set)."""
     ps = process_set if process_set is not None else _basics.global_process_set
     _basics._set_comm(ps)
     eng = engines.get(ps.process_set_id)
     if eng is None:
-        eng = engines[ps.process_set_id] = Engine(ps)
+        # One maker at a time: collectives of a graph start on several threads
+        # at once (loom.tensorflow's async op), and each engine splits off a
+        # communicator, a collective every rank must make once.
+        with _engines_lock:
+            eng = engines.get(ps.process_set_id)
+            if eng is None:
+                eng = engines[ps.process_set_id] = Engine(ps)
     return eng
 
 

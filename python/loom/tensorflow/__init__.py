@@ -4,8 +4,10 @@ as hvd` in place of `import horovod.tensorflow as hvd`).
 The collectives take tf.Tensors (CPU) inside and outside tf.function and in
 TF1 graphs: each hands the tensor's values, as a NumPy array, to Loom's
 background engine (loom/_engine.py: named, negotiated across ranks, small
-allreduces fused) and waits for the result; eagerly at once, in a graph as a
-tf.py_function. Names are Horovod's: in a graph made from the inputs' graph
+allreduces fused) and waits for the result; eagerly at once, in a graph as
+the asynchronous op LoomAsyncCall (_async.py), which holds no TensorFlow
+thread while it waits, or a tf.py_function where that op was not built.
+Names are Horovod's: in a graph made from the inputs' graph
 names (the same on every rank), eagerly counted per kind. Failures have
 Horovod's types: FailedPreconditionError where the ranks disagree,
 InvalidArgumentError for bad arguments (both also LoomError / ValueError).
@@ -18,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import _basics, _engine
+from . import _async
 from .._basics import (  # noqa: F401
     Sum, Average, Min, Max, Product, Adasum, ProcessSet, global_process_set,
     init, shutdown, is_initialized, size, rank, local_size, local_rank, cross_size, cross_rank,
@@ -65,7 +68,7 @@ def _as_tf_error(exc):
     return exc
 
 
-# In a graph (a tf.function, a TF1 session) a collective is a py_function, and
+# Where a graph's collective is a py_function (the op of _async.py not built),
 # TensorFlow turns any Python exception from one into UnknownError (ValueError
 # and TypeError: InvalidArgumentError). A failed precondition therefore leaves
 # the py_function as a status string, and ReadFile of a path under a regular
@@ -82,8 +85,15 @@ def _array(t):
 
 def _call(body, inputs, touts):
     """body(*NumPy arrays) -> list of NumPy arrays (one per dtype in touts),
-    run on the inputs' values: at once when eager, else as a py_function. Its
-    failures surface as Horovod's TensorFlow errors (_as_tf_error)."""
+    run on the inputs' values: at once when eager; in a graph as the op
+    LoomAsyncCall (loom/tensorflow/_async.py), which holds none of
+    TensorFlow's threads while the collective waits for the other ranks, so
+    a graph's collectives may start in any order on each rank. Where that
+    op's library was not built (setup.py without TensorFlow, LOOM_TF_OP=0;
+    _async.reason says why), a tf.py_function instead, which holds its thread:
+    a graph of more collectives than TensorFlow's inter-op threads can then
+    stall when the ranks start them in different orders. Its failures surface
+    as Horovod's TensorFlow errors (_as_tf_error) either way."""
     touts = list(touts)
     if tf.executing_eagerly():
         try:
@@ -94,6 +104,9 @@ def _call(body, inputs, touts):
                 raise
             raise new from exc
         return [tf.convert_to_tensor(o, dtype=t) for o, t in zip(outs, touts)]
+
+    if _async.available([x.dtype for x in inputs] + touts):
+        return list(_async.call(body, inputs, touts))
 
     def wrapped(*vals):
         try:
