@@ -487,7 +487,8 @@ static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_ar
      * memory (those of the node are IPC's, whatever the host transport). */
     const int hier = status == LOOM_SUCCESS && st->hier_ok &&
                      (a->coll == LOOM_COLL_ALLREDUCE || a->coll == LOOM_COLL_REDUCE_SCATTER ||
-                      a->coll == LOOM_COLL_ALLGATHER);
+                      a->coll == LOOM_COLL_ALLGATHER || a->coll == LOOM_COLL_REDUCE ||
+                      a->coll == LOOM_COLL_BROADCAST);
     int hier_gdr = 0;
     if (hier)
         status = loom_cuda_gdr_decide_cross(st, run_host, host_arg, &hier_gdr, err);

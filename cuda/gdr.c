@@ -552,6 +552,17 @@ static loom_status_t run_reducing(gdr_t *g)
     return s;
 }
 
+/* The ring for the reductions, one step for the others. */
+static loom_status_t run(gdr_t *g)
+{
+    switch (g->a->coll) {
+    case LOOM_COLL_ALLREDUCE:
+    case LOOM_COLL_REDUCE:
+    case LOOM_COLL_REDUCE_SCATTER: return run_reducing(g);
+    default: return run_linear(g);
+    }
+}
+
 loom_status_t loom_cuda_gdr_run(loom_cuda_state_t *st, const loom_coll_args_t *a, loom_err_t *err)
 {
     gdr_t g = {.st = st,
@@ -563,14 +574,7 @@ loom_status_t loom_cuda_gdr_run(loom_cuda_state_t *st, const loom_coll_args_t *a
     /* The transport reads and writes the buffers outside CUDA's streams: the
      * work queued on them before the call must be done. */
     loom_status_t s = dsync(&g);
-    if (s != LOOM_SUCCESS)
-        return s;
-    switch (a->coll) {
-    case LOOM_COLL_ALLREDUCE:
-    case LOOM_COLL_REDUCE:
-    case LOOM_COLL_REDUCE_SCATTER: return run_reducing(&g);
-    default: return run_linear(&g);
-    }
+    return s == LOOM_SUCCESS ? run(&g) : s;
 }
 
 loom_status_t loom_cuda_gdr_run_group(loom_cuda_state_t *st, const loom_coll_args_t *a,
@@ -583,9 +587,7 @@ loom_status_t loom_cuda_gdr_run_group(loom_cuda_state_t *st, const loom_coll_arg
     if (a->count == 0)
         return LOOM_SUCCESS;
     loom_status_t s = dsync(&g);
-    if (s != LOOM_SUCCESS)
-        return s;
-    return a->coll == LOOM_COLL_ALLGATHER ? run_linear(&g) : run_reducing(&g);
+    return s == LOOM_SUCCESS ? run(&g) : s;
 }
 
 char *loom_cuda_gdr_accumulator(loom_cuda_state_t *st, size_t bytes, loom_err_t *err)

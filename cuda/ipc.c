@@ -30,14 +30,15 @@
  * in place writes its result over block 0, which rank 0 reads: it reduces into
  * its own block first and moves it after a barrier.
  *
- * Across nodes, allreduce and reduce_scatter run hierarchically (run_hier,
- * run_hier_reduce_scatter): this file's mechanisms on the ranks of one node,
- * gdr.c's ring between nodes; allgather too (run_hier_allgather).
+ * Across nodes, allreduce, reduce_scatter and reduce run hierarchically
+ * (run_hier, run_hier_reduce_scatter, run_hier_reduce): this file's
+ * mechanisms on the ranks of one node, gdr.c's ring between nodes; allgather
+ * and broadcast too, with gdr.c's one step between nodes (run_hier_allgather,
+ * run_hier_broadcast).
  *
  * Not covered (staged as before): allgatherv, alltoall(v), gather, scatter,
- * collectives other than allreduce and reduce_scatter on communicators
- * spanning nodes, and a
- * buffer cudaIpcGetMemHandle refuses (memory from a stream-ordered pool, say).
+ * and a buffer cudaIpcGetMemHandle refuses (memory from a stream-ordered
+ * pool, say).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -118,7 +119,8 @@ typedef struct {
      * rank of index i; rank and size are indices in it. The host collectives
      * (handles, agreement, barriers) span the whole communicator either way. */
     int rank, size;
-    const int *group; /* NULL: the identity */
+    const int *group;     /* NULL: the identity */
+    const loom_hier_t *h; /* the hierarchical path's views; NULL: one node */
     int comm_size;
     char **send, **recv; /* [size]: every group rank's buffers as this process sees them */
 } ipc_t;
@@ -157,19 +159,42 @@ void loom_cuda_ipc_release(loom_cuda_state_t *st)
     st->npeers = 0;
 }
 
-/* Which of its buffers a rank's peers read or write (hier: those of its node
- * in the hierarchical path). */
-static void needed(const loom_coll_args_t *a, int rank, int hier, int need[2])
+/* The node m and local index k of communicator rank r (a valid root: it is
+ * in the grid; 0 and 0 otherwise). */
+static void place_of(const loom_hier_t *h, int r, int *m_p, int *k_p)
 {
+    *m_p = *k_p = 0;
+    for (int i = 0; i < h->M * h->L; i++)
+        if (h->grid[i] == r) {
+            *m_p = i / h->L;
+            *k_p = i % h->L;
+            return;
+        }
+}
+
+/* Which of its buffers a rank's peers read or write (in the hierarchical
+ * path: those of its node). */
+static void needed(const ipc_t *x, int need[2])
+{
+    const loom_coll_args_t *a = x->a;
+    const int me = x->group ? x->group[x->rank] : x->rank; /* communicator rank */
     need[SEND] = need[RECV] = 0;
-    if (hier && a->coll == LOOM_COLL_ALLGATHER) {
+    if (x->h && a->coll == LOOM_COLL_ALLGATHER) {
         need[RECV] = 1; /* what it gathered from the other nodes */
+        return;
+    }
+    if (x->h && a->coll == LOOM_COLL_BROADCAST) {
+        /* The node's copy of the root's data: the root's own on its node, what
+         * the rank of the root's local index received on the others. */
+        int mr, lr;
+        place_of(x->h, a->root, &mr, &lr);
+        need[RECV] = x->rank == lr;
         return;
     }
     switch (a->coll) {
     case LOOM_COLL_ALLREDUCE: need[SEND] = need[RECV] = 1; break;
-    case LOOM_COLL_REDUCE: need[SEND] = 1, need[RECV] = rank == a->root; break;
-    case LOOM_COLL_BROADCAST: need[RECV] = rank == a->root; break;
+    case LOOM_COLL_REDUCE: need[SEND] = 1, need[RECV] = me == a->root; break;
+    case LOOM_COLL_BROADCAST: need[RECV] = me == a->root; break;
     default: need[SEND] = 1; break; /* allgather, reduce_scatter */
     }
 }
@@ -265,7 +290,7 @@ static loom_status_t share(ipc_t *x, int *agreed)
     memset(&mine, 0, sizeof(mine));
     const void *bufs[2] = {a->sendbuf, a->recvbuf};
     int need[2];
-    needed(a, x->rank, x->group != NULL, need);
+    needed(x, need);
     mine.ok = 1;
     for (int b = SEND; b <= RECV; b++)
         if (need[b]) {
@@ -533,8 +558,77 @@ static loom_status_t run_hier_allgather(const ipc_t *x, const loom_hier_t *h)
     return st == LOOM_SUCCESS ? finish(x) : st;
 }
 
+/* The hierarchical reduce, local index l, the root at node mr: the steps of
+ * run_hier, so the root gets the bits a hierarchical allreduce gives, but
+ * into the communicator's GPUDirect accumulator instead of outputs only the
+ * root has:
+ *  1. local rank l reduces block l of the node's inputs, in local rank
+ *     order, into the accumulator;
+ *  2. gdr.c's ring reduces it with local rank l of every other node (the same
+ *     ring reduce-scatter as the allreduce's, its blocks then sent to node mr
+ *     only); there LOOM_AVG divides by the communicator's size, once;
+ *  3. after a barrier (every input of the node read: in place, the root's
+ *     output is one of them), each rank of node mr copies its block into the
+ *     root's output over IPC; a last barrier keeps the root from returning
+ *     before they have. */
+static loom_status_t run_hier_reduce(const ipc_t *x, const loom_hier_t *h)
+{
+    const loom_coll_args_t *a = x->a;
+    const size_t es = a->esize;
+    int mr, lr;
+    place_of(h, a->root, &mr, &lr);
+    size_t off, n;
+    block_of(x, x->rank, &off, &n);
+    char *acc = n ? loom_cuda_gdr_accumulator(x->st, n * es, x->err) : NULL;
+    if (n && !acc)
+        return LOOM_ERR_NO_MEMORY;
+    loom_status_t st = n ? reduce_block(x, x->send, off, n, acc, NULL, 0, 0, 0) : LOOM_SUCCESS;
+    if (st == LOOM_SUCCESS)
+        st = loom_cuda_dev_ops.sync(x->st, x->err);
+    /* The accumulator is the ring's input and output, as for reduce_scatter,
+     * so gdr.c's copies in and out are nothing. */
+    loom_coll_args_t ring = *a;
+    ring.sendbuf = ring.recvbuf = acc;
+    ring.count = n;
+    ring.root = mr;
+    ring.op = a->op == LOOM_AVG ? LOOM_SUM : a->op;
+    if (st == LOOM_SUCCESS)
+        st = loom_cuda_gdr_run_group(x->st, &ring, h->cross, h->M, h->me_cross, x->err);
+    const int on_root_node = h->me_cross == mr;
+    if (st == LOOM_SUCCESS && n && on_root_node && a->op == LOOM_AVG)
+        st = loom_cuda_dev_ops.avg(x->st, acc, n, a->dtype, x->comm_size, x->err);
+    if (st == LOOM_SUCCESS)
+        st = finish(x);
+    if (st == LOOM_SUCCESS && on_root_node)
+        st = copy(x, x->recv[lr] + off * es, acc, n * es);
+    return st == LOOM_SUCCESS ? finish(x) : st;
+}
+
+/* The hierarchical broadcast from the root at node mr, local index lr: local
+ * rank lr of every node gets the root's data by GPUDirect RDMA (gdr.c's one
+ * step over h->cross, the root being its index mr; the other ranks' calls
+ * move nothing and only keep the sequence numbers in step); after a barrier
+ * the node's other ranks copy it over IPC from local rank lr's buffer; a last
+ * barrier keeps that buffer in place while they read it. */
+static loom_status_t run_hier_broadcast(const ipc_t *x, const loom_hier_t *h)
+{
+    const loom_coll_args_t *a = x->a;
+    int mr, lr;
+    place_of(h, a->root, &mr, &lr);
+    loom_coll_args_t step = *a;
+    step.root = mr;
+    step.count = x->rank == lr ? a->count : 0;
+    loom_status_t st =
+        loom_cuda_gdr_run_group(x->st, &step, h->cross, h->M, h->me_cross, x->err);
+    if (st == LOOM_SUCCESS)
+        st = finish(x);
+    if (st == LOOM_SUCCESS && x->rank != lr)
+        st = copy(x, x->recv[x->rank], x->recv[lr], a->count * a->esize);
+    return st == LOOM_SUCCESS ? finish(x) : st;
+}
+
 /* One call over IPC: the whole communicator (h NULL), or the hierarchical
- * allreduce with h's local group. */
+ * path with h's local group. */
 static loom_status_t ipc_call(loom_cuda_state_t *st, const loom_coll_args_t *a,
                               loom_accel_host_coll_fn run_host, void *host_arg, int may_wait,
                               const loom_hier_t *h, int *done, loom_err_t *err)
@@ -550,6 +644,7 @@ static loom_status_t ipc_call(loom_cuda_state_t *st, const loom_coll_args_t *a,
                .rank = h ? h->l : loom_comm_rank(st->comm),
                .size = h ? h->L : loom_comm_size(st->comm),
                .group = h ? h->local : NULL,
+               .h = h,
                .comm_size = loom_comm_size(st->comm)};
     if (a->count == 0) { /* the same on every rank: nothing to move */
         *done = 1;
@@ -563,9 +658,13 @@ static loom_status_t ipc_call(loom_cuda_state_t *st, const loom_coll_args_t *a,
     int agreed = 0;
     loom_status_t status = share(&x, &agreed);
     if (status == LOOM_SUCCESS && agreed && h) {
-        status = a->coll == LOOM_COLL_REDUCE_SCATTER ? run_hier_reduce_scatter(&x, h)
-                 : a->coll == LOOM_COLL_ALLGATHER    ? run_hier_allgather(&x, h)
-                                                     : run_hier(&x, h);
+        switch (a->coll) {
+        case LOOM_COLL_REDUCE_SCATTER: status = run_hier_reduce_scatter(&x, h); break;
+        case LOOM_COLL_ALLGATHER: status = run_hier_allgather(&x, h); break;
+        case LOOM_COLL_BROADCAST: status = run_hier_broadcast(&x, h); break;
+        case LOOM_COLL_REDUCE: status = run_hier_reduce(&x, h); break;
+        default: status = run_hier(&x, h); break;
+        }
         *done = status == LOOM_SUCCESS;
     } else if (status == LOOM_SUCCESS && agreed) {
         switch (a->coll) {

@@ -25,13 +25,15 @@
  *  refused: LOOM_NET_GDR=1 where nothing can register GPU memory (the GPU
  *           exports no dma-buf, no nvidia-peermem): a GPU call fails saying why;
  *  hier:    ranks on emulated nodes (LOOM_MP_NODES, CUDA IPC inside each,
- *           GPUDirect RDMA between): allreduce, reduce_scatter and allgather
- *           on every type, counts smaller than the number of ranks and not
- *           divisible by it, every op on the largest (the reducing ones), in
- *           place and not, gives the host's bytes with no copy
- *           between host and device during a call, peers' buffers opened by
- *           IPC and dma-bufs exported; inputs that round (fractions in
- *           float32, float16, bfloat16) give every rank the same bits;
+ *           GPUDirect RDMA between): allreduce, reduce_scatter, allgather,
+ *           reduce and broadcast (rooted at rank 0, the first rank of the
+ *           second node and the last rank) on every type, counts smaller
+ *           than the number of ranks and not divisible by it, every op on
+ *           the largest (the reducing ones), in place and not, gives the
+ *           host's bytes with no copy between host and device during a
+ *           call, peers' buffers opened by IPC and dma-bufs exported; inputs
+ *           that round (fractions in float32, float16, bfloat16) give every
+ *           rank the same bits, and reduce's root those of allreduce;
  *  hier-lazy: hier in the CUDA double's lazy mode (queued device work runs
  *           only when the host waits): a step that reads what an earlier
  *           step's kernels or copies write without waiting gets stale bytes;
@@ -366,6 +368,13 @@ static void isend_irecv(loom_comm_t c, bufs_t *b, mode_t_ mode)
     }
 }
 
+/* The first rank of the second emulated node (LOOM_MP_NODES ranks a node). */
+static int second_node(int P)
+{
+    const char *e = getenv("LOOM_MP_NODES");
+    return e && atoi(e) > 0 && atoi(e) < P ? atoi(e) : P / 2;
+}
+
 /* Inputs that round: every rank must still get the same bits (one rank
  * computes each element, the others copy it). Each rank's result, downloaded,
  * is compared with rank 0's through a host allgather. */
@@ -406,29 +415,53 @@ static void same_bits_everywhere(loom_comm_t c, bufs_t *b)
                        dtypes[d].name, r);
                 break;
             }
+        /* reduce's root gets the allreduce's bits (hr still holds them). */
+        const int roots[] = {0, second_node(P), P - 1};
+        for (size_t ri = 0; ri < sizeof(roots) / sizeof(roots[0]); ri++) {
+            if (loom_reduce(b->s, b->r, n, dtypes[d].dt, LOOM_SUM, roots[ri], c) != LOOM_SUCCESS) {
+                mp_bad(c, "reduce of fractions: %s", loom_comm_last_error(c));
+                return;
+            }
+            if (me != roots[ri])
+                continue;
+            if (!cuda_ok(c, cudaMemcpy(b->ref, b->r, n * es, cudaMemcpyDeviceToHost),
+                         "download"))
+                return;
+            if (memcmp(b->ref, b->hr, n * es) != 0)
+                mp_bad(c, "reduce of fractions in %s to root %d: bits differ from allreduce's",
+                       dtypes[d].name, roots[ri]);
+        }
     }
 }
 
-/* hier and hier-staged: the allreduce, reduce_scatter and allgather matrix
- * on ranks of several nodes. */
+/* hier and hier-staged: the allreduce, reduce_scatter, allgather, reduce and
+ * broadcast matrix on ranks of several nodes; the rooted ones from rank 0, the
+ * first rank of the second node and the last rank (a local index other than
+ * 0 on a node other than the first). */
 static void hier_matrix(loom_comm_t c, bufs_t *b, mode_t_ mode)
 {
     const int P = loom_comm_size(c);
     static const size_t counts[] = {0, 1, 2, 3, 5, 7, 1001, 20011};
     const size_t ncounts = sizeof(counts) / sizeof(counts[0]);
     cuda_double_counts_t moved = {0};
-    static const int colls[] = {ALLREDUCE, REDUCE_SCATTER, ALLGATHER};
-    for (size_t x = 0; x < sizeof(colls) / sizeof(colls[0]); x++)
-        for (size_t d = 0; d < NDTYPES; d++)
-            for (size_t ni = 0; ni < ncounts; ni++)
-                for (int in_place = 0; in_place < 2; in_place++)
-                    for (int o = 0; o < matrix_nops(colls[x] != ALLGATHER, d, ni == ncounts - 1);
-                         o++) {
-                        case_t k = {.coll = colls[x], .in_place = in_place, .dti = d};
-                        k.op = matrix_ops[o];
-                        k.count = matrix_count(k.op, counts[ni]);
-                        one_case(c, &k, b, mode, &moved);
-                    }
+    static const int colls[] = {ALLREDUCE, REDUCE_SCATTER, ALLGATHER, REDUCE, BROADCAST};
+    const int roots[] = {0, second_node(P), P - 1};
+    for (size_t x = 0; x < sizeof(colls) / sizeof(colls[0]); x++) {
+        const int rooted = colls[x] == REDUCE || colls[x] == BROADCAST;
+        const int reduces = colls[x] != ALLGATHER && colls[x] != BROADCAST;
+        for (size_t ri = 0; ri < (rooted ? sizeof(roots) / sizeof(roots[0]) : 1); ri++)
+            for (size_t d = 0; d < NDTYPES; d++)
+                for (size_t ni = 0; ni < ncounts; ni++)
+                    /* broadcast has one buffer: in place is all it does */
+                    for (int in_place = 0; in_place < (colls[x] == BROADCAST ? 1 : 2); in_place++)
+                        for (int o = 0; o < matrix_nops(reduces, d, ni == ncounts - 1); o++) {
+                            case_t k = {.coll = colls[x], .in_place = in_place, .dti = d};
+                            k.op = matrix_ops[o];
+                            k.count = matrix_count(k.op, counts[ni]);
+                            k.root = roots[ri];
+                            one_case(c, &k, b, mode, &moved);
+                        }
+    }
     if (mode == MODE_HIER &&
         (moved.ipc_opens == 0 || moved.dmabuf_exports == 0 || moved.kernels == 0))
         mp_bad(c,
@@ -440,9 +473,9 @@ static void hier_matrix(loom_comm_t c, bufs_t *b, mode_t_ mode)
                moved.ipc_opens);
     same_bits_everywhere(c, b);
     printf(
-        "rank %d/%d: during the GPU allreduces, reduce_scatters and allgathers: %ld copies host to "
-        "device, %ld device to host, %ld kernels, %ld IPC handles opened, %ld dma-bufs "
-        "exported\n",
+        "rank %d/%d: during the GPU allreduces, reduce_scatters, allgathers, reduces and "
+        "broadcasts: %ld copies host to device, %ld device to host, %ld kernels, %ld IPC handles "
+        "opened, %ld dma-bufs exported\n",
         loom_comm_rank(c), P, moved.h2d, moved.d2h, moved.kernels, moved.ipc_opens,
         moved.dmabuf_exports);
     fflush(stdout);

@@ -6,7 +6,7 @@
 # mismatches, abort, timeouts); faults injected by the double (remote access
 # error, QP to the error state) end in errors within LOOM_TIMEOUT; loom-perf
 # p2p -t ibverbs; GPUDirect RDMA on GPU buffers of the CUDA double (CUDA builds),
-# and the hierarchical allreduce, reduce_scatter and allgather on them (CUDA IPC inside emulated nodes,
+# and the hierarchical allreduce, reduce_scatter, allgather, reduce and broadcast on them (CUDA IPC inside emulated nodes,
 # GPUDirect RDMA between). With the system's libibverbs and no devices:
 # LOOM_TRANSPORT=ibverbs fails with a clear error and auto falls back to TCP.
 # What the double cannot show (DMA ordering, wire retries, GID routing,
@@ -258,7 +258,8 @@ if [ -x "$gdr" ]; then
     [ $rc = 0 ] || tail -20 "$tmp/out"
 
     # Several ranks on each of several emulated nodes (LOOM_MP_NODES ranks a
-    # node): allreduce, reduce_scatter and allgather go hierarchically, CUDA IPC inside each node (the
+    # node): allreduce, reduce_scatter, allgather, reduce and broadcast go
+    # hierarchically, CUDA IPC inside each node (the
     # double's IPC handles map another process's device memory), GPUDirect
     # RDMA between; whether the host's transport inside a node is shared
     # memory or ibverbs does not matter to it. Every rank names the path, and
@@ -273,13 +274,16 @@ if [ -x "$gdr" ]; then
         took=$(grep -c " allreduce on GPU buffers: hierarchical: CUDA IPC inside each node, GPUDirect RDMA between nodes" "$tmp/out")
         took_rs=$(grep -c " reduce_scatter on GPU buffers: hierarchical: CUDA IPC inside each node, GPUDirect RDMA between nodes" "$tmp/out")
         took_ag=$(grep -c " allgather on GPU buffers: hierarchical: CUDA IPC inside each node, GPUDirect RDMA between nodes" "$tmp/out")
-        [ "$took" = "$2" ] && [ "$took_rs" = "$2" ] && [ "$took_ag" = "$2" ] && ! grep -q "on GPU buffers: staged" "$tmp/out" &&
+        took_re=$(grep -c " reduce on GPU buffers: hierarchical: CUDA IPC inside each node, GPUDirect RDMA between nodes" "$tmp/out")
+        took_bc=$(grep -c " broadcast on GPU buffers: hierarchical: CUDA IPC inside each node, GPUDirect RDMA between nodes" "$tmp/out")
+        [ "$took" = "$2" ] && [ "$took_rs" = "$2" ] && [ "$took_ag" = "$2" ] && [ "$took_re" = "$2" ] && [ "$took_bc" = "$2" ] &&
+            ! grep -q "on GPU buffers: staged" "$tmp/out" &&
             grep -q "fakeverbs: pid .*: dmabuf registrations [1-9]" "$tmp/out"
         ok=$?
         [ $rc = 0 ] && [ $ok = 0 ]
-        result $? "$(( $2 / $1 )) nodes x $1 ranks (shm $3), $4: allreduce, reduce_scatter and allgather on GPU buffers by IPC inside nodes and GPUDirect RDMA between, no staging copy, the same bits everywhere"
+        result $? "$(( $2 / $1 )) nodes x $1 ranks (shm $3), $4: allreduce, reduce_scatter, allgather, reduce and broadcast (3 roots) on GPU buffers by IPC inside nodes and GPUDirect RDMA between, no staging copy, the same bits everywhere (reduce's root: allreduce's)"
         [ $rc = 0 ] && [ $ok = 0 ] || tail -40 "$tmp/out"
-        grep "during the GPU allreduces, reduce_scatters and allgathers" "$tmp/out" | head -1
+        grep "during the GPU allreduces, reduce_scatters, allgathers, reduces and broadcasts" "$tmp/out" | head -1
     done
     for off in LOOM_CUDA_IPC LOOM_NET_GDR; do
         env LOOM_MP_NODES=2 LOOM_SHM=1 LOOM_CUDA_IPC=1 LOOM_NET_GDR=1 $off=0 LOOM_DEBUG=INFO \
@@ -288,10 +292,13 @@ if [ -x "$gdr" ]; then
         staged=$(grep -c " allreduce on GPU buffers: staged through host memory" "$tmp/out")
         staged_rs=$(grep -c " reduce_scatter on GPU buffers: staged through host memory" "$tmp/out")
         staged_ag=$(grep -c " allgather on GPU buffers: staged through host memory" "$tmp/out")
-        [ "$staged" = 4 ] && [ "$staged_rs" = 4 ] && [ "$staged_ag" = 4 ] && ! grep -q "hierarchical: CUDA IPC" "$tmp/out"
+        staged_re=$(grep -c " reduce on GPU buffers: staged through host memory" "$tmp/out")
+        staged_bc=$(grep -c " broadcast on GPU buffers: staged through host memory" "$tmp/out")
+        [ "$staged" = 4 ] && [ "$staged_rs" = 4 ] && [ "$staged_ag" = 4 ] && [ "$staged_re" = 4 ] &&
+            [ "$staged_bc" = 4 ] && ! grep -q "hierarchical: CUDA IPC" "$tmp/out"
         ok=$?
         [ $rc = 0 ] && [ $ok = 0 ]
-        result $? "2 nodes x 2 ranks, $off=0: allreduce, reduce_scatter and allgather on GPU buffers staged through host memory, right"
+        result $? "2 nodes x 2 ranks, $off=0: allreduce, reduce_scatter, allgather, reduce and broadcast on GPU buffers staged through host memory, right"
         [ $rc = 0 ] && [ $ok = 0 ] || tail -40 "$tmp/out"
     done
 else
