@@ -82,11 +82,13 @@ int loom_cuda_ipc_covers(const loom_cuda_state_t *st, const loom_coll_args_t *a)
 loom_status_t loom_cuda_ipc_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
                                 loom_accel_host_coll_fn run_host, void *host_arg, int may_wait,
                                 int *done, loom_err_t *err);
-/* The hierarchical allreduce, reduce_scatter and allgather (st->hier_ok,
- * GPUDirect RDMA agreed between nodes): a reduce-scatter over CUDA IPC
- * inside each node, each block reduced by GPUDirect RDMA with the ranks of
- * the same local index on the other nodes, then (allreduce) an allgather
- * over IPC inside each node; allgather: between nodes first, then inside.
+/* The hierarchical allreduce, reduce_scatter, allgather, reduce and
+ * broadcast (st->hier_ok, GPUDirect RDMA agreed between nodes): a
+ * reduce-scatter over CUDA IPC inside each node, each block reduced by
+ * GPUDirect RDMA with the ranks of the same local index on the other nodes,
+ * then (allreduce) an allgather over IPC inside each node or (reduce) the
+ * root's node's blocks copied into the root's output; allgather and
+ * broadcast: between nodes first, then inside.
  * *done as for loom_cuda_ipc_run: 0 when some rank could not share a
  * buffer (all stage). */
 loom_status_t loom_cuda_ipc_hier_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
@@ -109,9 +111,11 @@ loom_status_t loom_cuda_gdr_run(loom_cuda_state_t *st, const loom_coll_args_t *a
  * hierarchical path; kept in st->gdr_cross. */
 loom_status_t loom_cuda_gdr_decide_cross(loom_cuda_state_t *st, loom_accel_host_coll_fn run_host,
                                          void *host_arg, int *direct, loom_err_t *err);
-/* The ring allreduce of a (sendbuf == recvbuf, op not LOOM_AVG: the caller
- * divides), or the allgather of a (each piece where its communicator rank's
- * goes), among the P communicator ranks of ranks[], we being index me.
+/* The ring allreduce or reduce of a (sendbuf == recvbuf, op not LOOM_AVG:
+ * the caller divides; a reduce's recvbuf the accumulator, its root an index
+ * in ranks[]), or the allgather (each piece where its communicator rank's
+ * goes) or broadcast (root an index in ranks[]) of a, among the P
+ * communicator ranks of ranks[], we being index me.
  * Every rank of the communicator calls it for the same collective, those
  * with a->count 0 too. */
 loom_status_t loom_cuda_gdr_run_group(loom_cuda_state_t *st, const loom_coll_args_t *a,

@@ -32,14 +32,16 @@
  * the transport register a new allocation every time (and cudaMalloc and
  * cudaFree synchronize the device).
  *
- * The ring (and allgather's one step) runs on the whole communicator or, for
+ * The ring (and the one step of allgather and broadcast) runs on the whole
+ * communicator or, for
  * the hierarchical path (ipc.c), on a group of it: the ranks of one local
  * index, one per node (ranks maps group index to communicator rank), with the
  * agreement taken over those peers only (st->gdr_cross).
  *
  * Not covered (staged as before): alltoall(v) in place, a communicator with a
  * peer on a transport that takes host memory only (shared memory inside a
- * node) but for allreduce on the hierarchical path. Send/recv on GPU memory,
+ * node) but for allreduce, reduce_scatter, allgather, reduce and broadcast on
+ * the hierarchical path. Send/recv on GPU memory,
  * blocking or not, go direct through the core (coll.c).
  */
 #include <errno.h>

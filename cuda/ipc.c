@@ -618,8 +618,7 @@ static loom_status_t run_hier_broadcast(const ipc_t *x, const loom_hier_t *h)
     loom_coll_args_t step = *a;
     step.root = mr;
     step.count = x->rank == lr ? a->count : 0;
-    loom_status_t st =
-        loom_cuda_gdr_run_group(x->st, &step, h->cross, h->M, h->me_cross, x->err);
+    loom_status_t st = loom_cuda_gdr_run_group(x->st, &step, h->cross, h->M, h->me_cross, x->err);
     if (st == LOOM_SUCCESS)
         st = finish(x);
     if (st == LOOM_SUCCESS && x->rank != lr)
