@@ -453,6 +453,33 @@ static loom_status_t run_copies(const ipc_t *x)
     return st == LOOM_SUCCESS ? finish(x) : st;
 }
 
+/* Steps 1-2 of the hierarchical allreduce and reduce: block [off, off + n)
+ * of the node's inputs reduced into dst in local rank order, then with the
+ * same block of every other node by gdr.c's ring over h->cross, ending on
+ * every node (root_node -1: allreduce) or on root_node (reduce), where
+ * LOOM_AVG divides by the communicator's size, once. */
+static loom_status_t reduce_across_nodes(const ipc_t *x, const loom_hier_t *h, char *dst,
+                                         size_t off, size_t n, int hazard, int root_node)
+{
+    const loom_coll_args_t *a = x->a;
+    loom_status_t st = n ? reduce_block(x, x->send, off, n, dst, NULL, 0, hazard, 0)
+                         : LOOM_SUCCESS;
+    if (st == LOOM_SUCCESS)
+        st = loom_cuda_dev_ops.sync(x->st, x->err);
+    loom_coll_args_t ring = *a;
+    ring.sendbuf = ring.recvbuf = dst;
+    ring.count = n;
+    if (root_node >= 0)
+        ring.root = root_node;
+    ring.op = a->op == LOOM_AVG ? LOOM_SUM : a->op;
+    if (st == LOOM_SUCCESS)
+        st = loom_cuda_gdr_run_group(x->st, &ring, h->cross, h->M, h->me_cross, x->err);
+    const int result_here = root_node < 0 || h->me_cross == root_node;
+    if (st == LOOM_SUCCESS && n && result_here && a->op == LOOM_AVG)
+        st = loom_cuda_dev_ops.avg(x->st, dst, n, a->dtype, x->comm_size, x->err);
+    return st;
+}
+
 /* The hierarchical allreduce, IPC inside our node (x's group, local index
  * l = x->rank of L = x->size) around a ring between nodes:
  *  1. local rank l reduces block l of the node's inputs, in local rank order,
@@ -478,18 +505,7 @@ static loom_status_t run_hier(const ipc_t *x, const loom_hier_t *h)
     block_of(x, x->rank, &off, &n);
     char *const mine = x->recv[x->rank] + off * es;
     const int hazard = x->recv[x->rank] == x->send[x->rank] && x->rank >= 2;
-    loom_status_t st =
-        n ? reduce_block(x, x->send, off, n, mine, NULL, 0, hazard, 0) : LOOM_SUCCESS;
-    if (st == LOOM_SUCCESS)
-        st = loom_cuda_dev_ops.sync(x->st, x->err);
-    loom_coll_args_t ring = *a;
-    ring.sendbuf = ring.recvbuf = mine;
-    ring.count = n;
-    ring.op = a->op == LOOM_AVG ? LOOM_SUM : a->op;
-    if (st == LOOM_SUCCESS)
-        st = loom_cuda_gdr_run_group(x->st, &ring, h->cross, h->M, h->me_cross, x->err);
-    if (st == LOOM_SUCCESS && n && a->op == LOOM_AVG)
-        st = loom_cuda_dev_ops.avg(x->st, mine, n, a->dtype, x->comm_size, x->err);
+    loom_status_t st = reduce_across_nodes(x, h, mine, off, n, hazard, -1);
     if (st == LOOM_SUCCESS)
         st = finish(x);
     for (int k = 0; k < x->size && st == LOOM_SUCCESS; k++) {
@@ -582,24 +598,12 @@ static loom_status_t run_hier_reduce(const ipc_t *x, const loom_hier_t *h)
     char *acc = n ? loom_cuda_gdr_accumulator(x->st, n * es, x->err) : NULL;
     if (n && !acc)
         return LOOM_ERR_NO_MEMORY;
-    loom_status_t st = n ? reduce_block(x, x->send, off, n, acc, NULL, 0, 0, 0) : LOOM_SUCCESS;
-    if (st == LOOM_SUCCESS)
-        st = loom_cuda_dev_ops.sync(x->st, x->err);
     /* The accumulator is the ring's input and output, as for reduce_scatter,
      * so gdr.c's copies in and out are nothing. */
-    loom_coll_args_t ring = *a;
-    ring.sendbuf = ring.recvbuf = acc;
-    ring.count = n;
-    ring.root = mr;
-    ring.op = a->op == LOOM_AVG ? LOOM_SUM : a->op;
-    if (st == LOOM_SUCCESS)
-        st = loom_cuda_gdr_run_group(x->st, &ring, h->cross, h->M, h->me_cross, x->err);
-    const int on_root_node = h->me_cross == mr;
-    if (st == LOOM_SUCCESS && n && on_root_node && a->op == LOOM_AVG)
-        st = loom_cuda_dev_ops.avg(x->st, acc, n, a->dtype, x->comm_size, x->err);
+    loom_status_t st = reduce_across_nodes(x, h, acc, off, n, 0, mr);
     if (st == LOOM_SUCCESS)
         st = finish(x);
-    if (st == LOOM_SUCCESS && on_root_node)
+    if (st == LOOM_SUCCESS && h->me_cross == mr)
         st = copy(x, x->recv[lr] + off * es, acc, n * es);
     return st == LOOM_SUCCESS ? finish(x) : st;
 }

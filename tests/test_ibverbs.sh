@@ -266,17 +266,19 @@ if [ -x "$gdr" ]; then
     # moves no byte between host and device (tests/mp_cuda_gdr hier); in the
     # lazy double a step that does not wait for the one before reads stale
     # bytes. LOOM_CUDA_IPC=0 or LOOM_NET_GDR=0: staged, as before.
+    # each_coll_logged FILE PATH N: each of the five collectives logged that
+    # it went PATH ("<coll> on GPU buffers: PATH") N times, once per rank.
+    each_coll_logged() {
+        for coll in allreduce reduce_scatter allgather reduce broadcast; do
+            [ "$(grep -c " $coll on GPU buffers: $2" "$1")" = "$3" ] || return 1
+        done
+    }
     for spec in "2 4 1 hier" "3 6 1 hier" "2 4 0 hier" "3 6 1 hier-lazy"; do
         set -- $spec
         LOOM_MP_NODES=$1 LOOM_SHM=$3 LOOM_CUDA_IPC=1 LOOM_NET_GDR=1 LOOM_DEBUG=INFO \
             LOOM_DEBUG_SUBSYS=cuda,ibverbs FAKEVERBS_STATS=1 "$gdr" $4 $2 > "$tmp/out" 2>&1
         rc=$?
-        took=$(grep -c " allreduce on GPU buffers: hierarchical: CUDA IPC inside each node, GPUDirect RDMA between nodes" "$tmp/out")
-        took_rs=$(grep -c " reduce_scatter on GPU buffers: hierarchical: CUDA IPC inside each node, GPUDirect RDMA between nodes" "$tmp/out")
-        took_ag=$(grep -c " allgather on GPU buffers: hierarchical: CUDA IPC inside each node, GPUDirect RDMA between nodes" "$tmp/out")
-        took_re=$(grep -c " reduce on GPU buffers: hierarchical: CUDA IPC inside each node, GPUDirect RDMA between nodes" "$tmp/out")
-        took_bc=$(grep -c " broadcast on GPU buffers: hierarchical: CUDA IPC inside each node, GPUDirect RDMA between nodes" "$tmp/out")
-        [ "$took" = "$2" ] && [ "$took_rs" = "$2" ] && [ "$took_ag" = "$2" ] && [ "$took_re" = "$2" ] && [ "$took_bc" = "$2" ] &&
+        each_coll_logged "$tmp/out" "hierarchical: CUDA IPC inside each node, GPUDirect RDMA between nodes" $2 &&
             ! grep -q "on GPU buffers: staged" "$tmp/out" &&
             grep -q "fakeverbs: pid .*: dmabuf registrations [1-9]" "$tmp/out"
         ok=$?
@@ -289,13 +291,7 @@ if [ -x "$gdr" ]; then
         env LOOM_MP_NODES=2 LOOM_SHM=1 LOOM_CUDA_IPC=1 LOOM_NET_GDR=1 $off=0 LOOM_DEBUG=INFO \
             LOOM_DEBUG_SUBSYS=cuda "$gdr" hier-staged 4 > "$tmp/out" 2>&1
         rc=$?
-        staged=$(grep -c " allreduce on GPU buffers: staged through host memory" "$tmp/out")
-        staged_rs=$(grep -c " reduce_scatter on GPU buffers: staged through host memory" "$tmp/out")
-        staged_ag=$(grep -c " allgather on GPU buffers: staged through host memory" "$tmp/out")
-        staged_re=$(grep -c " reduce on GPU buffers: staged through host memory" "$tmp/out")
-        staged_bc=$(grep -c " broadcast on GPU buffers: staged through host memory" "$tmp/out")
-        [ "$staged" = 4 ] && [ "$staged_rs" = 4 ] && [ "$staged_ag" = 4 ] && [ "$staged_re" = 4 ] &&
-            [ "$staged_bc" = 4 ] && ! grep -q "hierarchical: CUDA IPC" "$tmp/out"
+        each_coll_logged "$tmp/out" "staged through host memory" 4 && ! grep -q "hierarchical: CUDA IPC" "$tmp/out"
         ok=$?
         [ $rc = 0 ] && [ $ok = 0 ]
         result $? "2 nodes x 2 ranks, $off=0: allreduce, reduce_scatter, allgather, reduce and broadcast on GPU buffers staged through host memory, right"
