@@ -121,6 +121,9 @@ typedef struct loom_hier {
 /* 1: the views are ready (free them with loom_hier_free); 0: the context is
  * not uniform over several nodes (run a flat algorithm); -1: out of memory. */
 int loom_hier_init(const loom_ctx_t *ctx, loom_hier_t *h);
+/* The node (index in cross) and local index of rank, a rank of the grid
+ * (a collective's root); 0 and 0 for a rank not in it. */
+void loom_hier_place(const loom_hier_t *h, int rank, int *node_p, int *local_p);
 void loom_hier_free(loom_hier_t *h);
 loom_ctx_t loom_hier_local_view(const loom_ctx_t *ctx, const loom_hier_t *h, uint32_t phase);
 loom_ctx_t loom_hier_cross_view(const loom_ctx_t *ctx, const loom_hier_t *h, uint32_t phase);

@@ -25,12 +25,8 @@ loom_status_t loom_broadcast_hierarchical(loom_ctx_t *ctx, const loom_coll_args_
         return LOOM_ERR_NO_MEMORY;
     if (ready == 0)
         return loom_broadcast_binomial(ctx, a);
-    int root_node = 0, root_local = 0;
-    for (int g = 0; g < h.M * h.L; g++)
-        if (h.grid[g] == a->root) {
-            root_node = g / h.L;
-            root_local = g % h.L;
-        }
+    int root_node, root_local;
+    loom_hier_place(&h, a->root, &root_node, &root_local);
     loom_status_t st = LOOM_SUCCESS;
     if (h.l == root_local) {
         loom_ctx_t xv = loom_hier_cross_view(ctx, &h, 0);

@@ -73,6 +73,17 @@ int loom_hier_init(const loom_ctx_t *ctx, loom_hier_t *h)
     return 1;
 }
 
+void loom_hier_place(const loom_hier_t *h, int rank, int *node_p, int *local_p)
+{
+    *node_p = *local_p = 0;
+    for (int g = 0; g < h->M * h->L; g++)
+        if (h->grid[g] == rank) {
+            *node_p = g / h->L;
+            *local_p = g % h->L;
+            return;
+        }
+}
+
 void loom_hier_free(loom_hier_t *h)
 {
     free(h->heap);

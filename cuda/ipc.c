@@ -159,19 +159,6 @@ void loom_cuda_ipc_release(loom_cuda_state_t *st)
     st->npeers = 0;
 }
 
-/* The node m and local index k of communicator rank r (a valid root: it is
- * in the grid; 0 and 0 otherwise). */
-static void place_of(const loom_hier_t *h, int r, int *m_p, int *k_p)
-{
-    *m_p = *k_p = 0;
-    for (int i = 0; i < h->M * h->L; i++)
-        if (h->grid[i] == r) {
-            *m_p = i / h->L;
-            *k_p = i % h->L;
-            return;
-        }
-}
-
 /* Which of its buffers a rank's peers read or write (in the hierarchical
  * path: those of its node). */
 static void needed(const ipc_t *x, int need[2])
@@ -187,7 +174,7 @@ static void needed(const ipc_t *x, int need[2])
         /* The node's copy of the root's data: the root's own on its node, what
          * the rank of the root's local index received on the others. */
         int mr, lr;
-        place_of(x->h, a->root, &mr, &lr);
+        loom_hier_place(x->h, a->root, &mr, &lr);
         need[RECV] = x->rank == lr;
         return;
     }
@@ -455,12 +442,13 @@ static loom_status_t run_copies(const ipc_t *x)
 
 /* Steps 1-2 of the hierarchical allreduce and reduce: block [off, off + n)
  * of the node's inputs reduced into dst in local rank order, then with the
- * same block of every other node by gdr.c's ring over h->cross, ending on
+ * same block of every other node by gdr.c's ring over x->h->cross, ending on
  * every node (root_node -1: allreduce) or on root_node (reduce), where
  * LOOM_AVG divides by the communicator's size, once. */
-static loom_status_t reduce_across_nodes(const ipc_t *x, const loom_hier_t *h, char *dst,
-                                         size_t off, size_t n, int hazard, int root_node)
+static loom_status_t reduce_across_nodes(const ipc_t *x, char *dst, size_t off, size_t n,
+                                         int hazard, int root_node)
 {
+    const loom_hier_t *h = x->h;
     const loom_coll_args_t *a = x->a;
     loom_status_t st = n ? reduce_block(x, x->send, off, n, dst, NULL, 0, hazard, 0)
                          : LOOM_SUCCESS;
@@ -497,7 +485,7 @@ static loom_status_t reduce_across_nodes(const ipc_t *x, const loom_hier_t *h, c
  * dev_scratch, as run_reduce); step 3 writes the other blocks of its output,
  * which in place are inputs the node's other ranks read in step 1: after the
  * barrier. */
-static loom_status_t run_hier(const ipc_t *x, const loom_hier_t *h)
+static loom_status_t run_hier(const ipc_t *x)
 {
     const loom_coll_args_t *a = x->a;
     const size_t es = a->esize;
@@ -505,7 +493,7 @@ static loom_status_t run_hier(const ipc_t *x, const loom_hier_t *h)
     block_of(x, x->rank, &off, &n);
     char *const mine = x->recv[x->rank] + off * es;
     const int hazard = x->recv[x->rank] == x->send[x->rank] && x->rank >= 2;
-    loom_status_t st = reduce_across_nodes(x, h, mine, off, n, hazard, -1);
+    loom_status_t st = reduce_across_nodes(x, mine, off, n, hazard, -1);
     if (st == LOOM_SUCCESS)
         st = finish(x);
     for (int k = 0; k < x->size && st == LOOM_SUCCESS; k++) {
@@ -526,8 +514,9 @@ static loom_status_t run_hier(const ipc_t *x, const loom_hier_t *h)
  *  3. after a barrier (the node's inputs all read: in place, our output is
  *     one of them) it is copied into our output.
  * Nothing of the node's outputs is shared: each rank writes only its own. */
-static loom_status_t run_hier_reduce_scatter(const ipc_t *x, const loom_hier_t *h)
+static loom_status_t run_hier_reduce_scatter(const ipc_t *x)
 {
+    const loom_hier_t *h = x->h;
     const loom_coll_args_t *a = x->a;
     const size_t es = a->esize, n = a->count;
     char *acc = loom_cuda_gdr_accumulator(x->st, (size_t)h->M * n * es, x->err);
@@ -559,8 +548,9 @@ static loom_status_t run_hier_reduce_scatter(const ipc_t *x, const loom_hier_t *
  * copies over IPC, from each other local rank k's output, the pieces k
  * gathered (those of local rank k of every node); a last barrier keeps its
  * output in place while the node's other ranks read it. */
-static loom_status_t run_hier_allgather(const ipc_t *x, const loom_hier_t *h)
+static loom_status_t run_hier_allgather(const ipc_t *x)
 {
+    const loom_hier_t *h = x->h;
     const loom_coll_args_t *a = x->a;
     const size_t es = a->esize, n = a->count;
     loom_status_t st = loom_cuda_gdr_run_group(x->st, a, h->cross, h->M, h->me_cross, x->err);
@@ -587,12 +577,13 @@ static loom_status_t run_hier_allgather(const ipc_t *x, const loom_hier_t *h)
  *     output is one of them), each rank of node mr copies its block into the
  *     root's output over IPC; a last barrier keeps the root from returning
  *     before they have. */
-static loom_status_t run_hier_reduce(const ipc_t *x, const loom_hier_t *h)
+static loom_status_t run_hier_reduce(const ipc_t *x)
 {
+    const loom_hier_t *h = x->h;
     const loom_coll_args_t *a = x->a;
     const size_t es = a->esize;
     int mr, lr;
-    place_of(h, a->root, &mr, &lr);
+    loom_hier_place(h, a->root, &mr, &lr);
     size_t off, n;
     block_of(x, x->rank, &off, &n);
     char *acc = n ? loom_cuda_gdr_accumulator(x->st, n * es, x->err) : NULL;
@@ -600,7 +591,7 @@ static loom_status_t run_hier_reduce(const ipc_t *x, const loom_hier_t *h)
         return LOOM_ERR_NO_MEMORY;
     /* The accumulator is the ring's input and output, as for reduce_scatter,
      * so gdr.c's copies in and out are nothing. */
-    loom_status_t st = reduce_across_nodes(x, h, acc, off, n, 0, mr);
+    loom_status_t st = reduce_across_nodes(x, acc, off, n, 0, mr);
     if (st == LOOM_SUCCESS)
         st = finish(x);
     if (st == LOOM_SUCCESS && h->me_cross == mr)
@@ -614,11 +605,12 @@ static loom_status_t run_hier_reduce(const ipc_t *x, const loom_hier_t *h)
  * move nothing and only keep the sequence numbers in step); after a barrier
  * the node's other ranks copy it over IPC from local rank lr's buffer; a last
  * barrier keeps that buffer in place while they read it. */
-static loom_status_t run_hier_broadcast(const ipc_t *x, const loom_hier_t *h)
+static loom_status_t run_hier_broadcast(const ipc_t *x)
 {
+    const loom_hier_t *h = x->h;
     const loom_coll_args_t *a = x->a;
     int mr, lr;
-    place_of(h, a->root, &mr, &lr);
+    loom_hier_place(h, a->root, &mr, &lr);
     loom_coll_args_t step = *a;
     step.root = mr;
     step.count = x->rank == lr ? a->count : 0;
@@ -662,11 +654,11 @@ static loom_status_t ipc_call(loom_cuda_state_t *st, const loom_coll_args_t *a,
     loom_status_t status = share(&x, &agreed);
     if (status == LOOM_SUCCESS && agreed && h) {
         switch (a->coll) {
-        case LOOM_COLL_REDUCE_SCATTER: status = run_hier_reduce_scatter(&x, h); break;
-        case LOOM_COLL_ALLGATHER: status = run_hier_allgather(&x, h); break;
-        case LOOM_COLL_BROADCAST: status = run_hier_broadcast(&x, h); break;
-        case LOOM_COLL_REDUCE: status = run_hier_reduce(&x, h); break;
-        default: status = run_hier(&x, h); break;
+        case LOOM_COLL_REDUCE_SCATTER: status = run_hier_reduce_scatter(&x); break;
+        case LOOM_COLL_ALLGATHER: status = run_hier_allgather(&x); break;
+        case LOOM_COLL_BROADCAST: status = run_hier_broadcast(&x); break;
+        case LOOM_COLL_REDUCE: status = run_hier_reduce(&x); break;
+        default: status = run_hier(&x); break;
         }
         *done = status == LOOM_SUCCESS;
     } else if (status == LOOM_SUCCESS && agreed) {
