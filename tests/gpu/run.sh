@@ -1,6 +1,6 @@
 #!/bin/bash
 # tests/gpu/run.sh - build Loom with CUDA and run every GPU test and benchmark on
-# this machine's GPU (one is enough), then print a summary. About 3-5 minutes on
+# this machine's GPU (one is enough), then print a summary. About 5-7 minutes on
 # one GPU; each step has its own time limit so the whole stays under 8.
 #   tests/gpu/run.sh [BUILD_DIR]     (default: a fresh directory under /tmp)
 # Environment: CUDA_DIR (default /usr/local/cuda), CUDA_ARCH_FLAGS (nvcc targets).
@@ -54,19 +54,56 @@ if [ $? = 77 ]; then
     echo "$passed passed, $failed failed"
     exit 77
 fi
+# Ranks of one node go GPU to GPU through CUDA IPC where the collective has that
+# path; LOOM_CUDA_IPC=0 stages every call through host memory instead.
 step gpu_collectives 240 ./tests/gpu/gpu_collectives
+step gpu_collectives_staged 240 env LOOM_CUDA_IPC=0 ./tests/gpu/gpu_collectives
 step bench_reduce 60 ./tests/gpu/bench_reduce 256 float32 bfloat16 float16 float64 int32
-# busbw with device buffers, 2 ranks sharing the GPU (as nccl-tests' all_reduce_perf -g 1 x 2).
-step perf_allreduce_gpu_2ranks 120 ./tools/loomrun -np 2 ./tools/loom-perf allreduce -g -b 8 -e 256M -f 4 -n 5 -w 2
-step perf_allgather_gpu_2ranks 60 ./tools/loomrun -np 2 ./tools/loom-perf allgather -g -b 1K -e 64M -f 8 -n 5 -w 2
-# torch.distributed's "loom" on CUDA tensors (/opt/loom-torch's torch, else python3's).
+
+# perf_path NP COLL PATH MAX: busbw with device buffers, NP ranks sharing the
+# GPU (as nccl-tests' all_reduce_perf -g 1 x NP), through CUDA IPC (PATH ipc) or
+# staged (PATH staged); fails unless every rank's log names that path.
+perf_path() {
+    local np=$1 coll=$2 path=$3 max=$4 want out
+    if [ "$path" = ipc ]; then want="$coll on GPU buffers: GPU to GPU through CUDA IPC"; else want="$coll on GPU buffers: staged"; fi
+    out=$(mktemp)
+    LOOM_DEBUG=INFO LOOM_CUDA_IPC=$([ "$path" = ipc ] && echo 1 || echo 0) \
+        ./tools/loomrun -np "$np" ./tools/loom-perf "$coll" -g -b 8 -e "$max" -f 8 -n 5 -w 2 > "$out" 2>&1
+    local rc=$?
+    grep -v " LOOM INFO " "$out"
+    local logged
+    logged=$(grep -c "$want" "$out")
+    rm -f "$out"
+    echo "ranks that logged '$want': $logged of $np"
+    [ $rc = 0 ] && [ "$logged" = "$np" ]
+}
+export -f perf_path
+for np in 2 4; do
+    for path in ipc staged; do
+        step "perf_allreduce_gpu_${np}ranks_$path" 150 bash -c 'perf_path "$@"' _ $np allreduce $path 256M
+        step "perf_allgather_gpu_${np}ranks_$path" 90 bash -c 'perf_path "$@"' _ $np allgather $path 64M
+    done
+done
+# torch.distributed's "loom" on CUDA tensors (/opt/loom-torch's torch, else
+# python3's), then its all_reduce beside gloo's and NCCL's in the same processes.
 step torch_c10d_cuda 300 "$src/tests/gpu/torch_c10d_cuda.sh" "$build"
 
 echo
 echo "=== summary (logs in $build)"
 printf '%s\n' "${summary[@]}"
 grep -h "^reduce " "$build/bench_reduce.log" 2>/dev/null
-grep -h "Avg bus bandwidth" "$build"/perf_*.log 2>/dev/null
+# Out-of-place time per call, staged against CUDA IPC, per rank count and collective.
+for coll in allreduce allgather; do
+    for np in 2 4; do
+        ipc=$build/perf_${coll}_gpu_${np}ranks_ipc.log staged=$build/perf_${coll}_gpu_${np}ranks_staged.log
+        [ -s "$ipc" ] && [ -s "$staged" ] || continue
+        echo "$coll, $np ranks on one GPU: out-of-place us per call (size, CUDA IPC, staged, staged/IPC)"
+        join <(awk '{sub(/^\[0\]<stdout>: */, "")} $1 ~ /^[0-9]+$/ && NF >= 9 {print $1, $6}' "$ipc" | sort -k1,1) \
+             <(awk '{sub(/^\[0\]<stdout>: */, "")} $1 ~ /^[0-9]+$/ && NF >= 9 {print $1, $6}' "$staged" | sort -k1,1) |
+            sort -n | awk '{printf "  %12d %10.1f %10.1f %8.2f\n", $1, $2, $3, ($2 > 0 ? $3 / $2 : 0)}'
+    done
+done
+grep -h -A8 "^all_reduce, " "$build/torch_c10d_cuda.log" 2>/dev/null
 echo "took $(( $(date +%s) - start )) s"
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

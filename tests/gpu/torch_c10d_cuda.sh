@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/bin/bash
 # tests/gpu/torch_c10d_cuda.sh [BUILD_DIR] - the torch.distributed backend
 # "loom" on CUDA tensors: builds loom.torch._c10d with CUDA (LOOM_TORCH_CUDA=1:
 # an extension without it is a failure here) against BUILD_DIR's libloom
@@ -33,6 +33,15 @@ rc=$?
 cat "$tmp/out"
 if grep -q "SKIP" "$tmp/out" && ! grep -q "passed" "$tmp/out"; then
     exit 77
+fi
+# Figures, not a test (a wrong result fails it): all_reduce of "loom" beside
+# "gloo" (which stages CUDA tensors through host memory) and "nccl" (where each
+# rank has a GPU of its own) in the same processes.
+if [ $rc = 0 ]; then
+    timeout 300 "$venv/bin/torchrun" --standalone --nproc-per-node 2 \
+        "$srcdir/tests/gpu/torch_allreduce_perf.py" --device cuda --sizes 8,1M,64M,256M 2>&1 |
+        grep -v "^W[0-9]* .*torch/distributed/run.py"
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "$name: the all_reduce comparison failed"; rc=1; }
 fi
 [ $rc = 0 ] && echo "$name: PASS" || echo "$name: FAIL (exit $rc)"
 exit $rc
