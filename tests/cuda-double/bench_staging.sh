@@ -31,7 +31,7 @@ one() {
     overlapped) gpu=-g overlap=1 ;;
     serial) gpu=-g overlap=0 ;;
     esac
-    LOOM_SHM=0 LOOM_CUDA_OVERLAP=$overlap LOOM_CUDA_DOUBLE_GBPS=$gbps \
+    LOOM_SHM=0 LOOM_CUDA_IPC=0 LOOM_CUDA_OVERLAP=$overlap LOOM_CUDA_DOUBLE_GBPS=$gbps \
         "$run" -np 2 "$perf" allreduce -b "$size" -e "$size" -n "$iters" -w 0 -c 0 -t tcp $gpu |
         awk '$1 == "[0]<stdout>:" && $4 == "float" { print $7 }'
 }
