@@ -36,9 +36,19 @@
  * and broadcast too, with gdr.c's one step between nodes (run_hier_allgather,
  * run_hier_broadcast).
  *
- * Not covered (staged as before): allgatherv, alltoall(v), gather, scatter,
- * and a buffer cudaIpcGetMemHandle refuses (memory from a stream-ordered
- * pool, say).
+ * The data movement collectives pull: each rank copies from the peers' send
+ * buffers (broadcast: the root's) the pieces that go into its own output
+ * (run_copies; gather: the root only), so only send buffers are shared, the
+ * root's alone for scatter. alltoallv's pieces sit at the senders'
+ * displacements, which the receivers do not know: its handle swap carries
+ * each rank's byte offset of the piece for every peer too.
+ *
+ * Not covered (staged as before): alltoall(v) in place on any rank (each rank
+ * would overwrite blocks of its buffer while peers still read them; the
+ * ranks learn it in the handle swap, so all stage together), any collective
+ * but allreduce, reduce_scatter, allgather, reduce and broadcast across
+ * nodes, and a buffer cudaIpcGetMemHandle refuses (memory from a
+ * stream-ordered pool, say).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -99,13 +109,15 @@ static void drop(opened_t *o)
 enum { SEND, RECV };
 
 /* What a rank tells the others: for its send and receive buffers, whether a
- * peer needs it, its allocation's handle and its offset in it. */
+ * peer needs it, its allocation's handle and its offset in it. alltoallv's
+ * record is followed by comm_size uint64_t: the byte offset in its send
+ * buffer of the piece for each rank (rec_bytes). */
 typedef struct {
     cudaIpcMemHandle_t handle[2];
     uint64_t off[2];
     int32_t has[2];
-    int32_t ok; /* 0: a buffer could not be shared */
-    int32_t pad;
+    int32_t ok;       /* 0: a buffer could not be shared */
+    int32_t in_place; /* alltoall(v) in place: every rank stages */
 } ipc_rec_t;
 
 typedef struct {
@@ -123,6 +135,8 @@ typedef struct {
     const loom_hier_t *h; /* the hierarchical path's views; NULL: one node */
     int comm_size;
     char **send, **recv; /* [size]: every group rank's buffers as this process sees them */
+    size_t *sfrom;       /* alltoallv: [size], where in group rank k's send buffer our
+                            piece starts (bytes); NULL for the others */
 } ipc_t;
 
 int loom_cuda_ipc_covers(const loom_cuda_state_t *st, const loom_coll_args_t *a)
@@ -134,7 +148,12 @@ int loom_cuda_ipc_covers(const loom_cuda_state_t *st, const loom_coll_args_t *a)
     case LOOM_COLL_BROADCAST:
     case LOOM_COLL_REDUCE:
     case LOOM_COLL_ALLGATHER:
-    case LOOM_COLL_REDUCE_SCATTER: return 1;
+    case LOOM_COLL_REDUCE_SCATTER:
+    case LOOM_COLL_GATHER:
+    case LOOM_COLL_SCATTER:
+    case LOOM_COLL_ALLGATHERV:
+    case LOOM_COLL_ALLTOALL:
+    case LOOM_COLL_ALLTOALLV: return 1;
     default: return 0;
     }
 }
@@ -182,8 +201,23 @@ static void needed(const ipc_t *x, int need[2])
     case LOOM_COLL_ALLREDUCE: need[SEND] = need[RECV] = 1; break;
     case LOOM_COLL_REDUCE: need[SEND] = 1, need[RECV] = me == a->root; break;
     case LOOM_COLL_BROADCAST: need[RECV] = me == a->root; break;
-    default: need[SEND] = 1; break; /* allgather, reduce_scatter */
+    /* The rest pull from send buffers (run_copies). */
+    case LOOM_COLL_GATHER: need[SEND] = me != a->root; break;
+    case LOOM_COLL_SCATTER: need[SEND] = me == a->root; break;
+    case LOOM_COLL_ALLGATHERV: need[SEND] = a->count > 0; break; /* may be NULL then */
+    case LOOM_COLL_ALLTOALLV:
+        for (int k = 0; k < x->size; k++)
+            need[SEND] |= k != me && a->scounts[k] > 0;
+        break;
+    default: need[SEND] = 1; break; /* allgather, reduce_scatter, alltoall */
     }
+}
+
+/* The size of a rank's record in the handle swap. */
+static size_t rec_bytes(const ipc_t *x)
+{
+    return sizeof(ipc_rec_t) +
+           (x->a->coll == LOOM_COLL_ALLTOALLV ? (size_t)x->comm_size * sizeof(uint64_t) : 0);
 }
 
 static loom_status_t host_coll(const ipc_t *x, const loom_coll_args_t *h)
@@ -262,8 +296,57 @@ static char *open_peer(loom_cuda_state_t *st, const cudaIpcMemHandle_t *h)
     return o->base;
 }
 
-/* Steps 1-3 of the file comment: every rank's buffers in x->send / x->recv;
- * *agreed 0 when some rank could not share or open one (then all stage). */
+/* The piece this rank pulls from group rank k's send buffer: its byte
+ * length (0: none), where it starts there (*src) and where it goes in our
+ * output (*dst). In place, our own piece is where it goes already (the core
+ * made sendbuf point there), so copy() skips it. */
+static size_t piece(const ipc_t *x, int k, size_t *dst, size_t *src)
+{
+    const loom_coll_args_t *a = x->a;
+    const size_t es = a->esize, bytes = a->count * es;
+    *dst = (size_t)k * bytes;
+    *src = 0;
+    switch (a->coll) {
+    case LOOM_COLL_GATHER: return x->rank == a->root ? bytes : 0;
+    case LOOM_COLL_SCATTER:
+        *dst = 0;
+        *src = (size_t)x->rank * bytes;
+        return k == a->root ? bytes : 0;
+    case LOOM_COLL_ALLGATHERV: *dst = a->displs[k] * es; return a->counts[k] * es;
+    case LOOM_COLL_ALLTOALL: *src = (size_t)x->rank * bytes; return bytes;
+    case LOOM_COLL_ALLTOALLV:
+        *dst = a->displs[k] * es;
+        *src = x->sfrom[k];
+        return a->counts[k] * es;
+    default: return bytes; /* allgather */
+    }
+}
+
+/* Whether this rank reads group rank r's send buffer, if shared: it maps only
+ * those (a gather's other ranks, say, map nothing). */
+static int reads_send(const ipc_t *x, int r)
+{
+    size_t dst, src;
+    switch (x->a->coll) {
+    case LOOM_COLL_GATHER:
+    case LOOM_COLL_SCATTER:
+    case LOOM_COLL_ALLGATHERV:
+    case LOOM_COLL_ALLTOALL:
+    case LOOM_COLL_ALLTOALLV: return piece(x, r, &dst, &src) > 0;
+    default: return 1;
+    }
+}
+
+/* Group rank r's record among all, the swapped records of rb bytes each. */
+static const ipc_rec_t *rec_of(const ipc_t *x, const char *all, size_t rb, int r)
+{
+    return (const ipc_rec_t *)(all + (size_t)(x->group ? x->group[r] : r) * rb);
+}
+
+/* Steps 1-3 of the file comment: every rank's buffers in x->send / x->recv
+ * (alltoallv: the offsets of our pieces in x->sfrom); *agreed 0 when some
+ * rank could not share or open one, or called alltoall(v) in place (then all
+ * stage). */
 static loom_status_t share(ipc_t *x, int *agreed)
 {
     loom_cuda_state_t *st = x->st;
@@ -271,37 +354,47 @@ static loom_status_t share(ipc_t *x, int *agreed)
     loom_status_t status = loom_cuda_dev_ops.sync(st, x->err);
     if (status != LOOM_SUCCESS)
         return status;
-    ipc_rec_t mine, *all = calloc((size_t)x->comm_size, sizeof(ipc_rec_t));
+    const size_t rb = rec_bytes(x);
+    char *all = calloc((size_t)x->comm_size + 1, rb);
     if (!all)
         return loom_err_set(x->err, LOOM_ERR_NO_MEMORY, "out of memory");
-    memset(&mine, 0, sizeof(mine));
+    ipc_rec_t *mine = (ipc_rec_t *)(all + (size_t)x->comm_size * rb); /* the last one */
     const void *bufs[2] = {a->sendbuf, a->recvbuf};
     int need[2];
     needed(x, need);
-    mine.ok = 1;
+    mine->ok = 1;
+    mine->in_place = (a->coll == LOOM_COLL_ALLTOALL || a->coll == LOOM_COLL_ALLTOALLV) &&
+                     a->sendbuf == a->recvbuf && a->sendbuf;
     for (int b = SEND; b <= RECV; b++)
         if (need[b]) {
-            mine.has[b] = 1;
-            mine.ok &= export_buf(bufs[b], &mine.handle[b], &mine.off[b]);
+            mine->has[b] = 1;
+            mine->ok &= export_buf(bufs[b], &mine->handle[b], &mine->off[b]);
         }
+    if (x->sfrom) {
+        uint64_t *tail = (uint64_t *)(mine + 1);
+        for (int k = 0; k < x->comm_size; k++)
+            tail[k] = a->sdispls[k] * a->esize;
+    }
     loom_coll_args_t g = {.coll = LOOM_COLL_ALLGATHER,
-                          .sendbuf = &mine,
+                          .sendbuf = mine,
                           .recvbuf = all,
-                          .count = sizeof(mine),
+                          .count = rb,
                           .esize = 1,
                           .dtype = LOOM_UINT8};
     if ((status = host_coll(x, &g)) != LOOM_SUCCESS)
         goto out;
     int32_t ok = 1;
     for (int r = 0; r < x->size; r++)
-        ok &= all[x->group ? x->group[r] : r].ok;
+        ok &= rec_of(x, all, rb, r)->ok && !rec_of(x, all, rb, r)->in_place;
+    for (int r = 0; r < x->size && ok && x->sfrom; r++)
+        x->sfrom[r] = ((const uint64_t *)(rec_of(x, all, rb, r) + 1))[x->rank];
     for (int r = 0; r < x->size && ok; r++)
         for (int b = SEND; b <= RECV && ok; b++) {
             char **to = b == SEND ? x->send : x->recv;
-            const ipc_rec_t *rec = &all[x->group ? x->group[r] : r];
+            const ipc_rec_t *rec = rec_of(x, all, rb, r);
             if (r == x->rank)
                 to[r] = (char *)bufs[b];
-            else if (rec->has[b]) {
+            else if (rec->has[b] && (b == RECV || reads_send(x, r))) {
                 char *base = open_peer(st, &rec->handle[b]);
                 if (!base) {
                     cudaGetLastError();
@@ -428,14 +521,16 @@ static loom_status_t run_reduce_scatter(const ipc_t *x)
 static loom_status_t run_copies(const ipc_t *x)
 {
     const loom_coll_args_t *a = x->a;
-    const size_t bytes = a->count * a->esize;
     loom_status_t st = LOOM_SUCCESS;
     if (a->coll == LOOM_COLL_BROADCAST) {
         if (x->rank != a->root)
-            st = copy(x, x->recv[x->rank], x->recv[a->root], bytes);
-    } else { /* allgather; in place the own block is where it goes already */
-        for (int k = 0; k < x->size && st == LOOM_SUCCESS; k++)
-            st = copy(x, x->recv[x->rank] + (size_t)k * bytes, x->send[k], bytes);
+            st = copy(x, x->recv[x->rank], x->recv[a->root], a->count * a->esize);
+    } else {
+        for (int k = 0; k < x->size && st == LOOM_SUCCESS; k++) {
+            size_t dst, src, n = piece(x, k, &dst, &src);
+            if (n)
+                st = copy(x, x->recv[x->rank] + dst, x->send[k] + src, n);
+        }
     }
     return st == LOOM_SUCCESS ? finish(x) : st;
 }
@@ -641,14 +736,23 @@ static loom_status_t ipc_call(loom_cuda_state_t *st, const loom_coll_args_t *a,
                .group = h ? h->local : NULL,
                .h = h,
                .comm_size = loom_comm_size(st->comm)};
-    if (a->count == 0) { /* the same on every rank: nothing to move */
+    /* Nothing to move on any rank (a count every rank passes alike; not
+     * alltoallv's, whose counts are each rank's own). */
+    size_t total = a->count;
+    for (int k = 0; a->coll == LOOM_COLL_ALLGATHERV && k < x.size; k++)
+        total += a->counts[k];
+    if (total == 0 && a->coll != LOOM_COLL_ALLTOALLV) {
         *done = 1;
         return LOOM_SUCCESS;
     }
     st->calls++;
     x.send = calloc(2 * (size_t)x.size, sizeof(char *));
-    if (!x.send)
+    x.sfrom = a->coll == LOOM_COLL_ALLTOALLV ? calloc((size_t)x.size, sizeof(size_t)) : NULL;
+    if (!x.send || (a->coll == LOOM_COLL_ALLTOALLV && !x.sfrom)) {
+        free(x.sfrom);
+        free(x.send);
         return loom_err_set(err, LOOM_ERR_NO_MEMORY, "out of memory");
+    }
     x.recv = x.send + x.size;
     int agreed = 0;
     loom_status_t status = share(&x, &agreed);
@@ -670,6 +774,7 @@ static loom_status_t ipc_call(loom_cuda_state_t *st, const loom_coll_args_t *a,
         }
         *done = status == LOOM_SUCCESS;
     }
+    free(x.sfrom);
     free(x.send);
     return status;
 }

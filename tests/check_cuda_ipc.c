@@ -3,15 +3,20 @@
  * IPC handles map another process's device memory (tests/cuda-double/).
  *
  * Every collective the IPC path takes (allreduce, reduce, broadcast, allgather,
- * reduce_scatter) runs on GPU buffers for several element types (float16 and
- * bfloat16 among them), counts (0, 1, odd, large), ops, roots, in place and out
- * of place, and must give the bytes the same call gives on host buffers; the
- * inputs are small integers, exact in every type, so the host algorithms'
- * order of reduction does not matter. A float32 allreduce of inexact values
+ * reduce_scatter, gather, scatter, allgatherv, alltoall, alltoallv) runs on GPU
+ * buffers for several element types (float16 and bfloat16 among them), counts
+ * (0, 1, odd, large), ops, roots (gather and scatter: 0 and the last rank), in
+ * place and out of place, and must give the bytes the same call gives on host
+ * buffers; the inputs of reductions are small integers, exact in every type,
+ * so the host algorithms' order of reduction does not matter; those of the
+ * data movement collectives are bytes that differ from piece to piece, so a
+ * piece taken from the wrong place shows. allgatherv and alltoallv have
+ * uneven counts with zeros among them, laid out in reverse rank order with
+ * gaps the call must leave alone. alltoall(v) in place is staged (counters). A float32 allreduce of inexact values
  * must give, on every rank, exactly the sum in rank order. The double's
  * counters prove the path: over IPC no byte crosses between host and device
  * during a call, and each peer allocation is opened once (and closed when the
- * last communicator holding it goes); with LOOM_CUDA_IPC=0, or ranks on two
+ * last communicator holding it goes), only by the ranks that read it; with LOOM_CUDA_IPC=0, or ranks on two
  * nodes (LOOM_MP_NODES), the same matrix is staged through host memory. The
  * IPC runs are repeated in the double's lazy mode, where device work runs only
  * when the host waits for it.
@@ -43,9 +48,22 @@ typedef struct {
     size_t bytes;
 } bufs_t;
 
-enum { ALLREDUCE, REDUCE, BROADCAST, ALLGATHER, REDUCE_SCATTER, NCOLLS };
-static const char *const coll_names[NCOLLS] = {"allreduce", "reduce", "broadcast", "allgather",
-                                               "reduce_scatter"};
+enum {
+    ALLREDUCE,
+    REDUCE,
+    BROADCAST,
+    ALLGATHER,
+    REDUCE_SCATTER,
+    GATHER,
+    SCATTER,
+    ALLGATHERV,
+    ALLTOALL,
+    ALLTOALLV,
+    NCOLLS
+};
+static const char *const coll_names[NCOLLS] = {
+    "allreduce", "reduce",  "broadcast",  "allgather", "reduce_scatter",
+    "gather",    "scatter", "allgatherv", "alltoall",  "alltoallv"};
 
 typedef struct {
     int coll;
@@ -54,38 +72,138 @@ typedef struct {
     size_t dti, count;
 } case_t;
 
+/* ---- the v-collectives' layouts -------------------------------------------- */
+
+#define MAXP 4
+
+/* Elements rank from sends rank to (allgatherv: to 0) for count n: uneven,
+ * a third of them 0; symmetric for alltoallv in place, where what a rank
+ * sends to j is what it receives from j. */
+static size_t vcount(const case_t *k, int from, int to)
+{
+    const int sym = k->coll == ALLTOALLV && k->in_place, s = sym ? from + to : from + 2 * to;
+    if (k->count == 0 || s % 3 == 1)
+        return 0;
+    return k->count + (size_t)((sym ? s * 3 : from * 7 + to * 3) % 5);
+}
+
+/* Pieces of cnt laid out in reverse rank order, gap elements before each;
+ * returns the extent. */
+static size_t reverse_layout(const size_t *cnt, size_t *disp, int P, size_t gap)
+{
+    size_t at = 0;
+    for (int j = P - 1; j >= 0; j--) {
+        at += gap;
+        disp[j] = at;
+        at += cnt[j];
+    }
+    return at;
+}
+
+typedef struct {
+    size_t sc[MAXP], sd[MAXP], rc[MAXP], rd[MAXP]; /* send and receive counts, displs */
+    size_t in_n, out_n; /* elements of the input and of the output (their extents) */
+} layout_t;
+
+/* Whether this rank calls k in place (gather and scatter: the root only). */
+static int my_in_place(loom_comm_t c, const case_t *k)
+{
+    return k->in_place &&
+           ((k->coll != GATHER && k->coll != SCATTER) || loom_comm_rank(c) == k->root);
+}
+
+static void layout(loom_comm_t c, const case_t *k, layout_t *L)
+{
+    const int P = loom_comm_size(c), me = loom_comm_rank(c), root = me == k->root;
+    const size_t n = k->count, nP = n * (size_t)P;
+    memset(L, 0, sizeof(*L));
+    switch (k->coll) {
+    case REDUCE_SCATTER: L->in_n = nP, L->out_n = n; break;
+    case ALLGATHER: L->in_n = n, L->out_n = nP; break;
+    case GATHER: L->in_n = n, L->out_n = root ? nP : 0; break;
+    case SCATTER: /* in place at the root: the output is the input, untouched */
+        L->in_n = root ? nP : 0, L->out_n = my_in_place(c, k) ? nP : n;
+        break;
+    case ALLTOALL: L->in_n = L->out_n = nP; break;
+    case ALLGATHERV:
+        for (int j = 0; j < P; j++)
+            L->rc[j] = vcount(k, j, 0);
+        L->out_n = reverse_layout(L->rc, L->rd, P, 1);
+        L->in_n = L->rc[me];
+        break;
+    case ALLTOALLV:
+        for (int j = 0; j < P; j++)
+            L->sc[j] = vcount(k, me, j), L->rc[j] = vcount(k, j, me);
+        L->in_n = reverse_layout(L->sc, L->sd, P, 2);
+        L->out_n = reverse_layout(L->rc, L->rd, P, 1);
+        if (k->in_place) /* what it sends is where it receives */
+            L->in_n = L->out_n;
+        break;
+    default: L->in_n = L->out_n = n; break;
+    }
+}
+
 /* One collective on send/recv (host or device, same layout); LOOM_IN_PLACE in place. */
 static loom_status_t run(loom_comm_t c, const case_t *k, const void *s, void *r)
 {
     loom_dtype_t dt = dtypes[k->dti].dt;
-    const void *in = k->in_place ? LOOM_IN_PLACE : s;
+    const int ip = my_in_place(c, k);
+    const void *in = ip ? LOOM_IN_PLACE : s;
+    layout_t L;
+    layout(c, k, &L);
     switch (k->coll) {
     case ALLREDUCE: return loom_allreduce(in, r, k->count, dt, k->op, c);
     case REDUCE: return loom_reduce(in, r, k->count, dt, k->op, k->root, c);
     case BROADCAST: return loom_broadcast(r, k->count, dt, k->root, c);
     case ALLGATHER: return loom_allgather(in, r, k->count, dt, c);
+    case GATHER: return loom_gather(in, r, k->count, dt, k->root, c);
+    case SCATTER:
+        return loom_scatter(ip ? r : s, ip ? (void *)LOOM_IN_PLACE : r, k->count, dt, k->root, c);
+    case ALLGATHERV: return loom_allgatherv(in, L.rc[loom_comm_rank(c)], r, L.rc, L.rd, dt, c);
+    case ALLTOALL: return loom_alltoall(in, r, k->count, dt, c);
+    case ALLTOALLV: return loom_alltoallv(in, L.sc, L.sd, r, L.rc, L.rd, dt, c);
     default: return loom_reduce_scatter(in, r, k->count, dt, k->op, c);
     }
 }
 
-/* Fill the input where the call reads it: sendbuf out of place, else recvbuf. */
+/* Byte i of rank me's input to a data movement collective: different from
+ * piece to piece and rank to rank, so a piece from the wrong place shows. */
+static unsigned char moved_byte(size_t i, int me)
+{
+    uint32_t h = (uint32_t)i * 2654435761u ^ (uint32_t)(me + 1) * 40503u;
+    return (unsigned char)(h >> 13);
+}
+
+/* Fill the input where the call reads it: sendbuf out of place, else recvbuf
+ * (where this rank's piece goes). Returns the bytes of the output to compare. */
 static size_t fill(loom_comm_t c, const case_t *k, char *s, char *r)
 {
-    const int P = loom_comm_size(c), me = loom_comm_rank(c);
+    const int me = loom_comm_rank(c);
     const size_t es = dtypes[k->dti].es, n = k->count;
     const loom_dtype_t dt = dtypes[k->dti].dt;
-    size_t in_n = k->coll == REDUCE_SCATTER ? n * (size_t)P : n;
-    size_t out_n = k->coll == ALLGATHER ? n * (size_t)P : n;
-    char *to = k->in_place ? r : s;
-    if (k->in_place && k->coll == ALLGATHER)
+    layout_t L;
+    layout(c, k, &L);
+    char *to = my_in_place(c, k) ? r : s;
+    if (my_in_place(c, k) && (k->coll == ALLGATHER || k->coll == GATHER))
         to = r + (size_t)me * n * es;
+    if (my_in_place(c, k) && k->coll == ALLGATHERV)
+        to = r + L.rd[me] * es;
     if (k->coll == BROADCAST)
         to = r;
-    memset(r, 0x6b, (out_n > in_n ? out_n : in_n) * es);
-    if (k->coll != BROADCAST || me == k->root)
-        for (size_t i = 0; i < in_n; i++)
+    memset(r, 0x6b, (L.out_n > L.in_n ? L.out_n : L.in_n) * es);
+    if (k->coll >= GATHER) /* data movement: any bytes */
+        for (size_t i = 0; i < L.in_n * es; i++)
+            to[i] = (char)moved_byte(i, me);
+    else if (k->coll != BROADCAST || me == k->root)
+        for (size_t i = 0; i < L.in_n; i++)
             put(to, i, dt, me);
-    return out_n * es;
+    return L.out_n * es;
+}
+
+/* alltoall(v) in place: staged by every rank (the IPC path does not cover it). */
+static int staged_case(const case_t *k)
+{
+    return k->in_place && (k->coll == ALLTOALL || k->coll == ALLTOALLV);
 }
 
 static void one_case(loom_comm_t c, const case_t *k, bufs_t *b, mode_t_ mode,
@@ -117,15 +235,19 @@ static void one_case(loom_comm_t c, const case_t *k, bufs_t *b, mode_t_ mode,
         mp_bad(c, "%s GPU: %s", coll_names[k->coll], loom_comm_last_error(c));
         return;
     }
-    counts_since(moved, &before, &after);
-    if ((mode == MODE_IPC || mode == MODE_IPC_LAZY) &&
-        (after.h2d != before.h2d || after.d2h != before.d2h))
+    const int ipc = mode == MODE_IPC || mode == MODE_IPC_LAZY;
+    if (!staged_case(k))
+        counts_since(moved, &before, &after);
+    if (ipc && !staged_case(k) && (after.h2d != before.h2d || after.d2h != before.d2h))
         mp_bad(c, "%s %s count %zu: %ld copies to and %ld from the host over IPC",
                coll_names[k->coll], dtypes[k->dti].name, k->count, after.h2d - before.h2d,
                after.d2h - before.d2h);
+    if (ipc && staged_case(k) && k->count > 0 && after.h2d == before.h2d)
+        mp_bad(c, "%s in place %s count %zu: not staged", coll_names[k->coll], dtypes[k->dti].name,
+               k->count);
     if (!cuda_ok(c, cudaMemcpy(b->hr, b->r, b->bytes, cudaMemcpyDeviceToHost), "download"))
         return;
-    if (k->coll == REDUCE && me != k->root)
+    if ((k->coll == REDUCE || k->coll == GATHER) && me != k->root)
         return;
     same_bytes(c, coll_names[k->coll], k->dti, k->op, k->root, k->count, k->in_place, b->hr, b->ref,
                out_bytes);
@@ -164,6 +286,57 @@ static void rank_order(loom_comm_t c, bufs_t *b)
     }
 }
 
+/* Peer allocations a rank of a new communicator opens for one call of a
+ * data movement collective: those it reads from, no more. */
+static long want_opens(loom_comm_t c, const case_t *k)
+{
+    const int P = loom_comm_size(c), me = loom_comm_rank(c);
+    layout_t L;
+    layout(c, k, &L);
+    long n = 0;
+    for (int j = 0; j < P; j++)
+        if (j != me)
+            switch (k->coll) {
+            case GATHER: n += me == k->root; break;
+            case SCATTER: n += j == k->root; break;
+            case ALLGATHERV:
+            case ALLTOALLV: n += L.rc[j] > 0; break;
+            default: n++; break; /* alltoall */
+            }
+    return n;
+}
+
+/* Each data movement collective once on a communicator of its own: each rank
+ * opens the peers' allocations it reads from (and, the communicator
+ * destroyed, closes them). */
+static void opened_by_readers(loom_comm_t c, bufs_t *b, mode_t_ mode)
+{
+    const int P = loom_comm_size(c), me = loom_comm_rank(c);
+    for (int x = GATHER; x < NCOLLS; x++)
+        for (int ri = 0; ri < 2; ri++) {
+            case_t k = {.coll = x, .op = LOOM_SUM, .dti = 0, .count = 1001, .root = ri ? P - 1 : 0};
+            if (ri && x != GATHER && x != SCATTER)
+                continue;
+            cuda_double_counts_t k0, k1;
+            cuda_double_counts(&k0);
+            loom_comm_t sub = NULL;
+            if (loom_comm_split(c, 0, me, &sub) != LOOM_SUCCESS) {
+                mp_bad(c, "split: %s", loom_comm_last_error(c));
+                return;
+            }
+            one_case(sub, &k, b, mode, &(cuda_double_counts_t){0});
+            const long want = want_opens(sub, &k);
+            loom_comm_destroy(sub);
+            cuda_double_counts(&k1);
+            if (k1.ipc_opens - k0.ipc_opens != want || k1.ipc_closes - k0.ipc_closes != want)
+                mp_bad(c,
+                       "%s root %d on a communicator of its own: %ld peer allocations "
+                       "opened (want %ld), %ld closed",
+                       coll_names[x], k.root, k1.ipc_opens - k0.ipc_opens, want,
+                       k1.ipc_closes - k0.ipc_closes);
+        }
+}
+
 /* Fresh buffers for every call, more than a communicator keeps open: the
  * allocations it let go are closed (at the next plain call), not piled up. */
 static void fresh_buffers(loom_comm_t c, mode_t_ mode)
@@ -198,7 +371,8 @@ static int rank_main(loom_comm_t c, void *arg)
     if (mode == MODE_IPC_LAZY)
         cuda_double_set_lazy(1);
     static const size_t counts[] = {0, 1, 7, 1001, 40009};
-    const size_t most = 40009 * (size_t)P * 8 + 64;
+    /* the v-collectives' pieces are up to 4 longer, with gaps of 2 */
+    const size_t most = (40009 + 8) * (size_t)P * 8 + 64;
     bufs_t b = {.bytes = most};
     b.hs = malloc(most);
     b.hr = malloc(most);
@@ -226,25 +400,34 @@ static int rank_main(loom_comm_t c, void *arg)
         mp_bad(c, "a communicator of its own opened %ld peer allocations (want %d) and closed %ld",
                k1.ipc_opens - k0.ipc_opens, 2 * (P - 1), k1.ipc_closes - k0.ipc_closes);
 
+    if (ipc)
+        opened_by_readers(c, &b, mode);
+    cuda_double_counts(&k1);
+
     cuda_double_counts_t moved = {0};
     for (int x = 0; x < NCOLLS; x++)
         for (size_t d = 0; d < NDTYPES; d++)
             for (size_t ni = 0; ni < sizeof(counts) / sizeof(counts[0]); ni++)
                 for (int in_place = 0; in_place < 2; in_place++) {
-                    int reduces = x != BROADCAST && x != ALLGATHER;
+                    int reduces = x == ALLREDUCE || x == REDUCE || x == REDUCE_SCATTER;
+                    int rooted = x == GATHER || x == SCATTER;
                     if (x == BROADCAST && in_place)
                         continue; /* broadcast has one buffer */
-                    for (int o = 0; o < matrix_nops(reduces, d, ni == 4); o++) {
-                        case_t k = {.coll = x,
-                                    .in_place = in_place,
-                                    .op = matrix_ops[o],
-                                    .dti = d,
-                                    .count = matrix_count(matrix_ops[o], counts[ni]),
-                                    /* roots: the last rank (it reduces through the scratch
-                                     * in place when P > 2) and rank 1 */
-                                    .root = (ni % 2) ? P - 1 : 1};
-                        one_case(c, &k, &b, mode, &moved);
-                    }
+                    for (int o = 0; o < matrix_nops(reduces, d, ni == 4); o++)
+                        for (int ri = 0; ri < 1 + rooted; ri++) {
+                            case_t k = {.coll = x,
+                                        .in_place = in_place,
+                                        .op = matrix_ops[o],
+                                        .dti = d,
+                                        .count = matrix_count(matrix_ops[o], counts[ni]),
+                                        /* roots: the last rank (it reduces through the
+                                         * scratch in place when P > 2) and rank 1; gather
+                                         * and scatter: rank 0 and the last */
+                                        .root = rooted     ? (ri ? P - 1 : 0)
+                                                : (ni % 2) ? P - 1
+                                                           : 1};
+                            one_case(c, &k, &b, mode, &moved);
+                        }
                 }
     rank_order(c, &b);
     cuda_double_counts_t end;
