@@ -129,7 +129,7 @@ const loom_setting_t loom_settings_table[] = {
      COMM(cuda_chunk_bytes), INT(1, 1L << 32)},
     {"LOOM_CUDA_OVERLAP", "1", "GPU buffers: 1 overlaps the staging copies of the passes before and after with the host collective of each pass (three sets of pinned buffers); 0 runs one pass at a time (builds with CUDA)",
      COMM(cuda_overlap), INT(0, 1)},
-    {"LOOM_CUDA_IPC", "1", "GPU buffers: 1 runs allreduce, broadcast, reduce, allgather and reduce_scatter GPU to GPU through CUDA IPC handles when every rank is on one node, and the same five through IPC inside each node and GPUDirect RDMA between when several nodes hold the same number of ranks; 0 stages them through host memory; the same on every rank (builds with CUDA)",
+    {"LOOM_CUDA_IPC", "1", "GPU buffers: 1 runs every collective but barrier GPU to GPU through CUDA IPC handles when every rank is on one node (alltoall and alltoallv in place excepted), and allreduce, broadcast, reduce, allgather and reduce_scatter through IPC inside each node and GPUDirect RDMA between when several nodes hold the same number of ranks; 0 stages them through host memory; the same on every rank (builds with CUDA)",
      COMM(cuda_ipc), INT(0, 1)},
     {"LOOM_IB_REG_CACHE", "0", "bytes of idle pinned registrations of user memory ibverbs keeps for reuse; safe only if no buffer is freed or remapped while cached (else stale pages: wrong data); 0 registers per message (see loom_comm_register_buffer)",
      COMM(ib_reg_cache), INT(0, LONG_MAX)},
