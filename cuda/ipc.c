@@ -139,6 +139,10 @@ typedef struct {
                             piece starts (bytes); NULL for the others */
 } ipc_t;
 
+/* One node only (st->ipc): across nodes device.c sends allreduce,
+ * reduce_scatter, allgather, reduce and broadcast to loom_cuda_ipc_hier_run
+ * and stages the rest. alltoall(v) in place is covered here but staged by
+ * every rank after the handle swap (share). */
 int loom_cuda_ipc_covers(const loom_cuda_state_t *st, const loom_coll_args_t *a)
 {
     if (!st->ipc)

@@ -7,18 +7,19 @@
  * buffers for several element types (float16 and bfloat16 among them), counts
  * (0, 1, odd, large), ops, roots (gather and scatter: 0 and the last rank), in
  * place and out of place, and must give the bytes the same call gives on host
- * buffers; the inputs of reductions are small integers, exact in every type,
+ * buffers. The inputs of reductions are small integers, exact in every type,
  * so the host algorithms' order of reduction does not matter; those of the
  * data movement collectives are bytes that differ from piece to piece, so a
  * piece taken from the wrong place shows. allgatherv and alltoallv have
  * uneven counts with zeros among them, laid out in reverse rank order with
- * gaps the call must leave alone. alltoall(v) in place is staged (counters). A float32 allreduce of inexact values
- * must give, on every rank, exactly the sum in rank order. The double's
- * counters prove the path: over IPC no byte crosses between host and device
- * during a call, and each peer allocation is opened once (and closed when the
- * last communicator holding it goes), only by the ranks that read it; with LOOM_CUDA_IPC=0, or ranks on two
- * nodes (LOOM_MP_NODES), the same matrix is staged through host memory. The
- * IPC runs are repeated in the double's lazy mode, where device work runs only
+ * gaps the call must leave alone. A float32 allreduce of inexact values must
+ * give, on every rank, exactly the sum in rank order. The double's counters
+ * prove the path: over IPC no byte crosses between host and device during a
+ * call (alltoall(v) in place: staged, so some must), and each peer allocation
+ * is opened once, only by the ranks that read it (and closed when the last
+ * communicator holding it goes); with LOOM_CUDA_IPC=0, or ranks on two nodes
+ * (LOOM_MP_NODES), the same matrix is staged through host memory. The IPC
+ * runs are repeated in the double's lazy mode, where device work runs only
  * when the host waits for it.
  */
 #ifndef _GNU_SOURCE
@@ -47,23 +48,6 @@ typedef struct {
     char *up;            /* pinned: the inputs to upload, send then recv */
     size_t bytes;
 } bufs_t;
-
-enum {
-    ALLREDUCE,
-    REDUCE,
-    BROADCAST,
-    ALLGATHER,
-    REDUCE_SCATTER,
-    GATHER,
-    SCATTER,
-    ALLGATHERV,
-    ALLTOALL,
-    ALLTOALLV,
-    NCOLLS
-};
-static const char *const coll_names[NCOLLS] = {
-    "allreduce", "reduce",  "broadcast",  "allgather", "reduce_scatter",
-    "gather",    "scatter", "allgatherv", "alltoall",  "alltoallv"};
 
 typedef struct {
     int coll;
@@ -191,12 +175,14 @@ static size_t fill(loom_comm_t c, const case_t *k, char *s, char *r)
     if (k->coll == BROADCAST)
         to = r;
     memset(r, 0x6b, (L.out_n > L.in_n ? L.out_n : L.in_n) * es);
-    if (k->coll >= GATHER) /* data movement: any bytes */
-        for (size_t i = 0; i < L.in_n * es; i++)
-            to[i] = (char)moved_byte(i, me);
-    else if (k->coll != BROADCAST || me == k->root)
+    if (k->coll == BROADCAST && me != k->root)
+        return L.out_n * es;
+    if (k->coll == ALLREDUCE || k->coll == REDUCE || k->coll == REDUCE_SCATTER)
         for (size_t i = 0; i < L.in_n; i++)
             put(to, i, dt, me);
+    else /* data movement: any bytes */
+        for (size_t i = 0; i < L.in_n * es; i++)
+            to[i] = (char)moved_byte(i, me);
     return L.out_n * es;
 }
 
@@ -311,9 +297,11 @@ static long want_opens(loom_comm_t c, const case_t *k)
  * destroyed, closes them). */
 static void opened_by_readers(loom_comm_t c, bufs_t *b, mode_t_ mode)
 {
+    static const int colls[] = {GATHER, SCATTER, ALLGATHERV, ALLTOALL, ALLTOALLV};
     const int P = loom_comm_size(c), me = loom_comm_rank(c);
-    for (int x = GATHER; x < NCOLLS; x++)
+    for (size_t xi = 0; xi < sizeof(colls) / sizeof(colls[0]); xi++)
         for (int ri = 0; ri < 2; ri++) {
+            const int x = colls[xi];
             case_t k = {.coll = x, .op = LOOM_SUM, .dti = 0, .count = 1001, .root = ri ? P - 1 : 0};
             if (ri && x != GATHER && x != SCATTER)
                 continue;

@@ -60,23 +60,6 @@
 
 typedef enum { MODE_DIRECT, MODE_STAGED, MODE_REFUSED, MODE_HIER, MODE_HIER_STAGED } mode_t_;
 
-enum {
-    ALLREDUCE,
-    REDUCE,
-    BROADCAST,
-    ALLGATHER,
-    ALLGATHERV,
-    REDUCE_SCATTER,
-    ALLTOALL,
-    ALLTOALLV,
-    GATHER,
-    SCATTER,
-    NCOLLS
-};
-static const char *const coll_names[NCOLLS] = {
-    "allreduce",      "reduce",   "broadcast", "allgather", "allgatherv",
-    "reduce_scatter", "alltoall", "alltoallv", "gather",    "scatter"};
-
 typedef struct {
     int coll, in_place, root;
     loom_op_t op;

@@ -1,5 +1,5 @@
 /* mp_cuda_util.h - what the multi-process GPU tests over the CUDA double share
- * (check_cuda_ipc.c, mp_cuda_gdr.c): the element types they cover, inputs that
+ * (check_cuda_ipc.c, mp_cuda_gdr.c): the collectives and element types they cover, inputs that
  * are small integers (exact in every type, float16 and bfloat16 too, so the
  * order of a reduction does not matter), the double's counters over a call, a
  * comparison with the host's result and a CUDA call check. */
@@ -14,6 +14,25 @@
 #include "cuda-double/cuda_double.h"
 #include "loom.h"
 #include "mp_util.h"
+
+/* The collectives of a matrix (ALLREDUCE and REDUCE first and adjacent:
+ * mp_cuda_gdr.c loops over the two). */
+enum {
+    ALLREDUCE,
+    REDUCE,
+    BROADCAST,
+    ALLGATHER,
+    ALLGATHERV,
+    REDUCE_SCATTER,
+    ALLTOALL,
+    ALLTOALLV,
+    GATHER,
+    SCATTER,
+    NCOLLS
+};
+static const char *const coll_names[NCOLLS] = {
+    "allreduce",      "reduce",   "broadcast", "allgather", "allgatherv",
+    "reduce_scatter", "alltoall", "alltoallv", "gather",    "scatter"};
 
 static const struct {
     loom_dtype_t dt;
