@@ -179,6 +179,15 @@ loom_status_t loom_cuda_args_on_device(const loom_coll_args_t *a, int nranks, in
         send_used = send_used && any_nonzero(a->scounts, nranks);
     if (a->coll == LOOM_COLL_REDUCE && rank != a->root)
         recv_used = 0;
+    /* An alltoallv rank with nothing to send or receive (a step routing no
+     * tokens from or to it) must still take the path its peers take, or they
+     * wait for it in collectives it never calls: the buffers it passed say
+     * which (NULL ones can only mean host). Only alltoallv's counts differ
+     * from rank to rank in whether anything moves. */
+    if (a->coll == LOOM_COLL_ALLTOALLV && !send_used && !recv_used) {
+        send_used = a->sendbuf != NULL;
+        recv_used = a->recvbuf != NULL;
+    }
     loom_status_t st = LOOM_SUCCESS;
     if (send_used)
         st = classify(coll, "sendbuf", a->sendbuf, &seen, &is_dev, &dev, err);

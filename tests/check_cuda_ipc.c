@@ -325,6 +325,48 @@ static void opened_by_readers(loom_comm_t c, bufs_t *b, mode_t_ mode)
         }
 }
 
+/* alltoallv where rank 0 neither sends nor receives (its GPU buffers given,
+ * all its counts 0: it must take its peers' path, not the host's), then with
+ * nothing to move anywhere: the right bytes among the others, no host copy
+ * over IPC, and no rank left waiting. */
+static void alltoallv_null(loom_comm_t c, bufs_t *b, mode_t_ mode)
+{
+    const int P = loom_comm_size(c), me = loom_comm_rank(c);
+    size_t cnt[MAXP], disp[MAXP], zero[MAXP] = {0};
+    for (int j = 0; j < P; j++)
+        cnt[j] = me == 0 || j == 0 ? 0 : 5, disp[j] = (size_t)j * 5;
+    const size_t bytes = (size_t)P * 5 * 4;
+    for (size_t i = 0; i < bytes; i++)
+        b->hs[i] = (char)moved_byte(i, me);
+    memset(b->ref, 0x6b, bytes);
+    memset(b->hr, 0x6b, bytes);
+    char *ds = b->sbase + SEND_OFF, *dr = b->r;
+    if (loom_alltoallv(b->hs, cnt, disp, b->ref, cnt, disp, LOOM_FLOAT32, c) != LOOM_SUCCESS) {
+        mp_bad(c, "alltoallv, rank 0 moving nothing, on host: %s", loom_comm_last_error(c));
+        return;
+    }
+    if (!cuda_ok(c, cudaMemcpy(ds, b->hs, bytes, cudaMemcpyHostToDevice), "upload") ||
+        !cuda_ok(c, cudaMemcpy(dr, b->hr, bytes, cudaMemcpyHostToDevice), "upload"))
+        return;
+    cuda_double_counts_t before, after;
+    cuda_double_counts(&before);
+    loom_status_t st = loom_alltoallv(ds, cnt, disp, dr, cnt, disp, LOOM_FLOAT32, c);
+    if (st == LOOM_SUCCESS)
+        st = loom_alltoallv(ds, zero, zero, dr, zero, zero, LOOM_FLOAT32, c);
+    cuda_double_counts(&after);
+    if (st != LOOM_SUCCESS) {
+        mp_bad(c, "alltoallv, rank 0 moving nothing, on GPU: %s", loom_comm_last_error(c));
+        return;
+    }
+    if ((mode == MODE_IPC || mode == MODE_IPC_LAZY) &&
+        (after.h2d != before.h2d || after.d2h != before.d2h))
+        mp_bad(c, "alltoallv, rank 0 moving nothing: %ld copies to and %ld from the host over IPC",
+               after.h2d - before.h2d, after.d2h - before.d2h);
+    if (cuda_ok(c, cudaMemcpy(b->hr, dr, bytes, cudaMemcpyDeviceToHost), "download"))
+        same_bytes(c, "alltoallv, rank 0 moving nothing,", 0, LOOM_SUM, 0, 5, 0, b->hr, b->ref,
+                   bytes);
+}
+
 /* Fresh buffers for every call, more than a communicator keeps open: the
  * allocations it let go are closed (at the next plain call), not piled up. */
 static void fresh_buffers(loom_comm_t c, mode_t_ mode)
@@ -418,6 +460,7 @@ static int rank_main(loom_comm_t c, void *arg)
                         }
                 }
     rank_order(c, &b);
+    alltoallv_null(c, &b, mode);
     cuda_double_counts_t end;
     cuda_double_counts(&end);
     if (ipc)
