@@ -82,6 +82,7 @@ for np in 2 4; do
     for path in ipc staged; do
         step "perf_allreduce_gpu_${np}ranks_$path" 150 bash -c 'perf_path "$@"' _ $np allreduce $path 256M
         step "perf_allgather_gpu_${np}ranks_$path" 90 bash -c 'perf_path "$@"' _ $np allgather $path 64M
+        step "perf_alltoall_gpu_${np}ranks_$path" 90 bash -c 'perf_path "$@"' _ $np alltoall $path 64M
     done
 done
 # torch.distributed's "loom" on CUDA tensors (/opt/loom-torch's torch, else
@@ -93,7 +94,7 @@ echo "=== summary (logs in $build)"
 printf '%s\n' "${summary[@]}"
 grep -h "^reduce " "$build/bench_reduce.log" 2>/dev/null
 # Out-of-place time per call, staged against CUDA IPC, per rank count and collective.
-for coll in allreduce allgather; do
+for coll in allreduce allgather alltoall; do
     for np in 2 4; do
         ipc=$build/perf_${coll}_gpu_${np}ranks_ipc.log staged=$build/perf_${coll}_gpu_${np}ranks_staged.log
         [ -s "$ipc" ] && [ -s "$staged" ] || continue
