@@ -7,15 +7,21 @@
 # file on the library path for the driver calls (torch's NVRTC stub, Loom's
 # pointer classification). The extension is built with CUDA (LOOM_TORCH_CUDA=1)
 # against Loom's CUDA backend over that double (libloom_on_cudart), and
-# tests/python/test_c10d_cuda.py runs on 2 ranks under torchrun, sharing the
-# double's one device through its IPC handles. The double runs none of torch's
+# tests/python/test_c10d_cuda.py runs on 2 ranks under torchrun three times:
+# on the double's one device (GPU to GPU through its IPC handles), on a device
+# each with the double lazy, and staged through host memory. The double runs none of torch's
 # kernels (a launch fails with cudaErrorNotSupported): the test takes that into
 # account (LOOM_TEST_NO_TORCH_KERNELS=1, which it reads). Skips (77) only
-# without the torch venv.
+# without the torch venv (tests/install-deps.sh installs it) or without shared
+# libraries.
 name=torch_cuda_double
 builddir=$(cd "${top_builddir:-.}" && pwd)
 dbl="$builddir/tests/cuda-double/cudart/.libs"
 if [ ! -e "$dbl/libcudart.so.13" ] || [ ! -e "$dbl/libloom_on_cudart.so" ]; then
+    if [ ! -e "$builddir/.libs/libloom.so" ]; then
+        echo "$name: SKIP: no shared libraries (configured with --disable-shared)"
+        exit 77
+    fi
     echo "$name: FAIL: the double's libcudart.so.13 and libloom_on_cudart are not built (make check builds them)"
     exit 1
 fi
@@ -41,21 +47,23 @@ export LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=cuda
 unset SLURM_JOB_ID LOOM_STORE
 
 failures=0
-# run WHAT [VAR=VALUE...]: the test on 2 ranks with the double so configured.
+# run WHAT PATH [VAR=VALUE...]: the test on 2 ranks with the double and Loom
+# so configured; allreduce on GPU buffers must log PATH.
 run() {
     what=$1
-    shift
+    path=$2
+    shift 2
     env "$@" timeout 600 "$venv/bin/torchrun" --standalone --nproc-per-node 2 \
         "$srcdir/tests/python/test_c10d_cuda.py" > "$tmp/out" 2>&1
     rc=$?
     # Over the double nothing may skip (torch must see its device), and the
-    # collectives must have taken the GPU path, not a staged one.
+    # collectives must have taken the path asked for.
     if [ $rc = 0 ] && grep -q "SKIP" "$tmp/out"; then
         echo "$name: $what: the test skipped"
         rc=1
     fi
-    if [ $rc = 0 ] && ! grep -q "allreduce on GPU buffers: GPU to GPU through CUDA IPC" "$tmp/out"; then
-        echo "$name: $what: allreduce did not log its path through CUDA IPC"
+    if [ $rc = 0 ] && ! grep -q "allreduce on GPU buffers: $path" "$tmp/out"; then
+        echo "$name: $what: allreduce did not log its path ($path)"
         rc=1
     fi
     if [ $rc = 0 ]; then
@@ -69,8 +77,11 @@ run() {
 }
 # Both ranks on the double's one device; then a device each, in lazy mode
 # (device work runs only when the host waits: a missing stream dependency
-# shows as a stale result).
-run "2 ranks, one device" LOOM_CUDA_DOUBLE_DEVICES=1
-run "2 ranks, a device each, lazy double" LOOM_CUDA_DOUBLE_DEVICES=2 LOOM_CUDA_DOUBLE_LAZY=1
+# shows as a stale result); then staged, lazy too.
+ipc="GPU to GPU through CUDA IPC"
+run "2 ranks, one device" "$ipc" LOOM_CUDA_DOUBLE_DEVICES=1
+run "2 ranks, a device each, lazy double" "$ipc" LOOM_CUDA_DOUBLE_DEVICES=2 LOOM_CUDA_DOUBLE_LAZY=1
+run "2 ranks, one device, staged, lazy double" "staged through host memory" \
+    LOOM_CUDA_DOUBLE_DEVICES=1 LOOM_CUDA_DOUBLE_LAZY=1 LOOM_CUDA_IPC=0
 [ $failures = 0 ] && echo "$name: PASS" || echo "$name: FAIL"
 [ $failures = 0 ]
