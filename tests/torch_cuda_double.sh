@@ -47,6 +47,27 @@ export LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=cuda
 unset SLURM_JOB_ID LOOM_STORE
 
 failures=0
+# The premise, in one process: torch's device is the double, copies work, and
+# a kernel of torch's fails (the double runs none, and says so).
+if "$py" - > "$tmp/out" 2>&1 <<'EOF'
+import torch
+assert torch.cuda.is_available() and torch.cuda.get_device_name(0) == "Loom CUDA double", \
+    "torch's device is not the double: %s" % torch.cuda.get_device_name(0)
+x = torch.arange(8, dtype=torch.float32).cuda()
+assert x.cpu().tolist() == list(range(8)), x.cpu()
+try:
+    (x + 1).cpu()
+    raise AssertionError("a kernel of torch's ran over the double")
+except RuntimeError as e:
+    assert "operation not supported" in str(e), e
+EOF
+then
+    echo "ok: torch over the double: copies work, its kernels fail"
+else
+    cat "$tmp/out"
+    echo "FAIL: torch over the double"
+    failures=$((failures + 1))
+fi
 # run WHAT PATH [VAR=VALUE...]: the test on 2 ranks with the double and Loom
 # so configured; allreduce on GPU buffers must log PATH.
 run() {
