@@ -62,7 +62,7 @@ def full(n, v):
 def without_kernels(what):
     """Whether this run leaves out what, which needs a kernel of torch's."""
     if not KERNELS and rank == 0:
-        print("test_c10d_cuda: not run without torch's kernels: %s" % what, flush=True)
+        print("test_c10d_cuda: left out, as it needs torch's kernels: %s" % what, flush=True)
     return not KERNELS
 
 
