@@ -3,7 +3,9 @@
 # tree's shared libloom (else exits 77, skip), builds the package against them
 # into python/lib-torch with its metadata (egg_info: the torch.distributed.backends
 # entry point), makes $tmp (removed on exit) and puts the package on PYTHONPATH.
-# $name names the calling test in messages.
+# $name names the calling test in messages. A caller may set loom_libdir (a
+# directory holding the libloom.so to link; default the tree's .libs) and
+# torch_build_tag (a suffix of the build directories, one per such libloom).
 top_builddir=${top_builddir:-.}
 top_srcdir=${top_srcdir:-$(dirname "$0")/..}
 srcdir=$(cd "$top_srcdir" && pwd)
@@ -16,8 +18,9 @@ if [ ! -x "$py" ] || ! "$py" -c 'import torch, torch.distributed as d; assert d.
     echo "$name: SKIP: no PyPI torch in $venv (python/torch_env.sh installs it)"
     exit 77
 fi
-if [ ! -e "$builddir/.libs/libloom.so" ]; then
-    echo "$name: SKIP: no shared libloom in $builddir/.libs (configured with --disable-shared)"
+loom_libdir=${loom_libdir:-$builddir/.libs}
+if [ ! -e "$loom_libdir/libloom.so" ]; then
+    echo "$name: SKIP: no shared libloom in $loom_libdir (configured with --disable-shared)"
     exit 77
 fi
 
@@ -27,9 +30,12 @@ trap 'rm -rf "$tmp"' EXIT
 # minutes, and setup.py rebuilds only what changed. The package's metadata
 # (egg_info) goes beside it: its torch.distributed.backends entry point lets a
 # script name "loom" without importing anything of Loom.
-lib="$builddir/python/lib-torch"
-if ! (cd "$srcdir/python" && LOOM_BUILD_DIR="$builddir/.libs" LOOM_INCLUDE_DIR="$srcdir/include" \
-        "$py" setup.py -q build --build-base "$builddir/python/build-torch" --build-lib "$lib" \
+lib="$builddir/python/lib-torch${torch_build_tag:-}"
+# Both setup.py runs look for libloom (egg_info too decides which extensions
+# there are): the variables are exported to each.
+if ! (cd "$srcdir/python" && export LOOM_BUILD_DIR="$loom_libdir" LOOM_INCLUDE_DIR="$srcdir/include" &&
+        "$py" setup.py -q build --build-base "$builddir/python/build-torch${torch_build_tag:-}" \
+        --build-lib "$lib" \
         && "$py" setup.py -q egg_info --egg-base "$lib") > "$tmp/build.log" 2>&1; then
     cat "$tmp/build.log"
     echo "$name: FAIL: the extension did not build"

@@ -71,8 +71,12 @@ static cudaError_t enter(void)
         return cudaErrorNotPermitted;
     pid_t me = getpid();
     pthread_mutex_lock(&lock);
-    if (!owner)
+    if (!owner) {
         owner = me;
+        /* Lazy from the start, for a program that cannot call cuda_double_set_lazy. */
+        const char *l = getenv("LOOM_CUDA_DOUBLE_LAZY");
+        lazy = l && atoi(l) > 0;
+    }
     int forked = owner != me;
     cudaError_t e = forked ? cudaErrorInitializationError : sticky;
     pthread_mutex_unlock(&lock);
@@ -559,6 +563,77 @@ cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t *out)
     return cudaStreamCreateWithFlags(out, cudaStreamDefault);
 }
 
+/* One priority: the double's workers are all alike. */
+cudaError_t CUDARTAPI cudaStreamCreateWithPriority(cudaStream_t *out, unsigned int flags, int priority)
+{
+    (void)priority;
+    return cudaStreamCreateWithFlags(out, flags);
+}
+
+cudaError_t CUDARTAPI cudaDeviceGetStreamPriorityRange(int *least, int *greatest)
+{
+    ENTER();
+    if (least)
+        *least = 0;
+    if (greatest)
+        *greatest = 0;
+    return cudaSuccess;
+}
+
+/* For the questions about a stream that have one answer in the double:
+ * whether handle names a stream and there is somewhere to put the answer. */
+static cudaError_t stream_question(cudaStream_t handle, const void *answer)
+{
+    if (!answer)
+        return ret(cudaErrorInvalidValue);
+    pthread_mutex_lock(&lock);
+    struct CUstream_st *s;
+    cudaError_t e = stream_of(handle, &s);
+    pthread_mutex_unlock(&lock);
+    return ret(e);
+}
+
+cudaError_t CUDARTAPI cudaStreamGetPriority(cudaStream_t handle, int *priority)
+{
+    ENTER();
+    cudaError_t e = stream_question(handle, priority);
+    if (e == cudaSuccess)
+        *priority = 0;
+    return e;
+}
+
+/* Nothing is ever captured: the double has no graphs. */
+cudaError_t CUDARTAPI cudaStreamIsCapturing(cudaStream_t handle, enum cudaStreamCaptureStatus *status)
+{
+    ENTER();
+    cudaError_t e = stream_question(handle, status);
+    if (e == cudaSuccess)
+        *status = cudaStreamCaptureStatusNone;
+    return e;
+}
+
+cudaError_t CUDARTAPI cudaStreamGetCaptureInfo(cudaStream_t handle,
+                                               enum cudaStreamCaptureStatus *status,
+                                               unsigned long long *id, cudaGraph_t *graph,
+                                               const cudaGraphNode_t **deps,
+                                               const cudaGraphEdgeData **edges, size_t *ndeps)
+{
+    cudaError_t e = cudaStreamIsCapturing(handle, status);
+    if (e != cudaSuccess)
+        return e;
+    if (id)
+        *id = 0;
+    if (graph)
+        *graph = NULL;
+    if (deps)
+        *deps = NULL;
+    if (edges)
+        *edges = NULL;
+    if (ndeps)
+        *ndeps = 0;
+    return cudaSuccess;
+}
+
 cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t handle)
 {
     ENTER();
@@ -666,6 +741,12 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t ev, cudaStream_t handle)
     }
     pthread_mutex_unlock(&lock);
     return ret(e);
+}
+
+/* cudaEventRecordExternal belongs to graph capture, which the double has not. */
+cudaError_t CUDARTAPI cudaEventRecordWithFlags(cudaEvent_t ev, cudaStream_t handle, unsigned int flags)
+{
+    return flags == 0 ? cudaEventRecord(ev, handle) : ret(cudaErrorNotSupported);
 }
 
 static int event_done(struct CUevent_st *ev)
@@ -1113,6 +1194,23 @@ cudaError_t CUDARTAPI cudaIpcCloseMemHandle(void *p)
     return cudaSuccess;
 }
 
+cudaError_t CUDARTAPI cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p)
+{
+    ENTER();
+    if (!a)
+        return ret(cudaErrorInvalidValue);
+    pthread_mutex_lock(&lock);
+    region_t *r = region_of(p, 1, NULL);
+    memset(a, 0, sizeof(*a));
+    a->type = !r ? cudaMemoryTypeUnregistered : r->pinned ? cudaMemoryTypeHost : cudaMemoryTypeDevice;
+    a->device = r && !r->pinned ? r->device : r ? current_device : -2;
+    /* Device memory has no host address; pinned memory is the same at both. */
+    a->devicePointer = r ? (void *)p : NULL;
+    a->hostPointer = r && r->pinned ? (void *)p : NULL;
+    pthread_mutex_unlock(&lock);
+    return cudaSuccess;
+}
+
 /* ---- devices ----------------------------------------------------------------- */
 
 cudaError_t CUDARTAPI cudaGetDeviceCount(int *n)
@@ -1208,6 +1306,9 @@ static const struct { cudaError_t e; const char *name, *text; } errors[] = {
     {cudaErrorAlreadyMapped, "cudaErrorAlreadyMapped", "resource already mapped"},
     {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
      "an illegal memory access was encountered"},
+    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorSymbolNotFound, "cudaErrorSymbolNotFound", "named symbol not found"},
+    {cudaErrorInvalidDeviceFunction, "cudaErrorInvalidDeviceFunction", "invalid device function"},
 };
 
 const char *CUDARTAPI cudaGetErrorName(cudaError_t e)
@@ -1224,6 +1325,19 @@ const char *CUDARTAPI cudaGetErrorString(cudaError_t e)
         if (errors[i].e == e)
             return errors[i].text;
     return "unknown error";
+}
+
+int cuda_double_started(void)
+{
+    pthread_mutex_lock(&lock);
+    int started = owner == getpid();
+    pthread_mutex_unlock(&lock);
+    return started;
+}
+
+cudaError_t cuda_double_fail(cudaError_t e)
+{
+    return ret(e);
 }
 
 cudaError_t CUDARTAPI cudaGetLastError(void)

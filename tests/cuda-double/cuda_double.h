@@ -55,4 +55,12 @@ long long cuda_double_dmabuf_offset(int fd);
  * runs. off (the default): work runs as soon as its stream gets to it. */
 void cuda_double_set_lazy(int on);
 
+/* Record e as the calling thread's last error (cudaGetLastError) and return
+ * it: for the calls the double answers only with an error (torch_face.c). */
+cudaError_t cuda_double_fail(cudaError_t e);
+
+/* Whether this process has started CUDA (made a runtime call): its primary
+ * context is active, in the driver's terms. */
+int cuda_double_started(void);
+
 #endif

@@ -7,7 +7,16 @@ for the stream that produced its input; after work.wait() the current stream
 sees the result, with no host synchronization in between; the future completes
 with the result); mixed devices and a receive from any source refused with an
 error. Without a GPU, or with an extension built without CUDA, it prints SKIP
-and exits 77."""
+and exits 77.
+
+LOOM_TEST_NO_TORCH_KERNELS=1 (tests/torch_cuda_double.sh, over the CUDA double,
+which runs none of torch's kernels): tensors are made on the CPU and copied to
+the device, and the parts that need a kernel of torch's are left out, each
+named in one line: a non-contiguous tensor (staged by a copy kernel), the list
+forms of reduce_scatter, scatter and all_to_all (their inputs are flattened by
+at::cat), and the stream test's producer and consumer (a matmul and arithmetic;
+there a copy from pinned memory on the side stream produces the input, and a
+device-to-device copy consumes the result)."""
 import datetime
 import os
 import sys
@@ -28,6 +37,7 @@ if "cuda" not in ld.devices():
     sys.exit(77)
 
 rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+KERNELS = os.environ.get("LOOM_TEST_NO_TORCH_KERNELS") != "1"
 dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
 torch.cuda.set_device(dev)
 dist.init_process_group("loom", device_id=dev, timeout=datetime.timedelta(seconds=120))
@@ -38,6 +48,22 @@ R = dist.ReduceOp
 def val(r, n=1000, dtype=torch.float32, salt=0):
     """What rank r holds: small integers, exact in every type used here."""
     return ((torch.arange(n) * (r + 2) + salt + r) % 5 + 1).to(dtype)
+
+
+def on_dev(t):
+    """t (made on the CPU) on the device: a copy, no kernel of torch's."""
+    return t.to(dev)
+
+
+def full(n, v):
+    return on_dev(torch.full((n,), float(v)))
+
+
+def without_kernels(what):
+    """Whether this run leaves out what, which needs a kernel of torch's."""
+    if not KERNELS and rank == 0:
+        print("test_c10d_cuda: left out, as it needs torch's kernels: %s" % what, flush=True)
+    return not KERNELS
 
 
 def same(what, got, want):
@@ -62,6 +88,8 @@ def test_all_reduce():
             dist.all_reduce(y, op=op)   # the CPU path, the same group
             same("all_reduce %s %s" % (op, dtype), x, y)
     # non-contiguous: staged through a contiguous copy, copied back on the stream
+    if without_kernels("all_reduce of a non-contiguous tensor"):
+        return
     x = val(rank, 12).view(3, 4).to(dev).t()
     dist.all_reduce(x)
     same("all_reduce non-contiguous", x, sum(val(r, 12) for r in range(size)).view(3, 4).t())
@@ -89,9 +117,18 @@ def test_all_gather():
 
 
 def test_reduce_scatter():
+    if not without_kernels("reduce_scatter (a list of inputs)"):
+        reduce_scatter_list()
+    reduce_scatter_tensor()
+
+
+def reduce_scatter_list():
     out = torch.empty(1000, device=dev)
     dist.reduce_scatter(out, [val(rank, salt=r).to(dev) for r in range(size)])
     same("reduce_scatter", out, sum(val(q, salt=rank) for q in range(size)))
+
+
+def reduce_scatter_tensor():
     out = torch.empty(1000, dtype=torch.bfloat16, device=dev)
     dist.reduce_scatter_tensor(out, torch.cat([val(rank, dtype=torch.bfloat16, salt=r)
                                                for r in range(size)]).to(dev))
@@ -113,6 +150,8 @@ def test_all_to_all():
                            input_split_sizes=[rank + j + 1 for j in range(size)])
     same("all_to_all_single uneven", out,
          torch.cat([torch.full((i + rank + 1, 2), float(i * 100 + rank)) for i in range(size)]))
+    if without_kernels("all_to_all (lists)"):
+        return
     outs = [torch.empty(i + rank + 1, 2, device=dev) for i in range(size)]
     dist.all_to_all(outs, [t.to(dev) for t in ins])
     for i in range(size):
@@ -126,6 +165,8 @@ def test_gather_scatter():
     if rank == root:
         for r in range(size):
             same("gather[%d]" % r, outs[r], val(r))
+    if without_kernels("scatter (a list of inputs)"):
+        return
     out = torch.empty(1000, device=dev)
     dist.scatter(out, [val(r, salt=7).to(dev) for r in range(size)] if rank == root else None,
                  src=root)
@@ -151,27 +192,35 @@ def test_send_recv():
 def test_streams():
     want = float(sum(r + 1 for r in range(size)))
     s = torch.cuda.Stream()
+    # Without kernels: a copy from pinned memory produces the input on s (it
+    # runs after the call returns) and a copy consumes the result (factor 1).
+    factor = 2 if KERNELS else 1
     with torch.cuda.stream(s):
-        # The producer: long GPU work on s ahead of the input's last write.
-        a = torch.ones(2048, 2048, device=dev)
-        for _ in range(20):
-            a = a @ a / 2048
-        x = torch.full((1 << 20,), float(rank + 1), device=dev) + (a.sum() - a.numel())
+        if KERNELS:
+            # The producer: long GPU work on s ahead of the input's last write.
+            a = torch.ones(2048, 2048, device=dev)
+            for _ in range(20):
+                a = a @ a / 2048
+            x = torch.full((1 << 20,), float(rank + 1), device=dev) + (a.sum() - a.numel())
+        else:
+            x = torch.full((1 << 22,), float(rank + 1)).pin_memory().to(dev, non_blocking=True)
         work = dist.all_reduce(x, async_op=True)
         work.wait()           # s waits for the collective; the host does not
-        y = x * 2             # on s, after the collective
+        y = x * 2 if KERNELS else x.clone()   # on s, after the collective
         got = y.cpu()         # on s as well
-    T.check(bool((got == 2 * want).all()), "stream order: %s, want %s" % (got[:4].tolist(), 2 * want))
+    T.check(bool((got == factor * want).all()),
+            "stream order: %s, want %s" % (got[:4].tolist(), factor * want))
     # The future completes with the result (after the GPU is done).
-    x = torch.full((1000,), float(rank + 1), device=dev)
+    x = full(1000, rank + 1)
     work = dist.all_reduce(x, async_op=True)
     vals = work.get_future().wait()
     T.check(work.is_completed(), "work completed once its future is")
     same("future's value", vals[0], torch.full((1000,), want))
-    doubled = work.get_future().then(lambda f: f.value()[0] * 2).wait()
-    same("future then()", doubled, torch.full((1000,), 2 * want))
+    doubled = work.get_future().then(
+        lambda f: f.value()[0] * 2 if KERNELS else f.value()[0].clone()).wait()
+    same("future then()", doubled, torch.full((1000,), factor * want))
     # A CPU operation on the group between a GPU one and its wait().
-    x = torch.full((1000,), float(rank + 1), device=dev)
+    x = full(1000, rank + 1)
     work = dist.all_reduce(x, async_op=True)
     c = torch.full((5,), float(rank + 1))
     dist.all_reduce(c)
@@ -194,16 +243,16 @@ def raises(what, fn, *words):
 def test_errors():
     raises("all_gather with CPU outputs and a CUDA input",
            lambda: dist.all_gather([torch.empty(4) for _ in range(size)],
-                                   torch.ones(4, device=dev)),
+                                   on_dev(torch.ones(4))),
            "cpu", str(dev))
     raises("recv from any source on a CUDA tensor",
            lambda: dist.recv(torch.empty(4, device=dev)), "any source")
     if torch.cuda.device_count() > 1:
         other = torch.device("cuda", (dev.index + 1) % torch.cuda.device_count())
         raises("all_reduce on another GPU than the group's",
-               lambda: dist.all_reduce(torch.ones(4, device=other)), str(dev), str(other))
+               lambda: dist.all_reduce(torch.ones(4).to(other)), str(dev), str(other))
     # the group still works
-    x = torch.ones(4, device=dev)
+    x = on_dev(torch.ones(4))
     dist.all_reduce(x)
     same("all_reduce after the errors", x, torch.full((4,), float(size)))
 

@@ -1,0 +1,108 @@
+#!/bin/sh
+# torch_cuda_double.sh - the torch.distributed backend "loom" on CUDA tensors
+# without a GPU: PyPI's torch (/opt/loom-torch, which tests/install-deps.sh
+# installs) runs over the CUDA double built as libcudart.so.13
+# (tests/cuda-double/torch_face.c), loaded with LD_PRELOAD so that torch's
+# libraries take it for the CUDA runtime, with a libcuda.so.1 link to the same
+# file on the library path for the driver calls (torch's NVRTC stub, Loom's
+# pointer classification). The extension is built with CUDA (LOOM_TORCH_CUDA=1)
+# against Loom's CUDA backend over that double (libloom_on_cudart), and
+# tests/python/test_c10d_cuda.py runs on 2 ranks under torchrun three times:
+# on the double's one device (GPU to GPU through its IPC handles), on a device
+# each with the double lazy, and staged through host memory. The double runs none of torch's
+# kernels (a launch fails with cudaErrorNotSupported): the test takes that into
+# account (LOOM_TEST_NO_TORCH_KERNELS=1, which it reads). Skips (77) only
+# without the torch venv (tests/install-deps.sh installs it) or without shared
+# libraries.
+name=torch_cuda_double
+builddir=$(cd "${top_builddir:-.}" && pwd)
+dbl="$builddir/tests/cuda-double/cudart/.libs"
+if [ ! -e "$dbl/libcudart.so.13" ] || [ ! -e "$dbl/libloom_on_cudart.so" ]; then
+    if [ ! -e "$builddir/.libs/libloom.so" ]; then
+        echo "$name: SKIP: no shared libraries (configured with --disable-shared)"
+        exit 77
+    fi
+    echo "$name: FAIL: the double's libcudart.so.13 and libloom_on_cudart are not built (make check builds them)"
+    exit 1
+fi
+# The libloom the extension links, under the name setup.py looks for, in a
+# directory of its own (the extension's rpath); the driver's name for the
+# double in another.
+loom_libdir="$builddir/python/loom-on-cudart"
+mkdir -p "$loom_libdir/driver" &&
+    ln -sf "$dbl/libloom_on_cudart.so" "$loom_libdir/libloom.so" &&
+    ln -sf "$dbl/libloom_on_cudart.so.0" "$loom_libdir/libloom_on_cudart.so.0" &&
+    ln -sf "$dbl/libcudart.so.13" "$loom_libdir/driver/libcuda.so.1" || exit 1
+# From here on every process has the double for its CUDA runtime: the build
+# too, as setup.py loads the libloom it links (which needs the double's own
+# calls) beside torch.
+export LD_PRELOAD="$dbl/libcudart.so.13"
+export LD_LIBRARY_PATH="$loom_libdir/driver${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+torch_build_tag=-cuda-double
+export LOOM_TORCH_CUDA=1
+. "$(dirname "$0")/torch_build.sh"
+
+export PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 LOOM_TEST_NO_TORCH_KERNELS=1
+export LOOM_DEBUG=INFO LOOM_DEBUG_SUBSYS=cuda
+unset SLURM_JOB_ID LOOM_STORE
+
+failures=0
+# The premise, in one process: torch's device is the double, copies work, and
+# a kernel of torch's fails (the double runs none, and says so).
+if "$py" - > "$tmp/out" 2>&1 <<'EOF'
+import torch
+assert torch.cuda.is_available() and torch.cuda.get_device_name(0) == "Loom CUDA double", \
+    "torch's device is not the double: %s" % torch.cuda.get_device_name(0)
+x = torch.arange(8, dtype=torch.float32).cuda()
+assert x.cpu().tolist() == list(range(8)), x.cpu()
+try:
+    (x + 1).cpu()
+    raise AssertionError("a kernel of torch's ran over the double")
+except RuntimeError as e:
+    assert "operation not supported" in str(e), e
+EOF
+then
+    echo "ok: torch over the double: copies work, its kernels fail"
+else
+    cat "$tmp/out"
+    echo "FAIL: torch over the double"
+    failures=$((failures + 1))
+fi
+# run WHAT PATH [VAR=VALUE...]: the test on 2 ranks with the double and Loom
+# so configured; allreduce on GPU buffers must log PATH.
+run() {
+    what=$1
+    path=$2
+    shift 2
+    env "$@" timeout 600 "$venv/bin/torchrun" --standalone --nproc-per-node 2 \
+        "$srcdir/tests/python/test_c10d_cuda.py" > "$tmp/out" 2>&1
+    rc=$?
+    # Over the double nothing may skip (torch must see its device), and the
+    # collectives must have taken the path asked for.
+    if [ $rc = 0 ] && grep -q "SKIP" "$tmp/out"; then
+        echo "$name: $what: the test skipped"
+        rc=1
+    fi
+    if [ $rc = 0 ] && ! grep -q "allreduce on GPU buffers: $path" "$tmp/out"; then
+        echo "$name: $what: allreduce did not log its path ($path)"
+        rc=1
+    fi
+    if [ $rc = 0 ]; then
+        echo "ok: $what"
+        grep -v "LOOM INFO" "$tmp/out" | sed 's/^/    /'
+    else
+        cat "$tmp/out"
+        echo "FAIL: $what (exit $rc)"
+        failures=$((failures + 1))
+    fi
+}
+# Both ranks on the double's one device; then a device each, in lazy mode
+# (device work runs only when the host waits: a missing stream dependency
+# shows as a stale result); then staged, lazy too.
+ipc="GPU to GPU through CUDA IPC"
+run "2 ranks, one device" "$ipc" LOOM_CUDA_DOUBLE_DEVICES=1
+run "2 ranks, a device each, lazy double" "$ipc" LOOM_CUDA_DOUBLE_DEVICES=2 LOOM_CUDA_DOUBLE_LAZY=1
+run "2 ranks, one device, staged, lazy double" "staged through host memory" \
+    LOOM_CUDA_DOUBLE_DEVICES=1 LOOM_CUDA_DOUBLE_LAZY=1 LOOM_CUDA_IPC=0
+[ $failures = 0 ] && echo "$name: PASS" || echo "$name: FAIL"
+[ $failures = 0 ]
