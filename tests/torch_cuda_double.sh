@@ -9,7 +9,9 @@
 # against Loom's CUDA backend over that double (libloom_on_cudart), and
 # tests/python/test_c10d_cuda.py runs on 2 ranks under torchrun three times:
 # on the double's one device (GPU to GPU through its IPC handles), on a device
-# each with the double lazy, and staged through host memory. The double runs none of torch's
+# each with the double lazy, and staged through host memory; so does
+# tests/python/test_torch_cuda.py under loomrun, loom.torch (Horovod's API) on
+# CUDA tensors, whose loom._loom is built against the same libloom. The double runs none of torch's
 # kernels (a launch fails with cudaErrorNotSupported): the test takes that into
 # account (LOOM_TEST_NO_TORCH_KERNELS=1, which it reads). Skips (77) only
 # without the torch venv (tests/install-deps.sh installs it) or without shared
@@ -68,14 +70,19 @@ else
     echo "FAIL: torch over the double"
     failures=$((failures + 1))
 fi
-# run WHAT PATH [VAR=VALUE...]: the test on 2 ranks with the double and Loom
-# so configured; allreduce on GPU buffers must log PATH.
+# run TEST WHAT PATH [VAR=VALUE...]: tests/python/TEST on 2 ranks with the
+# double and Loom so configured (torch.distributed's test under torchrun,
+# loom.torch's under loomrun); allreduce on GPU buffers must log PATH.
 run() {
-    what=$1
-    path=$2
-    shift 2
-    env "$@" timeout 600 "$venv/bin/torchrun" --standalone --nproc-per-node 2 \
-        "$srcdir/tests/python/test_c10d_cuda.py" > "$tmp/out" 2>&1
+    test=$1
+    what="$test: $2"
+    path=$3
+    shift 3
+    case $test in
+    test_c10d_*) launch="$venv/bin/torchrun --standalone --nproc-per-node 2" ;;
+    *) launch="$LOOMRUN -np 2 $py" ;;
+    esac
+    env "$@" timeout 600 $launch "$srcdir/tests/python/$test" > "$tmp/out" 2>&1
     rc=$?
     # Over the double nothing may skip (torch must see its device), and the
     # collectives must have taken the path asked for.
@@ -100,9 +107,11 @@ run() {
 # (device work runs only when the host waits: a missing stream dependency
 # shows as a stale result); then staged, lazy too.
 ipc="GPU to GPU through CUDA IPC"
-run "2 ranks, one device" "$ipc" LOOM_CUDA_DOUBLE_DEVICES=1
-run "2 ranks, a device each, lazy double" "$ipc" LOOM_CUDA_DOUBLE_DEVICES=2 LOOM_CUDA_DOUBLE_LAZY=1
-run "2 ranks, one device, staged, lazy double" "staged through host memory" \
-    LOOM_CUDA_DOUBLE_DEVICES=1 LOOM_CUDA_DOUBLE_LAZY=1 LOOM_CUDA_IPC=0
+for test in test_c10d_cuda.py test_torch_cuda.py; do
+    run $test "2 ranks, one device" "$ipc" LOOM_CUDA_DOUBLE_DEVICES=1
+    run $test "2 ranks, a device each, lazy double" "$ipc" LOOM_CUDA_DOUBLE_DEVICES=2 LOOM_CUDA_DOUBLE_LAZY=1
+    run $test "2 ranks, one device, staged, lazy double" "staged through host memory" \
+        LOOM_CUDA_DOUBLE_DEVICES=1 LOOM_CUDA_DOUBLE_LAZY=1 LOOM_CUDA_IPC=0
+done
 [ $failures = 0 ] && echo "$name: PASS" || echo "$name: FAIL"
 [ $failures = 0 ]
