@@ -879,8 +879,8 @@ class Engine:
             tl.span("MEMCPY_IN_FUSION_BUFFER", "fusion", t0, t1, {"tensors": len(items)})
         if pre != 1.0:
             b.scale_(buf, pre)
-        # libloom reads the buffer from the host's side of the device:
-        # the copies in (and the scaling) must have landed.
+        # libloom's call is not ordered after this thread's stream: the
+        # copies in (and the scaling) must have landed first.
         b.settle(buf)
         self.comm.allreduce(None, b.cap(buf), op, dtype=dt)
         if post != 1.0:
