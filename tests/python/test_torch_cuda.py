@@ -3,7 +3,8 @@
 a GPU): every collective (allreduce and its async and in-place forms,
 grouped_allreduce, allgather, broadcast, alltoall, reducescatter, the grouped
 forms, poll/synchronize) on several types against the same call on CPU
-tensors; several small allreduces fused in one round; the ordering after the
+tensors; several small allreduces fused in one round; join (the joined rank's
+zeros made on its device); the ordering after the
 producer (the input written by a non_blocking copy from pinned memory on a side
 stream, the collective called under that stream: it must read the copied
 values, which the double's lazy mode runs only when the host waits); a call
@@ -196,6 +197,18 @@ def test_reducescatter():
         same("grouped_reducescatter [%d]" % i, g, w)
 
 
+def test_join():
+    """A rank that joined contributes zeros (made on its current device) to
+    the others' allreduces of CUDA tensors."""
+    if rank == 0:
+        last = hvd.join()
+    else:
+        got = hvd.allreduce(val(rank, 64).cuda(), op=hvd.Sum, name="join.cuda")
+        same("allreduce beside a joined rank", got, sum(val(r, 64) for r in range(1, size)))
+        last = hvd.join()
+    T.check(last in range(size), "join returned %r" % (last,))
+
+
 def test_stream_order():
     """The collective waits for the stream that produced its input (an event
     recorded at submit), not for the whole device, and its result is in place
@@ -323,7 +336,8 @@ def test_without_cuda():
 
 if _loom.CUDA_BUILT:
     tests = (test_allreduce, test_grouped_allreduce, test_fusion, test_allgather, test_broadcast,
-             test_alltoall, test_reducescatter, test_stream_order, test_errors, test_with_kernels)
+             test_alltoall, test_reducescatter, test_join, test_stream_order, test_errors,
+             test_with_kernels)
 else:
     if rank == 0:
         print("test_torch_cuda: the libloom loom._loom links has no CUDA: the refusal alone",
