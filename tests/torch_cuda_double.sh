@@ -9,7 +9,9 @@
 # against Loom's CUDA backend over that double (libloom_on_cudart), and
 # tests/python/test_c10d_cuda.py runs on 2 ranks under torchrun three times:
 # on the double's one device (GPU to GPU through its IPC handles), on a device
-# each with the double lazy, and staged through host memory. The double runs none of torch's
+# each with the double lazy, and staged through host memory; so does
+# tests/python/test_torch_cuda.py under loomrun, loom.torch (Horovod's API) on
+# CUDA tensors, whose loom._loom is built against the same libloom. The double runs none of torch's
 # kernels (a launch fails with cudaErrorNotSupported): the test takes that into
 # account (LOOM_TEST_NO_TORCH_KERNELS=1, which it reads). Skips (77) only
 # without the torch venv (tests/install-deps.sh installs it) or without shared
@@ -68,14 +70,31 @@ else
     echo "FAIL: torch over the double"
     failures=$((failures + 1))
 fi
-# run WHAT PATH [VAR=VALUE...]: the test on 2 ranks with the double and Loom
-# so configured; allreduce on GPU buffers must log PATH.
+# report WHAT RC: ok with the test's output (less Loom's log), or the whole
+# output and a failure.
+report() {
+    if [ "$2" = 0 ]; then
+        echo "ok: $1"
+        grep -v "LOOM INFO" "$tmp/out" | sed 's/^/    /'
+    else
+        cat "$tmp/out"
+        echo "FAIL: $1 (exit $2)"
+        failures=$((failures + 1))
+    fi
+}
+# run TEST WHAT PATH [VAR=VALUE...]: tests/python/TEST on 2 ranks with the
+# double and Loom so configured (torch.distributed's test under torchrun,
+# loom.torch's under loomrun); allreduce on GPU buffers must log PATH.
 run() {
-    what=$1
-    path=$2
-    shift 2
-    env "$@" timeout 600 "$venv/bin/torchrun" --standalone --nproc-per-node 2 \
-        "$srcdir/tests/python/test_c10d_cuda.py" > "$tmp/out" 2>&1
+    test=$1
+    what="$test: $2"
+    path=$3
+    shift 3
+    case $test in
+    test_c10d_*) launch="$venv/bin/torchrun --standalone --nproc-per-node 2" ;;
+    *) launch="$LOOMRUN -np 2 $py" ;;
+    esac
+    env "$@" timeout 600 $launch "$srcdir/tests/python/$test" > "$tmp/out" 2>&1
     rc=$?
     # Over the double nothing may skip (torch must see its device), and the
     # collectives must have taken the path asked for.
@@ -87,22 +106,42 @@ run() {
         echo "$name: $what: allreduce did not log its path ($path)"
         rc=1
     fi
-    if [ $rc = 0 ]; then
-        echo "ok: $what"
-        grep -v "LOOM INFO" "$tmp/out" | sed 's/^/    /'
-    else
-        cat "$tmp/out"
-        echo "FAIL: $what (exit $rc)"
-        failures=$((failures + 1))
-    fi
+    report "$what" $rc
 }
 # Both ranks on the double's one device; then a device each, in lazy mode
 # (device work runs only when the host waits: a missing stream dependency
 # shows as a stale result); then staged, lazy too.
 ipc="GPU to GPU through CUDA IPC"
-run "2 ranks, one device" "$ipc" LOOM_CUDA_DOUBLE_DEVICES=1
-run "2 ranks, a device each, lazy double" "$ipc" LOOM_CUDA_DOUBLE_DEVICES=2 LOOM_CUDA_DOUBLE_LAZY=1
-run "2 ranks, one device, staged, lazy double" "staged through host memory" \
-    LOOM_CUDA_DOUBLE_DEVICES=1 LOOM_CUDA_DOUBLE_LAZY=1 LOOM_CUDA_IPC=0
+for test in test_c10d_cuda.py test_torch_cuda.py; do
+    run $test "2 ranks, one device" "$ipc" LOOM_CUDA_DOUBLE_DEVICES=1
+    run $test "2 ranks, a device each, lazy double" "$ipc" LOOM_CUDA_DOUBLE_DEVICES=2 LOOM_CUDA_DOUBLE_LAZY=1
+    run $test "2 ranks, one device, staged, lazy double" "staged through host memory" \
+        LOOM_CUDA_DOUBLE_DEVICES=1 LOOM_CUDA_DOUBLE_LAZY=1 LOOM_CUDA_IPC=0
+done
+# loom.torch over a libloom without CUDA: every collective refuses CUDA tensors
+# with an error that says why (tests/python/test_torch_cuda.py's other half).
+# The tree's own libloom where configure left CUDA out, else the one in
+# $LOOM_NOCUDA_LIBDIR (the .libs of a build configured --without-cuda); only
+# loom._loom is rebuilt against it, beside a copy of the package.
+nocuda=${LOOM_NOCUDA_LIBDIR:-$builddir/.libs}
+if [ ! -e "$nocuda/libloom.so" ] || nm -D "$nocuda/libloom.so" | grep -q " T loom_comm_set_device$"; then
+    echo "$name: loom.torch over a libloom without CUDA: not run (the libloom in $nocuda has CUDA;" \
+        "LOOM_NOCUDA_LIBDIR names the .libs of a build configured --without-cuda)"
+else
+    mkdir "$tmp/nocuda" && cp -r "$lib/loom" "$tmp/nocuda/" &&
+        rm -f "$tmp/nocuda/loom/_loom".*.so "$tmp/nocuda/loom/torch/_c10d".*.so &&
+        "${CC:-cc}" -shared -fPIC -std=c11 -O2 \
+            -I"$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+            -I"$srcdir/include" "$srcdir/python/loom/_loom.c" -L"$nocuda" -lloom -Wl,-rpath,"$nocuda" \
+            -o "$tmp/nocuda/loom/_loom$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')" \
+            > "$tmp/out" 2>&1 &&
+        PYTHONPATH="$tmp/nocuda:$srcdir/tests/python" LOOM_CUDA_DOUBLE_DEVICES=1 timeout 300 \
+            "$LOOMRUN" -np 2 "$py" "$srcdir/tests/python/test_torch_cuda.py" > "$tmp/out" 2>&1
+    rc=$?
+    if [ $rc = 0 ] && ! grep -q "has no CUDA: the refusal alone" "$tmp/out"; then
+        rc=1   # it ran the CUDA half: the libloom it linked has CUDA after all
+    fi
+    report "test_torch_cuda.py: loom.torch over a libloom without CUDA" $rc
+fi
 [ $failures = 0 ] && echo "$name: PASS" || echo "$name: FAIL"
 [ $failures = 0 ]

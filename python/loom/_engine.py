@@ -49,6 +49,16 @@ pending with it.
 Tensors are handled through a Backend (torch tensors, NumPy arrays), chosen by
 the prefix of the type name that travels in the metadata ("torch.float32",
 "np.float32"), so one engine per process set serves every adapter.
+
+Tensors in CUDA memory (loom.torch's; their type name says so, "torch.cuda.float32",
+so a rank on the CPU and one on a GPU fail as a mismatch instead of taking
+different paths in libloom) go to libloom as device pointers: its blocking
+calls take them (docs/gpu.md) and return once the result is in place. An
+entry carries `ready`, an event recorded on the producer's stream at submit,
+which the thread running the round waits for before anything reads the
+tensor (a fusion copy, libloom); the copies and scaling a round queues on the
+device are waited for (Backend.settle) before the handle completes, so the
+result is there for whatever the program queues next, on any stream.
 """
 import array
 import threading
@@ -72,7 +82,8 @@ FUSE_MAX_TENSOR = 1 << 20
 
 class Backend:
     """What the engine needs from a tensor library. Type names are
-    "<prefix>.<type>"; tensors are C-contiguous and on the CPU."""
+    "<prefix>.<type>"; tensors are C-contiguous, on the CPU or (where the
+    backend says so in the type name) in CUDA memory."""
     prefix = None
 
     def dtype_name(self, t):
@@ -90,6 +101,18 @@ class Backend:
 
     def zeros(self, shape, name):
         raise NotImplementedError
+
+    def empty_on(self, shape, name, like):
+        """empty, on the device of the tensor like (fusion buffers, outputs)."""
+        return self.empty(shape, name)
+
+    def device_of(self, t):
+        """A key for t's device (fusion buffers are one per type and device)."""
+        return None
+
+    def settle(self, t):
+        """Return once the work this thread queued on t's device is done (a
+        round's copies and scaling): then the result is in place."""
 
     def cap(self, t):
         """The object handed to loom._loom for t's memory (no copy)."""
@@ -159,7 +182,7 @@ class Entry:
     """One submitted collective. output is written in place (it is the input
     tensor for the in-place calls); meta travels to the other ranks."""
     __slots__ = ("kind", "name", "tensor", "output", "op", "pre", "post", "root", "splits",
-                 "handle", "finish", "backend", "slot", "count")
+                 "handle", "finish", "backend", "slot", "count", "ready")
 
     def __init__(self, kind, name, tensor=None, output=None, op=None, pre=1.0, post=1.0,
                  root=-1, splits=None, finish=None, backend=None):
@@ -170,6 +193,15 @@ class Entry:
         self.finish = finish   # optional: called on the result before the handle completes
         self.slot = None       # its response-cache slot while a cache hit
         self.count = None      # N of an unnamed call "<kind>.noname.N" while a cache hit
+        # An event on the stream that produced tensor (CUDA memory), else
+        # None: waited for (its synchronize()) before the data is read.
+        self.ready = None
+
+    def wait_ready(self):
+        """Wait until the producer's work on the tensor is done (once)."""
+        ev, self.ready = self.ready, None
+        if ev is not None:
+            ev.synchronize()
 
     def meta(self):
         t = self.tensor
@@ -534,6 +566,7 @@ class Engine:
         b = e.backend
         dt = b.loom_dtype(self.cache[self.slots[e.slot]][1][self.me][1])
         try:
+            e.wait_ready()
             r = self.comm.gated_allreduce(flags, _FLAG_SLOTS + e.slot, 1 if e.count is None else _FLAG_SLOTS,
                                           b.cap(e.output), e.op, dt)
         except LoomInternalError:
@@ -579,6 +612,11 @@ class Engine:
                 result = e.finish(result)
             except Exception as exc:   # noqa: BLE001 - handed to the waiting thread
                 error = exc
+        if error is None and e.tensor is not None:
+            try:
+                e.backend.settle(e.tensor)
+            except Exception as exc:   # noqa: BLE001 - handed to the waiting thread
+                error = LoomError("loom: '%s' failed: %s: %s" % (e.name, type(exc).__name__, exc))
         h = e.handle
         h.result, h.error = result, error
         with self.cond:
@@ -800,11 +838,15 @@ class Engine:
         b = backend_of(name)
         dt = b.loom_dtype(name)
         self.stats["tensors"] += len(items)
+        for e, _ in items:
+            if e is not None:
+                e.wait_ready()
         if len(items) == 1:
             e = items[0][0]
             buf = e.output if e is not None else b.zeros(meta[2], name)
             if pre != 1.0:
                 b.scale_(buf, pre)
+            b.settle(buf)
             self.comm.allreduce(None, b.cap(buf), op, dtype=dt)
             if post != 1.0:
                 b.scale_(buf, post)
@@ -813,9 +855,14 @@ class Engine:
             return
         self.stats["fused_calls"] += 1
         total = sum(_numel(m[2]) for _, m in items)
-        fb = self.fusion.get(name)
+        # On the device of this rank's first tensor (the others are copied
+        # from theirs); one buffer per type and device.
+        like = next((e.output for e, _ in items if e is not None), None)
+        key = (name, b.device_of(like) if like is not None else None)
+        fb = self.fusion.get(key)
         if fb is None or fb.shape[0] < total:
-            fb = self.fusion[name] = b.empty((total,), name)
+            fb = self.fusion[key] = (b.empty_on((total,), name, like) if like is not None
+                                     else b.empty((total,), name))
         buf = fb[:total]
         tl = _basics.timeline
         t0 = tl.now() if tl else 0
@@ -832,6 +879,9 @@ class Engine:
             tl.span("MEMCPY_IN_FUSION_BUFFER", "fusion", t0, t1, {"tensors": len(items)})
         if pre != 1.0:
             b.scale_(buf, pre)
+        # libloom's call is not ordered after this thread's stream: the
+        # copies in (and the scaling) must have landed first.
+        b.settle(buf)
         self.comm.allreduce(None, b.cap(buf), op, dtype=dt)
         if post != 1.0:
             b.scale_(buf, post)
@@ -854,6 +904,8 @@ class Engine:
         name, pre, post = meta[1], meta[5], meta[6]
         b = backend_of(name)
         self.stats["tensors"] += 1
+        if e is not None:
+            e.wait_ready()
         buf = e.output if e is not None else b.zeros(meta[2], name)
         if pre != 1.0:
             b.scale_(buf, pre)
@@ -875,6 +927,7 @@ class Engine:
         if kind == REFUSED:
             return None   # refused on every rank: each raises its own error
         t, b = e.tensor, e.backend
+        e.wait_ready()
         dt = b.loom_dtype(meta[1])
         row = _numel(t.shape[1:])
         if kind == "broadcast":
@@ -882,22 +935,23 @@ class Engine:
             return e.output
         if kind == "allgather":
             firsts = [m[2][0] for m in metas]
-            out = b.empty((sum(firsts),) + tuple(t.shape[1:]), meta[1])
+            out = b.empty_on((sum(firsts),) + tuple(t.shape[1:]), meta[1], t)
             c.allgatherv(b.cap(t), b.cap(out), [f * row for f in firsts], dtype=dt)
             return out
         if kind == "alltoall":
             send = list(metas[self.me][7])
             recv = [metas[r][7][self.me] for r in range(self.n)]
-            out = b.empty((sum(recv),) + tuple(t.shape[1:]), meta[1])
+            out = b.empty_on((sum(recv),) + tuple(t.shape[1:]), meta[1], t)
             c.alltoallv(b.cap(t), [s * row for s in send], b.cap(out), [s * row for s in recv], dtype=dt)
             return out, b.int_vector(recv)
         if kind == "reducescatter":
             a = e.output
             if e.pre != 1.0:
                 b.scale_(a, e.pre)
+            b.settle(a)
             shares = split_rows(t.shape[0], self.n)
             if shares[0] == shares[-1]:
-                out = b.empty((shares[0],) + tuple(t.shape[1:]), meta[1])
+                out = b.empty_on((shares[0],) + tuple(t.shape[1:]), meta[1], t)
                 c.reduce_scatter(b.cap(a), b.cap(out), e.op, dtype=dt)
             else:
                 c.allreduce(None, b.cap(a), e.op, dtype=dt)

@@ -3,11 +3,13 @@
  * loom_comm_t, a Request type over loom_request_t, and one method per
  * collective. Buffers cross without copies: anything with the buffer protocol
  * (NumPy arrays, bytearray, memoryview) or a DLPack capsule / __dlpack__ object
- * (PyTorch CPU tensors). The GIL is released for the whole of every call into
+ * (PyTorch tensors: CPU ones, and CUDA ones where libloom was built with CUDA,
+ * which then takes the device pointers itself, docs/gpu.md). The GIL is released for the whole of every call into
  * libloom that can block.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dlfcn.h>
 #include <pythread.h>
 #include <stdint.h>
 #include <string.h>
@@ -33,10 +35,13 @@ typedef struct DLManagedTensor {
     void *manager_ctx;
     void (*deleter)(struct DLManagedTensor *self);
 } DLManagedTensor;
-enum { kDLCPU = 1, kDLCUDAHost = 3 };
+enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 };
 enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };
 
 static PyObject *LoomError;
+/* Whether the libloom this module links was built with CUDA (see
+ * libloom_has_cuda): only then may a DLPack tensor's memory be CUDA memory. */
+static int cuda_built;
 /* The failures an elastic job recovers from by rolling back and rebuilding:
  * a peer lost, a revoked epoch, a transport failure, a peer that stopped
  * answering. Horovod's name for it is HorovodInternalError. */
@@ -113,9 +118,19 @@ static int lbuf_from_capsule(PyObject *cap, lbuf_t *b, const char *what)
     if (!m)
         return -1;
     DLTensor *t = &m->dl_tensor;
-    if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost) {
+    if (t->device.device_type == kDLCUDA && !cuda_built) {
+        /* Handed to a libloom without CUDA, the device pointer would be read
+         * as host memory: a fault, not an error. */
         PyErr_Format(PyExc_ValueError,
-                     "%s: the tensor lives on device type %d; loom takes CPU memory only",
+                     "%s: the tensor is in CUDA memory (device %d), but the libloom loom._loom "
+                     "links was built without CUDA (configure --with-cuda)",
+                     what, (int)t->device.device_id);
+        return -1;
+    }
+    if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost &&
+        t->device.device_type != kDLCUDA) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: the tensor lives on device type %d; loom takes CPU and CUDA memory only",
                      what, (int)t->device.device_type);
         return -1;
     }
@@ -1249,6 +1264,23 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_loom",
                                        "CPython binding of libloom.", -1, module_methods,
                                        NULL, NULL, NULL, NULL};
 
+/* Whether the libloom linked here was built with CUDA: it then exports the
+ * stream-ordered calls of loom_cuda.h (python/setup.py's libloom_has_cuda asks
+ * the same of the library it links). Looked up in that very library, found
+ * through one of its symbols, not in whatever the process loaded first. */
+static int libloom_has_cuda(void)
+{
+    Dl_info info;
+    if (!dladdr((void *)loom_version, &info) || !info.dli_fname)
+        return 0;
+    void *lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (!lib)
+        return 0;
+    int has = dlsym(lib, "loom_comm_set_device") != NULL;
+    dlclose(lib);
+    return has;
+}
+
 PyMODINIT_FUNC PyInit__loom(void)
 {
     if (PyType_Ready(&CommType) < 0 || PyType_Ready(&RequestType) < 0)
@@ -1293,6 +1325,9 @@ PyMODINIT_FUNC PyInit__loom(void)
     for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0)
             goto fail;
+    cuda_built = libloom_has_cuda();
+    if (PyModule_AddIntConstant(m, "CUDA_BUILT", cuda_built) < 0)
+        goto fail;
     return m;
 fail:
     Py_DECREF(m);

@@ -3,7 +3,9 @@
 # "loom" on CUDA tensors: builds loom.torch._c10d with CUDA (LOOM_TORCH_CUDA=1:
 # an extension without it is a failure here) against BUILD_DIR's libloom
 # (default: the tree's own build) and runs tests/python/test_c10d_cuda.py on
-# 2 ranks sharing one GPU under torchrun. Takes PyPI's torch in /opt/loom-torch
+# 2 ranks sharing one GPU under torchrun, then tests/python/test_torch_cuda.py
+# (loom.torch, Horovod's API, on CUDA tensors, with the parts that need torch's
+# kernels) under loomrun. Takes PyPI's torch in /opt/loom-torch
 # (python/torch_env.sh; $LOOM_TORCH_VENV), else python3's own torch; skips (77)
 # without either or without a GPU.
 name=torch_c10d_cuda
@@ -33,6 +35,13 @@ rc=$?
 cat "$tmp/out"
 if grep -q "SKIP" "$tmp/out" && ! grep -q "passed" "$tmp/out"; then
     exit 77
+fi
+timeout 600 "$LOOMRUN" -np 2 "$py" "$srcdir/tests/python/test_torch_cuda.py" > "$tmp/out" 2>&1
+hvd_rc=$?
+cat "$tmp/out"
+if [ $hvd_rc != 0 ] || grep -q "SKIP" "$tmp/out"; then
+    echo "$name: loom.torch on CUDA tensors (test_torch_cuda.py) failed or skipped (exit $hvd_rc)"
+    rc=1
 fi
 # Figures, not a test (a wrong result fails it): all_reduce of "loom" beside
 # "gloo" (which stages CUDA tensors through host memory) and "nccl" (where each

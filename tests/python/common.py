@@ -15,6 +15,16 @@ class Tally:
             self.failed += 1
             print("rank %d FAIL: %s" % (self.rank, what), flush=True)
 
+    def raises(self, what, fn, *words):
+        """Check that fn() raises an error whose text holds every one of words."""
+        try:
+            fn()
+        except Exception as e:   # noqa: BLE001 - the text is what is checked
+            msg = str(e)
+            self.check(all(w in msg for w in words), "%s: %r does not name %s" % (what, msg, words))
+            return
+        self.check(False, "%s: no error" % what)
+
     def run(self, fn, *args):
         """Run one test function; an exception is a failure, not the end."""
         try:

@@ -2,8 +2,13 @@
 changing `import horovod.torch as hvd` to `import loom.torch as hvd`.
 
 Collectives take CPU tensors of any Loom type (int8, uint8, int16, int32, int64,
-float16, bfloat16, float32, float64, bool) and go through the background engine
-(see loom/_engine.py): named, negotiated across ranks, small allreduces fused.
+float16, bfloat16, float32, float64, bool), and CUDA tensors where libloom was
+built with CUDA, and go through the background engine (see loom/_engine.py):
+named, negotiated across ranks, small allreduces fused. A CUDA tensor is
+ordered after its producer as Horovod orders it: an event recorded on the
+current stream at submit, waited for by the engine before libloom reads the
+memory (never a device-wide sync); the result is in place when the handle
+completes.
 Every collective is differentiable (as Horovod's); errors derive from
 RuntimeError (LoomError), HorovodInternalError for a lost peer."""
 import contextlib
@@ -38,25 +43,50 @@ if hasattr(torch, "uint16"):   # PyTorch 2.3 and later
     _DT[torch.uint16] = _loom.UINT16
 _BY_NAME = {str(k): k for k in _DT}
 _ESIZE = {str(k): torch.empty((), dtype=k).element_size() for k in _DT}
+# The type name of a CUDA tensor: "torch.cuda.float32" (the device type only,
+# not its index: ranks on different GPUs of a node agree on it).
+_CUDA = "torch.cuda."
+
+
+def _type_of(name):
+    """(torch dtype, device type) of a type name."""
+    if name.startswith(_CUDA):
+        return _BY_NAME["torch." + name[len(_CUDA):]], "cuda"
+    return _BY_NAME[name], "cpu"
 
 
 class _TorchBackend(_engine.Backend):
     prefix = "torch"
 
     def dtype_name(self, t):
-        return str(t.dtype)             # "torch.float32"
+        name = str(t.dtype)             # "torch.float32"
+        return _CUDA + name[len("torch."):] if t.is_cuda else name
 
     def loom_dtype(self, name):
-        return _DT[_BY_NAME[name]]
+        return _DT[_type_of(name)[0]]
 
     def esize(self, name):
-        return _ESIZE[name]
+        return _ESIZE[str(_type_of(name)[0])]
 
     def empty(self, shape, name):
-        return torch.empty(shape, dtype=_BY_NAME[name])
+        dtype, device = _type_of(name)
+        return torch.empty(shape, dtype=dtype, device=device)
 
     def zeros(self, shape, name):
-        return torch.zeros(shape, dtype=_BY_NAME[name])
+        dtype, device = _type_of(name)
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    def empty_on(self, shape, name, like):
+        return torch.empty(shape, dtype=_type_of(name)[0], device=like.device)
+
+    def device_of(self, t):
+        return t.device
+
+    def settle(self, t):
+        # The stream this thread queued the round's copies and scaling on
+        # (its current one on that device): that stream only, not the device.
+        if t.is_cuda:
+            torch.cuda.current_stream(t.device).synchronize()
 
     def cap(self, t):
         """A DLPack capsule over t's memory: no copy."""
@@ -86,10 +116,11 @@ class _TorchBackend(_engine.Backend):
         return torch.tensor(values, dtype=torch.int32)
 
     def to_float64(self, t):
-        return t.detach().reshape(-1).to(torch.float64).numpy().copy()
+        # To the host first: the conversion then runs there, on CUDA tensors too.
+        return t.detach().reshape(-1).cpu().to(torch.float64).numpy().copy()
 
     def from_float64_(self, t, values):
-        t.copy_(torch.from_numpy(values).reshape(t.shape))
+        t.copy_(torch.from_numpy(values).to(t.dtype).reshape(t.shape))
 
 
 _TORCH = _TorchBackend()
@@ -97,7 +128,14 @@ _engine.register_backend(_TORCH)
 
 
 def Entry(*args, **kwargs):
-    return _engine.Entry(*args, backend=_TORCH, **kwargs)
+    e = _engine.Entry(*args, backend=_TORCH, **kwargs)
+    t = e.tensor
+    if t is not None and t.is_cuda:
+        # Made last, after any copy the call made of the input (clone,
+        # contiguous): the engine waits for everything queued before it.
+        e.ready = torch.cuda.Event()
+        e.ready.record(torch.cuda.current_stream(t.device))
+    return e
 
 
 def init(comm=None, process_sets=None):
@@ -114,13 +152,33 @@ _engine_for = _engine.engine_for
 def _check_tensor(tensor, what):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("%s: expected a torch.Tensor, got %s" % (what, type(tensor).__name__))
-    if tensor.device.type != "cpu":
-        raise ValueError("%s: loom.torch takes CPU tensors (this one is on %s)" % (what, tensor.device))
+    if tensor.device.type == "cuda":
+        if not _loom.CUDA_BUILT:
+            raise ValueError("%s: a CUDA tensor (on %s), but the libloom loom._loom links was built "
+                             "without CUDA (configure --with-cuda): pass CPU tensors" % (what, tensor.device))
+    elif tensor.device.type != "cpu":
+        raise ValueError("%s: loom.torch takes CPU and CUDA tensors (this one is on %s)"
+                         % (what, tensor.device))
     if tensor.is_sparse:
         raise ValueError("%s: sparse tensors take sparse_allreduce_async (or "
                          "DistributedOptimizer(sparse_as_dense=True))" % what)
     if tensor.dtype not in _DT:
         raise TypeError("%s: loom has no element type for %s" % (what, tensor.dtype))
+
+
+def _one_device(tensors, what):
+    """tensors as a list, checked: a grouped call's tensors share one device
+    (its fusion buffer's)."""
+    tensors = list(tensors)
+    devices = []
+    for t in tensors:
+        _check_tensor(t, what)
+        if t.device not in devices:
+            devices.append(t.device)
+    if len(devices) > 1:
+        raise ValueError("%s: the tensors of one call must be on one device, these are on %s"
+                         % (what, ", ".join(str(d) for d in devices)))
+    return tensors
 
 
 def _op_of(op, average, what):
@@ -280,6 +338,7 @@ def _enqueue_group(eng, entries):
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """One handle for a group of in-place allreduces (fused together when they fit)."""
+    tensors = _one_device(tensors, "grouped_allreduce")
     eng = _engine_for(process_set)
     base = name or eng.auto_name("grouped_allreduce")
     return _enqueue_group(eng, [_allreduce_entry(eng, t, average, "%s.%d" % (base, i), op,
@@ -289,6 +348,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
+    tensors = _one_device(tensors, "grouped_allreduce")
     outs = [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
     return grouped_allreduce_async_(outs, average, name, op, prescale_factor, postscale_factor,
                                     process_set)
@@ -376,6 +436,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    tensors = _one_device(tensors, "grouped_allgather")
     eng = _engine_for(process_set)
     base = name or eng.auto_name("grouped_allgather")
     entries = []
@@ -554,6 +615,7 @@ def reducescatter(tensor, name=None, compression=None, op=Average, process_set=g
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
+    tensors = _one_device(tensors, "grouped_reducescatter")
     eng = _engine_for(process_set)
     base = name or eng.auto_name("grouped_reducescatter")
     return _enqueue_group(eng, [_reducescatter_entry(eng, t, "%s.%d" % (base, i), op, prescale_factor,
@@ -968,7 +1030,7 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
         # float64 statistics: E[x^2] - E[x]^2 cancels badly in float32.
         x = input.transpose(0, 1).reshape(c, -1).double()
         local = torch.cat([x.sum(1), (x * x).sum(1),
-                           torch.tensor([x.shape[1]], dtype=torch.float64)])
+                           torch.tensor([x.shape[1]], dtype=torch.float64, device=x.device)])
         total = allreduce(local, op=Sum, name=None, process_set=self.process_set)
         n = total[-1]
         mean = total[:c] / n
