@@ -1,7 +1,21 @@
 """Helpers shared by the Python tests: a tally of checks that prints one
 "N passed, N failed" line per rank and sets the exit code."""
+import os
 import sys
 import traceback
+
+# False over the CUDA double (tests/torch_cuda_double.sh sets
+# LOOM_TEST_NO_TORCH_KERNELS=1), which runs none of torch's own kernels.
+TORCH_KERNELS = os.environ.get("LOOM_TEST_NO_TORCH_KERNELS") != "1"
+
+
+def left_out_without_kernels(test, rank, what):
+    """Whether this run leaves out what, which needs a kernel of torch's on the
+    device; rank 0 names it in one line (the double's permanent limit, not a
+    skip: a GPU runs it)."""
+    if not TORCH_KERNELS and rank == 0:
+        print("%s: left out (needs a GPU: a kernel of torch's): %s" % (test, what), flush=True)
+    return not TORCH_KERNELS
 
 
 class Tally:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Tally  # noqa: E402
+from common import TORCH_KERNELS as KERNELS, Tally, left_out_without_kernels  # noqa: E402
 
 if not torch.cuda.is_available():
     print("test_c10d_cuda: SKIP: no GPU (torch.cuda.is_available() is false)", flush=True)
@@ -37,7 +37,6 @@ if "cuda" not in ld.devices():
     sys.exit(77)
 
 rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-KERNELS = os.environ.get("LOOM_TEST_NO_TORCH_KERNELS") != "1"
 dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
 torch.cuda.set_device(dev)
 dist.init_process_group("loom", device_id=dev, timeout=datetime.timedelta(seconds=120))
@@ -60,10 +59,7 @@ def full(n, v):
 
 
 def without_kernels(what):
-    """Whether this run leaves out what, which needs a kernel of torch's."""
-    if not KERNELS and rank == 0:
-        print("test_c10d_cuda: left out, as it needs torch's kernels: %s" % what, flush=True)
-    return not KERNELS
+    return left_out_without_kernels("test_c10d_cuda", rank, what)
 
 
 def same(what, got, want):

@@ -24,7 +24,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Tally  # noqa: E402
+from common import Tally, left_out_without_kernels  # noqa: E402
 
 if not torch.cuda.is_available():
     print("test_torch_cuda: SKIP: no GPU (torch.cuda.is_available() is false)", flush=True)
@@ -35,7 +35,6 @@ from loom import _loom  # noqa: E402
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
-KERNELS = os.environ.get("LOOM_TEST_NO_TORCH_KERNELS") != "1"
 dev = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
 torch.cuda.set_device(dev)
 T = Tally(rank)
@@ -50,10 +49,7 @@ def val(r, n=257, dtype=torch.float32, salt=0):
 
 
 def needs_kernels(what):
-    """Whether this run leaves out what, which needs a kernel of torch's."""
-    if not KERNELS and rank == 0:
-        print("test_torch_cuda: left out (needs a GPU: a kernel of torch's): %s" % what, flush=True)
-    return not KERNELS
+    return left_out_without_kernels("test_torch_cuda", rank, what)
 
 
 def same(what, got, want):
