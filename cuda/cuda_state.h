@@ -79,6 +79,13 @@ extern const loom_dev_ops_t loom_cuda_dev_ops;
  * touched, when some could not (the caller stages instead). may_wait: a plain
  * call, which may wait for the whole device (to close handles it let go). */
 int loom_cuda_ipc_covers(const loom_cuda_state_t *st, const loom_coll_args_t *a);
+/* alltoall(v) with the output over the input: neither the IPC nor the
+ * GPUDirect path moves it (each would overwrite blocks peers still read). */
+static inline int loom_cuda_alltoall_in_place(const loom_coll_args_t *a)
+{
+    return (a->coll == LOOM_COLL_ALLTOALL || a->coll == LOOM_COLL_ALLTOALLV) &&
+           a->sendbuf == a->recvbuf;
+}
 loom_status_t loom_cuda_ipc_run(loom_cuda_state_t *st, const loom_coll_args_t *a,
                                 loom_accel_host_coll_fn run_host, void *host_arg, int may_wait,
                                 int *done, loom_err_t *err);

@@ -527,8 +527,7 @@ static loom_status_t cuda_run_coll(loom_comm_t c, int device, const loom_coll_ar
                                 "nodes (no staging copies)"
             : done == 2       ? "GPU to network through GPUDirect RDMA (no staging copies)"
             : done            ? "GPU to GPU through CUDA IPC (one node)"
-            : ipc && (a->coll == LOOM_COLL_ALLTOALL || a->coll == LOOM_COLL_ALLTOALLV) &&
-                    a->sendbuf == a->recvbuf
+            : ipc && loom_cuda_alltoall_in_place(a)
                 ? "staged through host memory (in place, which the IPC path does not cover)"
             : hier_gdr || ipc ? "staged through host memory (a buffer could not be shared by IPC)"
             : hier            ? "staged through host memory (hierarchical path: no GPUDirect RDMA "

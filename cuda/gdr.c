@@ -173,8 +173,7 @@ int loom_cuda_gdr_covers(const loom_coll_args_t *a)
 {
     if (a->coll == LOOM_COLL_BARRIER)
         return 0;
-    if ((a->coll == LOOM_COLL_ALLTOALL || a->coll == LOOM_COLL_ALLTOALLV) &&
-        a->sendbuf == a->recvbuf)
+    if (loom_cuda_alltoall_in_place(a))
         return 0;
     return 1;
 }

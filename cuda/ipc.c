@@ -367,8 +367,7 @@ static loom_status_t share(ipc_t *x, int *agreed)
     int need[2];
     needed(x, need);
     mine->ok = 1;
-    mine->in_place = (a->coll == LOOM_COLL_ALLTOALL || a->coll == LOOM_COLL_ALLTOALLV) &&
-                     a->sendbuf == a->recvbuf && a->sendbuf;
+    mine->in_place = loom_cuda_alltoall_in_place(a) && a->sendbuf;
     for (int b = SEND; b <= RECV; b++)
         if (need[b]) {
             mine->has[b] = 1;
