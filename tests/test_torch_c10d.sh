@@ -83,7 +83,9 @@ plain_ddp() {  # plain_ddp BACKEND: torchrun, then file://; the weights line of 
 plain_ddp gloo
 plain_ddp loom
 want=$(grep -m1 "rank 0 of 2: gloo weights" "$tmp/plain.gloo" | sed 's/.*weights \([^ ]*\).*/\1/')
-got=$(grep -c "rank [01] of 2: loom weights $want ddp backend_name loom" "$tmp/plain.loom")
+# Counted per occurrence, not per line: two ranks' prints can share a line
+# (one rank's text, the other's whole line, then the first one's newline).
+got=$(grep -o "rank [01] of 2: loom weights $want ddp backend_name loom" "$tmp/plain.loom" | wc -l)
 cat "$tmp/plain.loom" > "$tmp/out"
 if [ -n "$want" ] && [ "$got" = 4 ]; then
     report 0 "ddp_plain.py loom, no import: torchrun and file://, the weights of gloo ($want)"
