@@ -97,6 +97,13 @@ loom_status_t loom_p2p_read(loom_ctx_t *ctx, int peer, void *buf, uint64_t addr,
 /* The staging window of peer (ourselves included) mapped in our memory, or
  * NULL when the transport gives none; *len_p: its size. */
 void *loom_p2p_window(const loom_ctx_t *ctx, int peer, size_t *len_p);
+/* For algorithms that wait for a change in a peer's window instead of a
+ * message (algorithms/window.c). idle: what such a wait does now and then,
+ * what a wait for a message gets from progress: our keepalive, the
+ * transport's failures and abort, and peer's fate (gave up, process gone).
+ * timeout: the LOOM_TIMEOUT failure of a wait on peer, blame included. */
+loom_status_t loom_p2p_window_idle(loom_ctx_t *ctx, int peer);
+loom_status_t loom_p2p_window_timeout(loom_ctx_t *ctx, int peer);
 /* out = a (op) b through base/reduce.h, shown as a "reduce" span in LOOM_TIMELINE. */
 void loom_ctx_reduce(loom_ctx_t *ctx, void *out, const void *a, const void *b, size_t count,
                      loom_dtype_t dt, loom_op_t op);
@@ -216,5 +223,9 @@ loom_status_t loom_allgather_direct(loom_ctx_t *ctx, const loom_coll_args_t *a);
 /* Inside one node, through the transport's staging windows (algorithms/allreduce_staged.c). */
 int loom_staged_can_run(const loom_ctx_t *ctx, const loom_coll_args_t *a);
 loom_status_t loom_allreduce_staged(loom_ctx_t *ctx, const loom_coll_args_t *a);
+/* Small vectors inside one node, through slots in the staging windows and a
+ * fence of their counters: no message (algorithms/allreduce_slots.c). */
+int loom_slots_can_run(const loom_ctx_t *ctx, const loom_coll_args_t *a);
+loom_status_t loom_allreduce_slots(loom_ctx_t *ctx, const loom_coll_args_t *a);
 
 #endif

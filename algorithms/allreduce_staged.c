@@ -16,7 +16,7 @@
  * copied out of it; a last fence keeps windows steady until everybody is done.
  *
  * Limits: up to MAX_DIRECT_RANKS ranks, all on one node, every peer's window
- * mapped and at least 128 bytes (loom_staged_can_run).
+ * mapped with a staging area (direct.h) of at least 128 bytes (loom_staged_can_run).
  * Memory: none of its own; the windows belong to the transport.
  */
 #include <string.h>
@@ -68,8 +68,9 @@ int loom_staged_can_run(const loom_ctx_t *ctx, const loom_coll_args_t *a)
     if (ctx->size > MAX_DIRECT_RANKS)
         return 0;
     for (int p = 0; p < ctx->size; p++) {
-        size_t len = 0;
-        if (loom_p2p_window(ctx, p, &len) == NULL || len < 2 * 64)
+        size_t wlen = 0, len = 0;
+        char *win = loom_p2p_window(ctx, p, &wlen);
+        if (win == NULL || (loom_window_staging(win, wlen, &len), len < 2 * 64))
             return 0;
     }
     return 1;
@@ -85,8 +86,11 @@ loom_status_t loom_allreduce_staged(loom_ctx_t *ctx, const loom_coll_args_t *a)
         return loom_direct_alone(a, n);
     char *win[MAX_DIRECT_RANKS];
     size_t wlen = 0;
-    for (int p = 0; p < n; p++)
-        win[p] = loom_p2p_window(ctx, p, &wlen);
+    for (int p = 0; p < n; p++) {
+        size_t whole = 0;
+        char *all = loom_p2p_window(ctx, p, &whole);
+        win[p] = loom_window_staging(all, whole, &wlen);
+    }
     const size_t half = wlen / 2, chunk = half / es ? half / es : 1;
     uint32_t step = STEP_ADDRS;
     loom_status_t st = LOOM_SUCCESS;

@@ -212,15 +212,34 @@ int loom_p2p_blame(loom_ctx_t *ctx, int waited_on, char *why, size_t len)
     return culprit;
 }
 
-static loom_status_t timed_out(loom_ctx_t *ctx, const loom_tp_req_t *r)
+static loom_status_t timed_out_on(loom_ctx_t *ctx, int peer, size_t bytes)
 {
     int me = ctx->rank_map ? ctx->rank_map[ctx->rank] : ctx->rank;
     char why[160];
-    loom_p2p_blame(ctx, r ? r->peer : -1, why, sizeof(why));
+    loom_p2p_blame(ctx, peer, why, sizeof(why));
     return loom_err_set(ctx->err, LOOM_ERR_TIMEOUT,
                         "timed out: rank %d waited %.1f s (LOOM_TIMEOUT) without progress for %zu "
-                        "bytes with rank %d%s", me, ctx->timeout_s, r ? r->len - r->off : 0,
-                        r ? r->peer : -1, why);
+                        "bytes with rank %d%s", me, ctx->timeout_s, bytes, peer, why);
+}
+
+static loom_status_t timed_out(loom_ctx_t *ctx, const loom_tp_req_t *r)
+{
+    return timed_out_on(ctx, r ? r->peer : -1, r ? r->len - r->off : 0);
+}
+
+loom_status_t loom_p2p_window_timeout(loom_ctx_t *ctx, int peer)
+{
+    return timed_out_on(ctx, ctx->rank_map ? ctx->rank_map[peer] : peer, 0);
+}
+
+loom_status_t loom_p2p_window_idle(loom_ctx_t *ctx, int peer)
+{
+    int moved = 0;
+    loom_status_t st = ctx->tp_ops->progress(ctx->tp, 0, &moved);
+    const loom_transport_ops_t *ops = ctx->tp_ops;
+    if (st == LOOM_SUCCESS && ops->size >= sizeof(loom_transport_ops_t) && ops->watch)
+        st = ops->watch(ctx->tp, ctx->rank_map ? ctx->rank_map[peer] : peer);
+    return st == LOOM_SUCCESS ? st : described(ctx, st);
 }
 
 /* Whether the wait below is over with success: every request done without

@@ -1154,6 +1154,22 @@ START_TEST(test_select)
     ck_assert_str_eq(loom_algo_select(&ctx, &bc, NULL)->name, "direct");
     g.count = 2048;       /* 64 KiB gathered */
     ck_assert_str_eq(loom_algo_select(&ctx, &g, NULL)->name, "direct");
+    /* below 1 KiB the windows' slots, on any number of ranks; from 1 KiB messages */
+    r.count = 255;
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "slots");
+    ctx.size = 2;
+    r.count = 1;
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "slots");
+    r.count = 256;
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "recdbl");
+    ctx.size = 1;   /* alone: nothing to exchange, the first algorithm does */
+    r.count = 1;
+    ck_assert_str_ne(loom_algo_select(&ctx, &r, NULL)->name, "slots");
+    ctx.size = 8;
+    /* without windows, never */
+    ctx.tp_ops = &readable_transport;
+    r.count = 1;
+    ck_assert_str_eq(loom_algo_select(&ctx, &r, NULL)->name, "recdbl");
 }
 END_TEST
 

@@ -45,16 +45,19 @@ static int my_rank(void)
     return atoi(getenv("LOOM_RANK"));
 }
 
-/* Survivors of a death must see an error, within LOOM_TIMEOUT + 5 s. */
+/* Survivors of a death must see an error, within LOOM_TIMEOUT + 5 s; with
+ * small vectors (how 2: SIGKILL), which one node reduces through its
+ * windows' slots without a message, as fast as a wait for a message learns
+ * it: well before LOOM_TIMEOUT, naming the lost rank. */
 static int survivor_loop(loom_comm_t c, int victim, int how)
 {
-    enum { N = 1 << 18 };
+    const size_t N = how == 2 ? 4 : (size_t)1 << 18;
     float *buf = calloc(N, sizeof(float));
     int r = loom_comm_rank(c);
     double last_ok = mp_now();
     for (int it = 0; it < 100000; it++) {
         if (r == victim && it == 5) {
-            if (how == 0)
+            if (how != 1)
                 raise(SIGKILL);
             _exit(0);   /* exits without loom_comm_destroy */
         }
@@ -63,6 +66,8 @@ static int survivor_loop(loom_comm_t c, int victim, int how)
             double waited = mp_now() - last_ok;
             int ok = (st == LOOM_ERR_PEER_LOST || st == LOOM_ERR_TIMEOUT) &&
                      waited < TIMEOUT_S + 5 && strlen(loom_comm_last_error(c)) > 0;
+            if (how == 2)
+                ok = st == LOOM_ERR_PEER_LOST && waited < TIMEOUT_S / 2;
             fprintf(stderr, "rank %d: after %.2f s: %s: %s\n", r, waited, loom_strerror(st),
                     loom_comm_last_error(c));
             /* Later calls fail at once, with the same news. */
@@ -104,6 +109,10 @@ static void test_rank_death(void)
     how = 1;
     failed = mp_run_raw(4, kill_rank, &how, 60);
     mp_result("rank exits without loom_comm_destroy: survivors get PEER_LOST", failed == 0);
+    how = 2;
+    failed = mp_run_raw(4, kill_rank, &how, 60);
+    mp_result("SIGKILL of 1 of 4 ranks mid small allreduce (window slots, no message): "
+              "survivors get PEER_LOST well before LOOM_TIMEOUT", failed == 1);
 }
 
 static void test_wrong_port(void)
@@ -286,10 +295,12 @@ static void *abort_later(void *arg)
     return NULL;
 }
 
+/* *arg 0: in a receive; 1: in a small allreduce, where the rank watches its
+ * peers' windows instead of waiting for a message. */
 static int abort_rank(loom_comm_t c, void *arg)
 {
-    (void)arg;
-    int r = loom_comm_rank(c), x;
+    int in_allreduce = *(int *)arg;
+    int r = loom_comm_rank(c), x = 1;
     if (r == 1) {
         sleep(2);
         return 0;
@@ -297,12 +308,14 @@ static int abort_rank(loom_comm_t c, void *arg)
     pthread_t t;
     pthread_create(&t, NULL, abort_later, c);
     double t0 = mp_now();
-    loom_status_t st = loom_recv(&x, 1, LOOM_INT32, 1, 5, c);
+    loom_status_t st = in_allreduce
+                           ? loom_allreduce(LOOM_IN_PLACE, &x, 1, LOOM_INT32, LOOM_SUM, c)
+                           : loom_recv(&x, 1, LOOM_INT32, 1, 5, c);
     double took = mp_now() - t0;
     pthread_join(t, NULL);
     loom_status_t again = loom_barrier(c);
-    fprintf(stderr, "abort: %s after %.2f s, then %s\n", loom_strerror(st), took,
-            loom_strerror(again));
+    fprintf(stderr, "abort%s: %s after %.2f s, then %s\n", in_allreduce ? " in allreduce" : "",
+            loom_strerror(st), took, loom_strerror(again));
     return st == LOOM_ERR_ABORTED && took < 2.0 && again == LOOM_ERR_ABORTED ? 0 : 1;
 }
 
@@ -397,8 +410,12 @@ static int silent_rank(loom_comm_t unused, void *arg)
 
 static void test_abort_and_timeout(void)
 {
+    int in_allreduce = 0;
     mp_result("loom_comm_abort from another thread unblocks a pending recv",
-              mp_run(2, abort_rank, NULL, 30) == 0);
+              mp_run(2, abort_rank, &in_allreduce, 30) == 0);
+    in_allreduce = 1;
+    mp_result("loom_comm_abort from another thread unblocks a small allreduce",
+              mp_run(2, abort_rank, &in_allreduce, 30) == 0);
     int kind = SILENT_PEER;
     mp_result("a peer that never sends: LOOM_ERR_TIMEOUT after LOOM_TIMEOUT",
               mp_run_raw(2, silent_rank, &kind, 30) == 0);
@@ -426,6 +443,23 @@ static int destroyed_peer_rank(loom_comm_t c, void *arg)
     loom_status_t st = loom_recv(&x, 1, LOOM_INT32, 1, 9, c);
     fprintf(stderr, "destroyed peer: %s: %s\n", loom_strerror(st), loom_comm_last_error(c));
     return st == LOOM_ERR_PEER_LOST && strstr(loom_comm_last_error(c), "destroyed") ? 0 : 1;
+}
+
+/* The same while we wait in a small allreduce (the windows' slots: no
+ * message we could be waiting for). */
+static int destroyed_peer_allreduce_rank(loom_comm_t c, void *arg)
+{
+    (void)arg;
+    int x = 1;
+    if (loom_comm_rank(c) == 1)
+        return 0;
+    double t0 = mp_now();
+    loom_status_t st = loom_allreduce(LOOM_IN_PLACE, &x, 1, LOOM_INT32, LOOM_SUM, c);
+    double took = mp_now() - t0;
+    fprintf(stderr, "destroyed peer, allreduce: %s after %.2f s: %s\n", loom_strerror(st), took,
+            loom_comm_last_error(c));
+    return st == LOOM_ERR_PEER_LOST && strstr(loom_comm_last_error(c), "destroyed") &&
+                   took < TIMEOUT_S / 2 ? 0 : 1;
 }
 
 #define EXPECT_INVALID(call)                                                          \
@@ -567,6 +601,8 @@ int main(void)
     test_abort_and_timeout();
     mp_result("peer destroyed its communicator while we wait: PEER_LOST",
               mp_run(2, destroyed_peer_rank, NULL, 30) == 0);
+    mp_result("peer destroyed its communicator while we wait in a small allreduce: PEER_LOST",
+              mp_run(2, destroyed_peer_allreduce_rank, NULL, 30) == 0);
     mp_result("bad arguments: LOOM_ERR_INVALID_ARG with a message, communicator still usable (1 rank)",
               mp_run(1, bad_args_rank, NULL, 30) == 0);
     mp_result("bad arguments on 3 ranks", mp_run(3, bad_args_rank, NULL, 30) == 0);

@@ -359,7 +359,7 @@ static void h_destroy(loom_tp_t *tp, double timeout_s)
 }
 
 /* Small, so the staged algorithms go through many chunks even in unit tests. */
-#define HARNESS_WINDOW 4096
+#define HARNESS_WINDOW 65536
 
 static void *h_window(loom_tp_t *tp, int peer, size_t *len_p)
 {
@@ -443,7 +443,10 @@ int loom_harness_run_nodes(int nranks, int flags, int per_node,
     w.queue = calloc((size_t)nranks * (size_t)nranks, sizeof(*w.queue));
     w.posted = calloc((size_t)nranks * (size_t)nranks, sizeof(*w.posted));
     w.tps = calloc((size_t)nranks, sizeof(*w.tps));
-    w.windows = calloc((size_t)nranks, HARNESS_WINDOW);
+    /* Aligned as the transport's (a window's head is two cache lines). */
+    w.windows = aligned_alloc(64, (size_t)nranks * HARNESS_WINDOW);
+    if (w.windows)
+        memset(w.windows, 0, (size_t)nranks * HARNESS_WINDOW);
     threads = calloc((size_t)nranks, sizeof(*threads));
     if (w.queue == NULL || w.posted == NULL || w.tps == NULL || w.windows == NULL || threads == NULL)
         goto free_world;

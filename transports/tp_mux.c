@@ -170,6 +170,12 @@ static int mux_device_memory(loom_tp_t *m, int peer, char *why, size_t whylen)
     return 0;
 }
 
+static loom_status_t mux_watch(loom_tp_t *m, int peer)
+{
+    const loom_transport_ops_t *ops = m->ops[m->route[peer]];
+    return MUX_HAS(ops, watch) ? ops->watch(m->tps[m->route[peer]], peer) : LOOM_SUCCESS;
+}
+
 static void mux_destroy(loom_tp_t *m, double timeout_s)
 {
     if (!m)
@@ -198,4 +204,5 @@ const loom_transport_ops_t loom_mux_transport = {
     .window = mux_window,
     .probe = mux_probe,
     .device_memory = mux_device_memory,
+    .watch = mux_watch,
 };

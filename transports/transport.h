@@ -174,6 +174,12 @@ typedef struct loom_transport_ops {
      * staged through host memory), -1 LOOM_NET_GDR=1 insists but it cannot;
      * why gets one line. Called as isend is. */
     int (*device_memory)(loom_tp_t *tp, int peer, char *why, size_t whylen);
+    /* Optional (may be NULL: only LOOM_TIMEOUT tells): for algorithms that
+     * wait for a change in peer's window rather than for a message, where
+     * progress looks for no trouble with that peer: fail the instance, as
+     * progress would for a receive, when peer gave up or its process is gone.
+     * Returns the failure state. Called as progress is. */
+    loom_status_t (*watch)(loom_tp_t *tp, int peer);
 } loom_transport_ops_t;
 
 /* The transports themselves are reached through the list (transports.h). */

@@ -342,7 +342,7 @@ static void shm_abort(loom_tp_t *tp, loom_status_t why)
 {
     atomic_store(&tp->abort_why, (int)why);
     atomic_fetch_add(&tp->seg->doorbell, 1);
-    futex_wake(&tp->seg->doorbell);
+    loom_futex_wake(&tp->seg->doorbell);
     /* The fault first, so that a peer that sees the flag reads it whole
      * (a second abort rewrites the same values). */
     loom_tp_fault_t f = tp->fault;
@@ -359,7 +359,7 @@ static void shm_abort(loom_tp_t *tp, loom_status_t why)
     for (int r = 0; r < tp->size; r++)
         if (tp->peers[r].local) {
             atomic_fetch_add(&tp->peers[r].seg->doorbell, 1);
-            futex_wake(&tp->peers[r].seg->doorbell);
+            loom_futex_wake(&tp->peers[r].seg->doorbell);
         }
 }
 
@@ -453,6 +453,7 @@ const loom_transport_ops_t loom_shm_transport = {
     .peer_readable = shm_peer_readable,
     .peer_read = shm_peer_read,
     .window = shm_window,
+    .watch = shm_watch,
     .reaches = shm_reaches,
     .describe = shm_describe,
 };

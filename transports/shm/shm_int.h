@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/futex.h"
 #include "transports/tp_fail.h"
 #include "transports/tp_match.h"
 
@@ -140,22 +141,11 @@ struct loom_tp {
     _Atomic int abort_why;
 };
 
-static inline void futex_wake(_Atomic uint32_t *word)
-{
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
-
-static inline void futex_wait(_Atomic uint32_t *word, uint32_t seen, int timeout_ms)
-{
-    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, timeout_ms < 0 ? NULL : &ts, NULL, 0);
-}
-
 static inline void ring_doorbell(segment_t *seg)
 {
     if (atomic_load(&seg->sleeping)) {
         atomic_fetch_add(&seg->doorbell, 1);
-        futex_wake(&seg->doorbell);
+        loom_futex_wake(&seg->doorbell);
     }
 }
 
@@ -220,6 +210,7 @@ int shm_probe(loom_tp_t *tp, int rank, uint64_t tag);
 loom_status_t shm_progress(loom_tp_t *tp, int timeout_ms, int *moved_p);
 int shm_peer_readable(loom_tp_t *tp, int peer);
 void *shm_window(loom_tp_t *tp, int peer, size_t *len_p);
+loom_status_t shm_watch(loom_tp_t *tp, int peer);
 loom_status_t shm_peer_read(loom_tp_t *tp, int peer, void *buf, uint64_t addr, size_t len);
 
 #endif

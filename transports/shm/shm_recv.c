@@ -401,7 +401,7 @@ loom_status_t shm_drain(loom_tp_t *tp, shm_peer_t *peer, int *moved)
     if (atomic_load(&ring->producer_waiting)) {
         atomic_store(&ring->producer_waiting, 0u);
         atomic_fetch_add(&peer->seg->doorbell, 1);
-        futex_wake(&peer->seg->doorbell);
+        loom_futex_wake(&peer->seg->doorbell);
     }
     return tp->failed;
 }
@@ -411,28 +411,44 @@ static int has_work(const shm_peer_t *peer)
     return peer->rq.head || peer->cur_req || peer->sq.head || peer->fin_wait || peer->nfins;
 }
 
-/* Peers that gave up (any of them), and peers we wait for that vanished:
- * their pid is gone. */
+/* Whether peer r gave up, or, when we wait for it (wanted), vanished: its
+ * pid is gone. */
+static loom_status_t check_peer(loom_tp_t *tp, int r, int wanted)
+{
+    shm_peer_t *peer = &tp->peers[r];
+    /* The flag first: a rank that gave up may have exited by now too. */
+    if (atomic_load(&peer->seg->closed) == SEG_BROKEN)
+        return peer_gave_up(tp, r);
+    if (wanted && peer->said_bye)
+        return tp_fail(tp, LOOM_ERR_PEER_LOST, "rank %d destroyed its communicator while rank "
+                       "%d still waits for it", r, tp->rank);
+    if (wanted && kill(peer->pid, 0) != 0 && errno == ESRCH) {
+        loom_tp_fault_keep(&tp->fault, &(loom_tp_fault_t){
+            .culprit = r, .reporter = tp->rank, .why = LOOM_ERR_PEER_LOST});
+        return tp_fail(tp, LOOM_ERR_PEER_LOST,
+                       "rank %d lost rank %d: its process (pid %d) exited without "
+                       "loom_comm_destroy", tp->rank, r, (int)peer->pid);
+    }
+    return LOOM_SUCCESS;
+}
+
+/* Peers that gave up (any of them), and peers we wait for that vanished. */
 static loom_status_t check_liveness(loom_tp_t *tp)
 {
     for (int r = 0; r < tp->size; r++) {
         shm_peer_t *peer = &tp->peers[r];
-        if (!peer->local)
-            continue;
-        /* The flag first: a rank that gave up may have exited by now too. */
-        if (atomic_load(&peer->seg->closed) == SEG_BROKEN)
-            return peer_gave_up(tp, r);
-        if (!has_work(peer))
-            continue;
-        if (kill(peer->pid, 0) != 0 && errno == ESRCH) {
-            loom_tp_fault_keep(&tp->fault, &(loom_tp_fault_t){
-                .culprit = r, .reporter = tp->rank, .why = LOOM_ERR_PEER_LOST});
-            return tp_fail(tp, LOOM_ERR_PEER_LOST,
-                           "rank %d lost rank %d: its process (pid %d) exited without "
-                           "loom_comm_destroy", tp->rank, r, (int)peer->pid);
-        }
+        loom_status_t st = peer->local ? check_peer(tp, r, has_work(peer)) : LOOM_SUCCESS;
+        if (st != LOOM_SUCCESS)
+            return st;
     }
     return LOOM_SUCCESS;
+}
+
+loom_status_t shm_watch(loom_tp_t *tp, int peer)
+{
+    if (tp->failed || peer < 0 || peer >= tp->size || !tp->peers[peer].local)
+        return tp->failed;
+    return check_peer(tp, peer, 1);
 }
 
 /* Move our keepalive counter and read the peers': a counter that moved
@@ -503,7 +519,7 @@ loom_status_t shm_progress(loom_tp_t *tp, int timeout_ms, int *moved_p)
     atomic_store(&tp->seg->sleeping, 1u);
     uint32_t seen = atomic_load(&tp->seg->doorbell);
     if (!anything_arrived(tp) && !atomic_load(&tp->abort_why))
-        futex_wait(&tp->seg->doorbell, seen, timeout_ms);
+        loom_futex_wait(&tp->seg->doorbell, seen, timeout_ms);
     atomic_store(&tp->seg->sleeping, 0u);
     if ((why = atomic_load(&tp->abort_why)) != 0)
         return tp_fail(tp, (loom_status_t)why, "communicator aborted");
