@@ -84,17 +84,30 @@ echo "$out" | grep -q 'LOOM_TIMEOUT="soon"'
 result $? "a malformed LOOM_TIMEOUT: a clear error"
 
 # LOOM_TIMELINE: one Chrome trace per rank, merged into one by loom-timeline-merge.
-LOOM_TIMELINE="$tmp/trace.json" "$loomrun" -np 2 "$prog" > /dev/null 2>&1
+# Over TCP the small allreduce goes by messages; through shared memory it goes
+# by the windows' slots, which send none (its span names the algorithm).
 merge="${top_srcdir:-$(dirname "$0")/..}/tools/loom-timeline-merge"
-python3 "$merge" "$tmp/trace.0.json" "$tmp/trace.1.json" 2>/dev/null | python3 -c '
+check_trace() {  # check_trace WANT: WANT "messages" or "slots"
+    python3 "$merge" "$tmp/trace.0.json" "$tmp/trace.1.json" 2>/dev/null | python3 -c '
 import json, sys
+want = sys.argv[1]
 ev = json.load(sys.stdin)["traceEvents"]
 ar = [e for e in ev if e["name"] == "allreduce" and e["ph"] == "X"]
 assert {e["pid"] for e in ar} == {0, 1} and all(e["dur"] >= 0 and "algorithm" in e["args"] for e in ar)
 p2p = [e for e in ev if e["name"] in ("send", "recv")]
-assert p2p and all("peer" in e["args"] and "bytes" in e["args"] for e in p2p)
-' 2>/dev/null
+if want == "messages":
+    assert p2p and all("peer" in e["args"] and "bytes" in e["args"] for e in p2p)
+else:
+    assert all(e["args"]["algorithm"] == "slots" for e in ar) and not p2p
+' "$1" 2>/dev/null
+}
+LOOM_SHM=0 LOOM_TIMELINE="$tmp/trace.json" "$loomrun" -np 2 "$prog" > /dev/null 2>&1
+check_trace messages
 result $? "LOOM_TIMELINE writes a Chrome trace per rank (collectives, their sends and receives) that loom-timeline-merge joins"
+rm -f "$tmp"/trace.*.json
+LOOM_SHM=1 LOOM_TIMELINE="$tmp/trace.json" "$loomrun" -np 2 "$prog" > /dev/null 2>&1
+check_trace slots
+result $? "LOOM_TIMELINE through shared memory: the small allreduce's span names the slots algorithm, no message"
 
 # Only 3 of 4 ranks start: they must fail within LOOM_TIMEOUT + 5 s, naming rank 3's key.
 port=$(free_port)
