@@ -87,7 +87,27 @@ for np in 2 4; do
 done
 # torch.distributed's "loom" on CUDA tensors (/opt/loom-torch's torch, else
 # python3's), then its all_reduce beside gloo's and NCCL's in the same processes.
-step torch_c10d_cuda 300 "$src/tests/gpu/torch_c10d_cuda.sh" "$build"
+step torch_c10d_cuda 360 "$src/tests/gpu/torch_c10d_cuda.sh" "$build"
+# Horovod's own test_torch.py with CUDA tensors on loom.torch, where
+# tests/gpu/carry.sh prepared tests/gpu/carry/ (Horovod's tests and pytest: this
+# machine downloads nothing). Its GPU tests pin hvd.local_rank() as the device,
+# so each of the 2 ranks acts as a node of its own (LOOM_HOST_ID), local rank 0,
+# and both share cuda:0; their CUDA tensors then cross between "nodes" staged
+# through host memory.
+carry=$src/tests/gpu/carry
+if [ -d "$carry/horovod/test/parallel" ] && [ -d "$carry/pylib" ]; then
+    # The interpreter torch_c10d_cuda.sh used: /opt/loom-torch's, else python3.
+    hvd_py=$([ -x /opt/loom-torch/bin/python ] && echo /opt/loom-torch/bin/python || command -v python3)
+    printf '#!/bin/sh\n%s\nexec %s "$@"\n' \
+        '[ -n "${LOOM_RANK:-}" ] && export LOOM_HOST_ID=gpu-rank-$LOOM_RANK' "$hvd_py" \
+        > "$build/python-own-node"
+    chmod +x "$build/python-own-node"
+    step horovod_torch_gpu 300 env PYTHON="$build/python-own-node" BUILD="$build" \
+        SUITE=test_torch.py SUITE_PYTHONPATH="$carry/pylib" SUITE_TIMEOUT=280 \
+        "$src/bench/compat/horovod_suite.sh" "$carry/horovod" -np 2
+else
+    summary+=("SKIP horovod_torch_gpu: no tests/gpu/carry (tests/gpu/carry.sh HOROVOD_DIR prepares it)")
+fi
 
 echo
 echo "=== summary (logs in $build)"
@@ -104,6 +124,8 @@ for coll in allreduce allgather alltoall; do
             sort -n | awk '{printf "  %12d %10.1f %10.1f %8.2f\n", $1, $2, $3, ($2 > 0 ? $3 / $2 : 0)}'
     done
 done
+grep -h "^ddp_cnn: " "$build/torch_c10d_cuda.log" 2>/dev/null
+grep -h "^per test, " "$build/horovod_torch_gpu.log" 2>/dev/null
 grep -h -A8 "^all_reduce, " "$build/torch_c10d_cuda.log" 2>/dev/null
 echo "took $(( $(date +%s) - start )) s"
 echo "$passed passed, $failed failed"

@@ -5,7 +5,8 @@
 # (default: the tree's own build) and runs tests/python/test_c10d_cuda.py on
 # 2 ranks sharing one GPU under torchrun, then tests/python/test_torch_cuda.py
 # (loom.torch, Horovod's API, on CUDA tensors, with the parts that need torch's
-# kernels) under loomrun. Takes PyPI's torch in /opt/loom-torch
+# kernels) under loomrun, then DDP on a small CNN (tests/gpu/torch_ddp_cnn.py).
+# Takes PyPI's torch in /opt/loom-torch
 # (python/torch_env.sh; $LOOM_TORCH_VENV), else python3's own torch; skips (77)
 # without either or without a GPU.
 name=torch_c10d_cuda
@@ -41,6 +42,17 @@ hvd_rc=$?
 cat "$tmp/out"
 if [ $hvd_rc != 0 ] || grep -q "SKIP" "$tmp/out"; then
     echo "$name: loom.torch on CUDA tensors (test_torch_cuda.py) failed or skipped (exit $hvd_rc)"
+    rc=1
+fi
+# DDP on a small CNN through "loom", "gloo" (and "nccl" where each rank has a
+# GPU) in the same processes, against one process that trains on both ranks'
+# batches at once: the weights must agree (tests/gpu/torch_ddp_cnn.py).
+timeout 300 "$venv/bin/torchrun" --standalone --nproc-per-node 2 \
+    "$srcdir/tests/gpu/torch_ddp_cnn.py" --device cuda > "$tmp/out" 2>&1
+ddp_rc=$?
+grep -v "^W[0-9]* .*torch/distributed/run.py" "$tmp/out"
+if [ $ddp_rc != 0 ] || ! grep -q "^ddp_cnn: PASS" "$tmp/out"; then
+    echo "$name: DDP on a CNN (torch_ddp_cnn.py) failed (exit $ddp_rc)"
     rc=1
 fi
 # Figures, not a test (a wrong result fails it): all_reduce of "loom" beside

@@ -17,7 +17,8 @@ exits 77.
 LOOM_TEST_NO_TORCH_KERNELS=1 (over the CUDA double, which runs none of torch's
 kernels): values are made on the CPU and copied to the device, and what needs
 a kernel of torch's on the device (prescale/postscale, fp16 compression,
-DistributedOptimizer's backward pass) is left out, each named in one line."""
+DistributedOptimizer's backward pass, SyncBatchNorm, a sparse allreduce) is left
+out, each named in one line."""
 import os
 import sys
 
@@ -267,9 +268,11 @@ def test_errors():
 
 def test_with_kernels():
     """What runs torch's kernels on the device: prescale/postscale, fp16
-    compression, a DistributedOptimizer step, a non-contiguous tensor."""
+    compression, a DistributedOptimizer step, a non-contiguous tensor,
+    SyncBatchNorm, a sparse allreduce."""
     if needs_kernels("allreduce with prescale_factor/postscale_factor, reducescatter with them, "
-                     "Compression.fp16, DistributedOptimizer on CUDA, a non-contiguous tensor"):
+                     "Compression.fp16, DistributedOptimizer on CUDA, a non-contiguous tensor, "
+                     "SyncBatchNorm on CUDA, a sparse allreduce on CUDA"):
         return
     for dtype in (torch.float32, torch.float16, torch.int32):
         x = val(rank, dtype=dtype)
@@ -309,6 +312,29 @@ def test_with_kernels():
     for i, (c, g) in enumerate(zip(*results)):
         T.check(torch.allclose(c, g, rtol=1e-5, atol=1e-6),
                 "DistributedOptimizer on the GPU, parameter %d: %s, want %s" % (i, g.tolist(), c.tolist()))
+    # SyncBatchNorm: output, input gradient and running statistics on the GPU
+    # against the same module on the CPU (both over every rank's batch).
+    results = []
+    for device in ("cpu", dev):
+        torch.manual_seed(0)
+        bn = hvd.SyncBatchNorm(3).to(device)
+        x = (val(rank, 4 * 3 * 5).view(4, 3, 5).float() / 3).to(device).requires_grad_()
+        y = bn(x)
+        (y * torch.arange(y.numel(), device=device).view_as(y)).sum().backward()
+        results.append([t.detach().cpu() for t in (y, x.grad, bn.running_mean, bn.running_var)])
+    for what, c, g in zip(("output", "input gradient", "running mean", "running var"), *results):
+        T.check(torch.allclose(c, g, rtol=1e-4, atol=1e-5),
+                "SyncBatchNorm on the GPU, %s: %s, want %s" % (what, g.flatten()[:6].tolist(),
+                                                               c.flatten()[:6].tolist()))
+    # A sparse allreduce (allgather of indices and values, as Horovod's).
+    i = torch.tensor([[rank, 2, 4]])
+    v = torch.tensor([1.0 + rank, 2.0, 3.0 * (rank + 1)])
+    sp = torch.sparse_coo_tensor(i, v, (6,))
+    want = hvd.sparse_allreduce_async(sp, "sparse.cpu", hvd.Sum)().to_dense()
+    got = hvd.sparse_allreduce_async(sp.cuda(), "sparse.cuda", hvd.Sum)()
+    T.check(got.is_cuda and torch.equal(got.to_dense().cpu(), want),
+            "sparse allreduce on the GPU: %s, want %s" % (got.to_dense().cpu().tolist(),
+                                                          want.tolist()))
 
 
 def test_without_cuda():
