@@ -30,13 +30,18 @@ trap 'rm -rf "$tmp"' EXIT
 # minutes, and setup.py rebuilds only what changed. The package's metadata
 # (egg_info) goes beside it: its torch.distributed.backends entry point lets a
 # script name "loom" without importing anything of Loom.
-lib="$builddir/python/lib-torch${torch_build_tag:-}"
+# torch_build_into TAG: the package built against $loom_libdir into
+# python/lib-torchTAG (its objects in python/build-torchTAG), log in $tmp/build.log.
 # Both setup.py runs look for libloom (egg_info too decides which extensions
 # there are): the variables are exported to each.
-if ! (cd "$srcdir/python" && export LOOM_BUILD_DIR="$loom_libdir" LOOM_INCLUDE_DIR="$srcdir/include" &&
-        "$py" setup.py -q build --build-base "$builddir/python/build-torch${torch_build_tag:-}" \
-        --build-lib "$lib" \
-        && "$py" setup.py -q egg_info --egg-base "$lib") > "$tmp/build.log" 2>&1; then
+torch_build_into() {
+    (cd "$srcdir/python" && export LOOM_BUILD_DIR="$loom_libdir" LOOM_INCLUDE_DIR="$srcdir/include" &&
+        "$py" setup.py -q build --build-base "$builddir/python/build-torch$1" \
+        --build-lib "$builddir/python/lib-torch$1" \
+        && "$py" setup.py -q egg_info --egg-base "$builddir/python/lib-torch$1") > "$tmp/build.log" 2>&1
+}
+lib="$builddir/python/lib-torch${torch_build_tag:-}"
+if ! torch_build_into "${torch_build_tag:-}"; then
     cat "$tmp/build.log"
     echo "$name: FAIL: the extension did not build"
     echo "0 passed, 1 failed"

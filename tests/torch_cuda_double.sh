@@ -118,6 +118,20 @@ for test in test_c10d_cuda.py test_torch_cuda.py; do
     run $test "2 ranks, one device, staged, lazy double" "staged through host memory" \
         LOOM_CUDA_DOUBLE_DEVICES=1 LOOM_CUDA_DOUBLE_LAZY=1 LOOM_CUDA_IPC=0
 done
+# torch.distributed's "loom" with its extension built without CUDA
+# (LOOM_TORCH_CUDA=0): registered for cuda all the same, it refuses a CUDA
+# tensor with an error that says so, not torch's "No backend type associated
+# with device type cuda".
+if (export LOOM_TORCH_CUDA=0; torch_build_into "$torch_build_tag-nocuda"); then
+    PYTHONPATH="$builddir/python/lib-torch$torch_build_tag-nocuda:$srcdir/tests/python" \
+        timeout 300 "$venv/bin/torchrun" --standalone --nproc-per-node 2 \
+        "$srcdir/tests/python/test_c10d_nocuda.py" > "$tmp/out" 2>&1
+    rc=$?
+else
+    rc=$?
+    cp "$tmp/build.log" "$tmp/out"
+fi
+report "test_c10d_nocuda.py: torch.distributed's loom built without CUDA refuses CUDA tensors" $rc
 # loom.torch over a libloom without CUDA: every collective refuses CUDA tensors
 # with an error that says why (tests/python/test_torch_cuda.py's other half).
 # The tree's own libloom where configure left CUDA out, else the one in

@@ -270,6 +270,13 @@ void check_cpu(const at::Tensor &t, const char *what, bool sparse_ok = false)
             throw_backend_error(std::string("loom: ") + what + ": CUDA tensors are not "
                                 "supported by this operation (got " + t.device().str() + ")");
         }
+#else
+        if (t.device().is_cuda()) {
+            throw_backend_error(std::string("loom: ") + what + ": a CUDA tensor (" +
+                                t.device().str() + "), but this loom.torch._c10d was built "
+                                "without CUDA (LOOM_TORCH_CUDA=0, or no CUDA in libloom or "
+                                "torch at build time): rebuild it with CUDA, or pass CPU tensors");
+        }
 #endif
         throw_backend_error(std::string("loom: ") + what +
                             ": only CPU tensors are supported (got " + t.device().str() + ")");

@@ -12,10 +12,11 @@ the store torch hands it (torchrun's TCPStore, FileStore, a PrefixStore per
 group): no LOOM_STORE is needed, and the process group's timeout becomes the
 communicator's.
 
-Where both libloom and torch have CUDA (the extension was then compiled to
-take CUDA tensors: ``_c10d.cuda_built``), the backend is registered for the
-devices "cpu" and "cuda", and operations on CUDA tensors are Loom's
-stream-ordered calls (docs/torch-distributed.md); else for "cpu" alone.
+Where torch has CUDA the backend is registered for the devices "cpu" and
+"cuda", else for "cpu" alone. Where libloom has CUDA too (the extension was
+then compiled to take CUDA tensors: ``_c10d.cuda_built``), operations on CUDA
+tensors are Loom's stream-ordered calls (docs/torch-distributed.md); without
+it they fail with an error saying the extension was built without CUDA.
 
 Per group, ``pg_options=loom.torch.distributed.Options(timeout=...)`` (torch's
 Backend.Options for "loom") sets the timeout instead of ``timeout=``. The
@@ -69,10 +70,13 @@ def _group_timeout(timeout, backend_options):
 
 
 def devices():
-    """The device types the backend takes tensors of: ["cpu", "cuda"] where
-    the extension was built with CUDA (libloom with loom_cuda.h, torch a CUDA
-    build), else ["cpu"]."""
-    if getattr(_c10d, "cuda_built", False) and torch.backends.cuda.is_built():
+    """The device types the backend is registered for: ["cpu", "cuda"] where
+    torch is a CUDA build, else ["cpu"]. CUDA tensors go to Loom's GPU path
+    where the extension was built with CUDA (libloom with loom_cuda.h,
+    _c10d.cuda_built); without it the backend still takes them, to refuse
+    them with an error that says why instead of torch's "No backend type
+    associated with device type cuda"."""
+    if torch.backends.cuda.is_built():
         return ["cpu", "cuda"]
     return ["cpu"]
 
@@ -81,7 +85,7 @@ def _bound_cuda_index(opts):
     """The CUDA device init_process_group's device_id binds the group to, or
     -1 (none, or a build without CUDA)."""
     bound = getattr(getattr(opts, "process_group", None), "bound_device_id", None)
-    if bound is None or bound.type != "cuda" or "cuda" not in devices():
+    if bound is None or bound.type != "cuda" or not getattr(_c10d, "cuda_built", False):
         return -1
     return bound.index if bound.index is not None else torch.cuda.current_device()
 
