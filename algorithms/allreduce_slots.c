@@ -64,13 +64,13 @@ loom_status_t loom_allreduce_slots(loom_ctx_t *ctx, const loom_coll_args_t *a)
     char *out = a->recvbuf;
     for (size_t off = 0; off < a->count;) {
         const size_t k = a->count - off < chunk ? a->count - off : chunk;
-        uint32_t fence = loom_window_next_fence(win[me]);
+        const uint32_t fence = loom_window_next_fence(win[me]);
         loom_slot_head_t *mine = loom_window_slot(win[me], wlen, fence);
         mine->desc = ctx->desc;
         mine->total = ctx->total;
         mine->bytes = k * es;
         memcpy((char *)mine + LOOM_SLOT_HEAD_BYTES, in + off * es, k * es);
-        loom_status_t st = loom_window_fence(ctx, win, wlen, &fence);
+        loom_status_t st = loom_window_fence(ctx, win, wlen);
         if (st != LOOM_SUCCESS)
             return st;
         char *acc = out + off * es;

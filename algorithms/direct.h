@@ -44,11 +44,11 @@ loom_slot_head_t *loom_window_slot(char *win, size_t wlen, uint32_t fence);
 char *loom_window_staging(char *win, size_t wlen, size_t *len_p);
 /* A barrier of the ranks of ctx through their windows (win[p]: peer p's
  * window, as loom_p2p_window gives it; all wlen bytes): marks our slot of the
- * next fence with its number, then waits until every peer's slot of that
- * fence holds it too. *fence_p: the fence's number, the same on every rank.
+ * next fence (number loom_window_next_fence, the same on every rank) with
+ * its number, then waits until every peer's slot of that fence holds it too.
  * What a rank wrote into its window before is visible to every peer after.
  * Fails as a wait for a message would (LOOM_TIMEOUT, a peer that gave up or
  * vanished, abort). */
-loom_status_t loom_window_fence(loom_ctx_t *ctx, char *const *win, size_t wlen, uint32_t *fence_p);
+loom_status_t loom_window_fence(loom_ctx_t *ctx, char *const *win, size_t wlen);
 
 #endif

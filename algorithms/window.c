@@ -28,7 +28,6 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "algorithms.h"
 #include "direct.h"
@@ -38,8 +37,8 @@
 #include "base/timeline.h"
 
 #define SLEEP_SLICE_MS 10
-/* Polls between yields of the core, and between looks at the transport
- * while spinning (the clock is read every poll). */
+/* Polls between reads of the clock and yields of the core, and between
+ * looks at the transport, while spinning. */
 #define POLLS_PER_YIELD 64
 #define POLLS_PER_LOOK 1024
 /* The largest slot: small vectors only (bigger ones go through the staging
@@ -60,9 +59,15 @@ static size_t slots_area(size_t wlen)
     return sizeof(window_head_t) + ((room < most ? room : most) & ~(size_t)127);
 }
 
+/* From one slot's head to the next's. */
+static size_t slot_stride(size_t wlen)
+{
+    return (slots_area(wlen) - sizeof(window_head_t)) / 2;
+}
+
 size_t loom_window_slot_bytes(size_t wlen)
 {
-    size_t stride = (slots_area(wlen) - sizeof(window_head_t)) / 2;
+    size_t stride = slot_stride(wlen);
     return stride > LOOM_SLOT_HEAD_BYTES ? stride - LOOM_SLOT_HEAD_BYTES : 0;
 }
 
@@ -73,8 +78,7 @@ uint32_t loom_window_next_fence(char *win)
 
 loom_slot_head_t *loom_window_slot(char *win, size_t wlen, uint32_t fence)
 {
-    size_t stride = (slots_area(wlen) - sizeof(window_head_t)) / 2;
-    return (loom_slot_head_t *)(win + sizeof(window_head_t) + (fence & 1) * stride);
+    return (loom_slot_head_t *)(win + sizeof(window_head_t) + (fence & 1) * slot_stride(wlen));
 }
 
 char *loom_window_staging(char *win, size_t wlen, size_t *len_p)
@@ -142,13 +146,12 @@ static loom_status_t wait_for(loom_ctx_t *ctx, int peer, window_head_t *head,
     return LOOM_SUCCESS;
 }
 
-loom_status_t loom_window_fence(loom_ctx_t *ctx, char *const *win, size_t wlen, uint32_t *fence_p)
+loom_status_t loom_window_fence(loom_ctx_t *ctx, char *const *win, size_t wlen)
 {
     const int n = ctx->size, me = ctx->rank;
     window_head_t *mine = (window_head_t *)win[me];
     const uint32_t fence = ++mine->fences;
     loom_slot_head_t *slot = loom_window_slot(win[me], wlen, fence);
-    *fence_p = fence;
     atomic_store(&slot->fence, fence);
     if (atomic_load(&mine->sleepers))
         loom_futex_wake(&slot->fence);

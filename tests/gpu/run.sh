@@ -96,8 +96,9 @@ step torch_c10d_cuda 360 "$src/tests/gpu/torch_c10d_cuda.sh" "$build"
 # through host memory.
 carry=$src/tests/gpu/carry
 if [ -d "$carry/horovod/test/parallel" ] && [ -d "$carry/pylib" ]; then
-    # The interpreter torch_c10d_cuda.sh used: /opt/loom-torch's, else python3.
-    hvd_py=$([ -x /opt/loom-torch/bin/python ] && echo /opt/loom-torch/bin/python || command -v python3)
+    # The interpreter torch_c10d_cuda.sh used: $LOOM_TORCH_VENV (default /opt/loom-torch), else python3.
+    venv=${LOOM_TORCH_VENV:-/opt/loom-torch}
+    hvd_py=$([ -x "$venv/bin/python" ] && echo "$venv/bin/python" || command -v python3)
     printf '#!/bin/sh\n%s\nexec %s "$@"\n' \
         '[ -n "${LOOM_RANK:-}" ] && export LOOM_HOST_ID=gpu-rank-$LOOM_RANK' "$hvd_py" \
         > "$build/python-own-node"

@@ -8,11 +8,8 @@
 #ifndef LOOM_SHM_INT_H
 #define LOOM_SHM_INT_H
 
-#include <limits.h>
-#include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#include <sys/syscall.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
