@@ -98,11 +98,14 @@ loom_status_t loom_p2p_read(loom_ctx_t *ctx, int peer, void *buf, uint64_t addr,
  * NULL when the transport gives none; *len_p: its size. */
 void *loom_p2p_window(const loom_ctx_t *ctx, int peer, size_t *len_p);
 /* For algorithms that wait for a change in a peer's window instead of a
- * message (algorithms/window.c). idle: what such a wait does now and then,
- * what a wait for a message gets from progress: our keepalive, the
- * transport's failures and abort, and peer's fate (gave up, process gone).
- * timeout: the LOOM_TIMEOUT failure of a wait on peer, blame included. */
-loom_status_t loom_p2p_window_idle(loom_ctx_t *ctx, int peer);
+ * message (algorithms/window.c), what a wait for a message gets from
+ * progress. progress: our keepalive, the transport's failures and abort.
+ * watch: peer's fate (gave up, destroyed its communicator, process gone);
+ * a peer may leave once it has made the change, so a wait looks for the
+ * change again after progress and before it watches. timeout: the
+ * LOOM_TIMEOUT failure of a wait on peer, blame included. */
+loom_status_t loom_p2p_window_progress(loom_ctx_t *ctx);
+loom_status_t loom_p2p_window_watch(loom_ctx_t *ctx, int peer);
 loom_status_t loom_p2p_window_timeout(loom_ctx_t *ctx, int peer);
 /* out = a (op) b through base/reduce.h, shown as a "reduce" span in LOOM_TIMELINE. */
 void loom_ctx_reduce(loom_ctx_t *ctx, void *out, const void *a, const void *b, size_t count,

@@ -232,13 +232,19 @@ loom_status_t loom_p2p_window_timeout(loom_ctx_t *ctx, int peer)
     return timed_out_on(ctx, ctx->rank_map ? ctx->rank_map[peer] : peer, 0);
 }
 
-loom_status_t loom_p2p_window_idle(loom_ctx_t *ctx, int peer)
+loom_status_t loom_p2p_window_progress(loom_ctx_t *ctx)
 {
     int moved = 0;
     loom_status_t st = ctx->tp_ops->progress(ctx->tp, 0, &moved);
+    return st == LOOM_SUCCESS ? st : described(ctx, st);
+}
+
+loom_status_t loom_p2p_window_watch(loom_ctx_t *ctx, int peer)
+{
     const loom_transport_ops_t *ops = ctx->tp_ops;
-    if (st == LOOM_SUCCESS && ops->size >= sizeof(loom_transport_ops_t) && ops->watch)
-        st = ops->watch(ctx->tp, ctx->rank_map ? ctx->rank_map[peer] : peer);
+    if (ops->size < sizeof(loom_transport_ops_t) || !ops->watch)
+        return LOOM_SUCCESS;
+    loom_status_t st = ops->watch(ctx->tp, ctx->rank_map ? ctx->rank_map[peer] : peer);
     return st == LOOM_SUCCESS ? st : described(ctx, st);
 }
 

@@ -15,10 +15,11 @@
  * writer sees the sleeper.
  *
  * While it sleeps it wakes every SLEEP_SLICE_MS to do what a wait for a
- * message gets from progress (loom_p2p_window_idle): keepalives, the
- * transport's failures and abort, a peer that gave up or whose process is
- * gone; LOOM_TIMEOUT runs from the start of the wait. An abort is seen
- * within a slice.
+ * message gets from progress (loom_p2p_window_progress, _watch): keepalives,
+ * the transport's failures and abort, a peer that gave up, destroyed its
+ * communicator or whose process is gone (looked at only after its flag, as
+ * a peer that passed the fence may leave at once); LOOM_TIMEOUT runs from
+ * the start of the wait. An abort is seen within a slice.
  *
  * A new window is all zeros and every rank of the window's communicator
  * passes the same fences (an algorithm that fences involves all of the
@@ -138,7 +139,14 @@ static loom_status_t wait_for(loom_ctx_t *ctx, int peer, window_head_t *head,
             if (reached(slot, fence))
                 break;
         }
-        if ((st = loom_p2p_window_idle(ctx, peer)) != LOOM_SUCCESS)
+        /* A peer that passed the fence may leave, or a failure elsewhere be
+         * told, at once: what progress learns of that comes after the flag,
+         * so the flag is looked at again first (as a wait for messages
+         * succeeds when its last message came with the news). */
+        st = loom_p2p_window_progress(ctx);
+        if (reached(slot, fence))
+            break;
+        if (st != LOOM_SUCCESS || (st = loom_p2p_window_watch(ctx, peer)) != LOOM_SUCCESS)
             return st;
         if (loom_now_s() - *started_p > ctx->timeout_s)
             return loom_p2p_window_timeout(ctx, peer);

@@ -115,6 +115,32 @@ static void test_rank_death(void)
               "survivors get PEER_LOST well before LOOM_TIMEOUT", failed == 1);
 }
 
+/* A rank that leaves (destroys its communicator, here a split pair) at once
+ * after a small allreduce, which inside a node waits on the peers' windows:
+ * a peer still in that allreduce has its flag, and must not take the goodbye
+ * that came after it for a failure. */
+static int leave_after_allreduce_rank(loom_comm_t c, void *arg)
+{
+    (void)arg;
+    int r = loom_comm_rank(c);
+    for (int it = 0; it < 300; it++) {
+        /* Pairs of ranks, the parent's own small allreduce between rounds. */
+        loom_comm_t sub = NULL, in = c;
+        int y = 1, x = r;
+        loom_status_t st = loom_allreduce(LOOM_IN_PLACE, &y, 1, LOOM_INT32, LOOM_SUM, c);
+        if (st == LOOM_SUCCESS && (st = loom_comm_split(c, r % 2, -r, &sub)) == LOOM_SUCCESS)
+            st = loom_allreduce(LOOM_IN_PLACE, &x, 1, LOOM_INT32, LOOM_SUM, in = sub);
+        if (st != LOOM_SUCCESS || y != loom_comm_size(c) || x != (r % 2 ? 1 + 3 : 0 + 2)) {
+            fprintf(stderr, "rank %d, round %d: %s (sums %d, %d): %s\n", r, it, loom_strerror(st),
+                    y, x, loom_comm_last_error(in));
+            loom_comm_destroy(sub);
+            return 1;
+        }
+        loom_comm_destroy(sub);
+    }
+    return 0;
+}
+
 static void test_wrong_port(void)
 {
     /* A port that nobody listens on: bind, read it, close. */
@@ -601,6 +627,10 @@ int main(void)
     test_abort_and_timeout();
     mp_result("peer destroyed its communicator while we wait: PEER_LOST",
               mp_run(2, destroyed_peer_rank, NULL, 30) == 0);
+    mp_result("300 times: pairs of ranks split off, a small allreduce in each, the pair's "
+              "communicator destroyed at once: no rank takes a peer that left after it for a "
+              "failure",
+              mp_run(4, leave_after_allreduce_rank, NULL, 60) == 0);
     mp_result("peer destroyed its communicator while we wait in a small allreduce: PEER_LOST",
               mp_run(2, destroyed_peer_allreduce_rank, NULL, 30) == 0);
     mp_result("bad arguments: LOOM_ERR_INVALID_ARG with a message, communicator still usable (1 rank)",
